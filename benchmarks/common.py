@@ -1,0 +1,71 @@
+"""Shared plumbing for the benchmarks: databases to run on, process fan-out, table output."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+DATA = Path(__file__).resolve().parent.parent / "bench-data"
+
+
+@contextmanager
+def databases(want: list[str]) -> Iterator[dict[str, Callable[[], str]]]:
+    """Factories of fresh store URLs per backend: a SQLite file, and PostgreSQL (the server in
+    $EVENTLANES_TEST_POSTGRES_URL or an embedded one with default durability, fsync on)."""
+    shutil.rmtree(DATA, ignore_errors=True)
+    DATA.mkdir()
+    server = None
+    factories: dict[str, Callable[[], str]] = {}
+    if "sqlite" in want:
+        factories["sqlite"] = lambda: f"sqlite:///{DATA / uuid.uuid4().hex}.db"
+    if "postgres" in want:
+        from eventlanes.testing.postgres import server_url
+
+        base, server = server_url(fsync=True)
+        factories["postgres"] = lambda: f"{base}?prefix=b{uuid.uuid4().hex[:10]}_"
+    try:
+        yield factories
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(DATA, ignore_errors=True)
+
+
+def run_processes(target: Callable[..., Any], args_per_proc: list[tuple[Any, ...]]) -> float:
+    """Start one process per args tuple, release them together, return the wall time."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Barrier(len(args_per_proc) + 1)
+    procs = [ctx.Process(target=target, args=(ready, *a)) for a in args_per_proc]
+    for p in procs:
+        p.start()
+    ready.wait()
+    start = time.perf_counter()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"benchmark worker failed with exit code {p.exitcode}")
+    return time.perf_counter() - start
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*[f"{v:,.0f}" if isinstance(v, float) else str(v) for v in row])
+    console.print(table)
+
+
+def cpu_note() -> str:
+    return f"{os.cpu_count()} cores"

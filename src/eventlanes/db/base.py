@@ -1,0 +1,51 @@
+"""The database a store, a token store and transactional projections share.
+
+Both backends expose the same small surface so the components above them are written once:
+``transaction()`` yields a DB-API connection inside a write transaction, ``connection()`` one
+for standalone statements, ``param`` is the driver's placeholder (``?`` or ``%s``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from .url import DatabaseURL
+
+
+class Database(ABC):
+    backend: str
+    param: str
+
+    def __init__(self, url: DatabaseURL) -> None:
+        self.url = url
+        self.prefix = url.prefix
+
+    def table(self, name: str) -> str:
+        """Full name of one of eventlanes' tables (the prefix was validated at parse time)."""
+        return f"{self.prefix}{name}"
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A connection inside a write transaction: committed on success, rolled back on error."""
+
+    @abstractmethod
+    def connection(self) -> AbstractContextManager[Any]:
+        """A connection in autocommit mode, for reads and single-statement writes."""
+
+    @abstractmethod
+    def run_ddl(self, statements: Sequence[str]) -> None:
+        """Run schema statements once, safely when many processes start at the same time."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self.connection() as conn:
+            cur = conn.execute(sql, params)
+            return cur.fetchall()
+
+    def query_iter(self, sql: str, params: Sequence[Any] = ()) -> Iterator[tuple[Any, ...]]:
+        yield from self.query(sql, params)

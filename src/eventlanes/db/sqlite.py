@@ -1,0 +1,124 @@
+"""SQLite backend: one file, WAL mode, one connection per thread (and per process)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import InvalidInputError, StoreConnectionError
+from .base import Database
+from .url import DatabaseURL
+
+_SYNC_LEVELS = {"off", "normal", "full", "extra"}
+
+
+class SQLiteDatabase(Database):
+    backend = "sqlite"
+    param = "?"
+
+    def __init__(self, url: DatabaseURL) -> None:
+        super().__init__(url)
+        self.path = url.target
+        if self.path == ":memory:":
+            raise InvalidInputError(
+                "sqlite:///:memory: is not supported: every thread and process needs the same "
+                "database; use a file (e.g. sqlite:////tmp/events.db)"
+            )
+        sync = url.options.get("synchronous", "normal").lower()
+        if sync not in _SYNC_LEVELS:
+            raise InvalidInputError(
+                f"invalid synchronous={sync!r}: use one of {sorted(_SYNC_LEVELS)}"
+            )
+        self._synchronous = sync
+        try:
+            self._busy_ms = int(url.options.get("busy_timeout", "60000"))
+        except ValueError as exc:
+            raise InvalidInputError(f"invalid busy_timeout in {url.url!r}: {exc}") from exc
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        # Fail fast with a clear error when the file cannot be opened.
+        self._conn()
+
+    def _conn(self) -> sqlite3.Connection:
+        local = self._local
+        conn = getattr(local, "conn", None)
+        # A forked child must not reuse its parent's connection.
+        if conn is not None and local.pid == os.getpid():
+            return conn
+        try:
+            parent = Path(self.path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise StoreConnectionError(
+                    f"cannot open SQLite store {self.url.url!r}: "
+                    f"directory {str(parent)!r} does not exist"
+                )
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_ms / 1000,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreConnectionError(
+                    f"cannot open SQLite store {self.url.url!r}: "
+                    f"WAL mode unavailable (got {mode!r})"
+                )
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except sqlite3.DatabaseError as exc:
+            raise StoreConnectionError(f"cannot open SQLite store {self.url.url!r}: {exc}") from exc
+        local.conn = conn
+        local.pid = os.getpid()
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        # IMMEDIATE takes the write lock up front: a deferred transaction that upgrades to a
+        # writer fails at once with SQLITE_BUSY instead of waiting.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        yield self._conn()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every statement inside sees the same committed state."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def run_ddl(self, statements: Sequence[str]) -> None:
+        with self.transaction() as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()

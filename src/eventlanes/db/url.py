@@ -1,0 +1,82 @@
+"""Parsing of store URLs and validation of user-supplied SQL identifiers."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from ..errors import InvalidInputError
+
+_PREFIX_RE = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
+DEFAULT_PREFIX = "el_"
+SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+def validate_prefix(prefix: str) -> str:
+    """Table prefixes end up in SQL text, so only a safe identifier shape is accepted."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise InvalidInputError(
+            f"invalid table prefix {prefix!r}: use 1-40 lowercase letters, digits or '_', "
+            "not starting with a digit"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class DatabaseURL:
+    """A parsed store URL: which backend, where, and eventlanes' own options."""
+
+    url: str
+    backend: str  # "sqlite" or "postgresql"
+    target: str  # SQLite file path or libpq connection URL (without eventlanes' options)
+    prefix: str = DEFAULT_PREFIX
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def redacted(self) -> str:
+        """The URL with any password hidden, for error messages and logs."""
+        parts = urlsplit(self.url)
+        if parts.password:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+            return urlunsplit(parts._replace(netloc=netloc))
+        return self.url
+
+
+# Options eventlanes understands in the query string; everything else goes to libpq.
+_OWN_OPTIONS = {"prefix", "pool_min", "pool_max", "synchronous", "busy_timeout"}
+
+
+def parse_url(url: str) -> DatabaseURL:
+    if not isinstance(url, str) or "://" not in url:
+        raise InvalidInputError(
+            f"invalid store URL {url!r}: expected 'sqlite:///path/to/file.db' or "
+            "'postgresql://user@host/dbname'"
+        )
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    if scheme not in SCHEMES:
+        raise InvalidInputError(
+            f"unknown store URL scheme {scheme!r} in {url!r}: "
+            "supported are 'sqlite' and 'postgresql'"
+        )
+    query = ""
+    if "?" in rest:
+        rest, query = rest.split("?", 1)
+    own: dict[str, str] = {}
+    passthrough: list[tuple[str, str]] = []
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        (own.__setitem__(key, value) if key in _OWN_OPTIONS else passthrough.append((key, value)))
+    prefix = validate_prefix(own.pop("prefix", DEFAULT_PREFIX))
+    if scheme == "sqlite":
+        if passthrough:
+            names = ", ".join(k for k, _ in passthrough)
+            raise InvalidInputError(f"unknown SQLite store option(s) {names} in {url!r}")
+        if not rest.startswith("/") or rest == "/":
+            raise InvalidInputError(
+                f"invalid SQLite URL {url!r}: use 'sqlite:///relative.db' or 'sqlite:////abs/path.db'"
+            )
+        return DatabaseURL(url, "sqlite", rest[1:], prefix, own)
+    libpq_query = "&".join(f"{k}={v}" for k, v in passthrough)
+    target = f"postgresql://{rest}" + (f"?{libpq_query}" if libpq_query else "")
+    return DatabaseURL(url, "postgresql", target, prefix, own)

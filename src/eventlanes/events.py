@@ -1,0 +1,154 @@
+"""Events: what is appended (:class:`NewEvent`) and what is read back (:class:`Event`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import InvalidInputError
+
+_EMPTY_JSON = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append: its type, data (a JSON object) and metadata (a JSON object)."""
+
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def encode_object(value: Any, what: str) -> str:
+    """Serialise a JSON object, or raise InvalidInputError naming ``what`` was wrong."""
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{what} must be a JSON object (dict), got {type(value).__name__}")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def _decode(raw: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    if raw == _EMPTY_JSON:
+        return {}
+    return json.loads(raw)
+
+
+class Event:
+    """A stored event. Immutable; ``data`` and ``metadata`` are decoded on first access.
+
+    Decoding lazily keeps reads cheap for consumers that only route on ``stream_id``.
+    """
+
+    __slots__ = (
+        "position",
+        "stream_id",
+        "version",
+        "type",
+        "_data",
+        "_metadata",
+        "_recorded_at",
+        "routing_hash",
+    )
+
+    position: int
+    stream_id: str
+    version: int
+    type: str
+    routing_hash: int
+
+    def __init__(
+        self,
+        position: int,
+        stream_id: str,
+        version: int,
+        type: str,
+        data: str | dict[str, Any],
+        metadata: str | dict[str, Any],
+        recorded_at: datetime | int,
+        routing_hash: int,
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "position", position)
+        setter(self, "stream_id", stream_id)
+        setter(self, "version", version)
+        setter(self, "type", type)
+        setter(self, "_data", data)
+        setter(self, "_metadata", metadata)
+        setter(self, "_recorded_at", recorded_at)
+        setter(self, "routing_hash", routing_hash)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Event is immutable (tried to set {name!r})")
+
+    @property
+    def data(self) -> dict[str, Any]:
+        raw = self._data
+        if not isinstance(raw, dict):
+            raw = _decode(raw)
+            object.__setattr__(self, "_data", raw)
+        return raw
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        raw = self._metadata
+        if not isinstance(raw, dict):
+            raw = _decode(raw)
+            object.__setattr__(self, "_metadata", raw)
+        return raw
+
+    @property
+    def recorded_at(self) -> datetime:
+        value = self._recorded_at
+        if isinstance(value, int):
+            # SQLite stores microseconds since the epoch (UTC).
+            value = datetime.fromtimestamp(value / 1_000_000, UTC)
+            object.__setattr__(self, "_recorded_at", value)
+        return value
+
+    @property
+    def idempotency_key(self) -> tuple[str, int]:
+        """``(stream_id, version)``: unique per event, for handlers with external side effects."""
+        return (self.stream_id, self.version)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return (
+            self.position == other.position
+            and self.stream_id == other.stream_id
+            and self.version == other.version
+            and self.type == other.type
+            and self.data == other.data
+            and self.metadata == other.metadata
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.position, self.stream_id, self.version))
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(position={self.position}, stream_id={self.stream_id!r}, "
+            f"version={self.version}, type={self.type!r}, data={self.data!r})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle support: worker processes and Spark executors receive events.
+        return (
+            Event,
+            (
+                self.position,
+                self.stream_id,
+                self.version,
+                self.type,
+                self._data,
+                self._metadata,
+                self._recorded_at,
+                self.routing_hash,
+            ),
+        )

@@ -1,0 +1,197 @@
+"""PostgreSQL event store: writes scale with writers and readers never skip an event.
+
+Why this is not trivial: sequence values are handed out at insert, not at commit, so with many
+writers a reader can see position 7 committed while position 6 is still in flight; if it then
+moves its cursor past 7 it skips 6 forever (the bug class behind Axon #4829 and Marten #3321).
+
+How it is solved here, without a table lock:
+* Appenders of one stream are serialised by a transaction advisory lock on the stream's hash,
+  taken before the version check, so positions within a stream follow versions even when the
+  appending transaction wrote other rows first.
+* Just before it allocates positions, an appender takes a *shared* transaction advisory lock
+  whose key encodes the next value the position sequence will hand out: a lower bound of every
+  position it is about to use. The lock is visible in ``pg_locks`` at once and released at
+  commit or abort (after the commit is visible to new snapshots).
+* A reader computes a horizon: first the sequence's last handed-out value L, then the lowest
+  in-flight marker M. Every position <= min(L, M - 1) belongs to a transaction that committed
+  or aborted, so a later snapshot sees all of them. Reads stop at the horizon.
+The order of those two steps on both sides is what makes it safe: a marker not yet visible to
+the reader belongs to an appender whose positions will all be above the L the reader saw.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ..db.postgres import PostgresDatabase
+from ..errors import ConcurrencyError, StoreConnectionError
+from ..events import Event
+from .base import EncodedEvent, EventStore, segment_sql
+
+# JSON as text (decoded lazily by Event) and the time as epoch microseconds: parsing a
+# timestamptz per row was the largest cost of a full scan.
+_COLUMNS = (
+    "position, stream_id, version, type, data::text, metadata::text, "
+    "(extract(epoch FROM recorded_at) * 1000000)::bigint, routing_hash"
+)
+_VERSION_CONFLICT = "EL409"
+# Position markers use single-bigint advisory keys (namespace << 48) | position.
+_MARKER_SHIFT = 48
+
+
+class PostgresEventStore(EventStore):
+    def __init__(self, db: PostgresDatabase) -> None:
+        super().__init__(db)
+        self.pg = db
+        t = self.events_table
+        ns = db.lock_namespace
+        self._marker_base = ns << _MARKER_SHIFT
+        seq = f"{t}_position_seq"
+        db.run_ddl(
+            [
+                f"CREATE SEQUENCE IF NOT EXISTS {seq}",
+                f"""CREATE TABLE IF NOT EXISTS {t} (
+                    position bigint PRIMARY KEY,
+                    stream_id text NOT NULL,
+                    version bigint NOT NULL,
+                    type text NOT NULL,
+                    data jsonb NOT NULL,
+                    metadata jsonb NOT NULL,
+                    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                    routing_hash bigint NOT NULL,
+                    UNIQUE (stream_id, version))""",
+                f"CREATE INDEX IF NOT EXISTS {t}_recorded_at ON {t} (recorded_at)",
+                f"""CREATE OR REPLACE FUNCTION {t}_append(
+                        p_stream text, p_expected bigint, p_hash bigint,
+                        p_types text[], p_data jsonb[], p_meta jsonb[])
+                    RETURNS bigint[] LANGUAGE plpgsql AS $fn$
+                    DECLARE
+                        cur bigint;
+                        n int := cardinality(p_types);
+                        positions bigint[];
+                    BEGIN
+                        -- one appender per stream at a time, until commit
+                        PERFORM pg_advisory_xact_lock({ns}, (p_hash - 2147483648)::int);
+                        SELECT coalesce(max(version), 0) INTO cur
+                            FROM {t} WHERE stream_id = p_stream;
+                        IF p_expected IS NOT NULL AND cur <> p_expected THEN
+                            RAISE EXCEPTION USING ERRCODE = '{_VERSION_CONFLICT}',
+                                MESSAGE = cur::text;
+                        END IF;
+                        -- in-flight marker: a lower bound of the positions allocated next
+                        PERFORM pg_advisory_xact_lock_shared({self._marker_base} + (
+                            SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END
+                            FROM {seq}));
+                        SELECT array_agg(nextval('{seq}') ORDER BY g) INTO positions
+                            FROM generate_series(1, n) AS g;
+                        INSERT INTO {t} (position, stream_id, version, type, data, metadata,
+                                         routing_hash)
+                            SELECT positions[i], p_stream, cur + i, p_types[i], p_data[i],
+                                   p_meta[i], p_hash
+                            FROM generate_series(1, n) AS i;
+                        RETURN positions;
+                    END $fn$""",
+                f"""CREATE OR REPLACE FUNCTION {t}_horizon() RETURNS bigint
+                    LANGUAGE plpgsql VOLATILE AS $fn$
+                    DECLARE
+                        last_pos bigint;
+                        low_marker bigint;
+                    BEGIN
+                        -- order matters: the sequence first, then the markers
+                        SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO last_pos
+                            FROM {seq};
+                        SELECT min((l.classid::bigint << 32) | l.objid::bigint) INTO low_marker
+                            FROM pg_locks l
+                            WHERE l.locktype = 'advisory' AND l.objsubid = 1
+                              AND l.database = (SELECT oid FROM pg_database
+                                                WHERE datname = current_database())
+                              AND (l.classid::bigint >> 16) = {ns};
+                        IF low_marker IS NULL THEN
+                            RETURN last_pos;
+                        END IF;
+                        RETURN least(last_pos, low_marker - {self._marker_base} - 1);
+                    END $fn$""",
+            ]
+        )
+        self._append_sql = f"SELECT {t}_append(%s, %s, %s, %s, %s::jsonb[], %s::jsonb[])"
+        self._horizon_sql = f"SELECT {t}_horizon()"
+
+    def _append(
+        self,
+        stream_id: str,
+        routing_hash: int,
+        events: list[EncodedEvent],
+        expected_version: int | None,
+        conn: Any,
+    ) -> list[int]:
+        import psycopg
+
+        params = (
+            stream_id,
+            expected_version,
+            routing_hash,
+            [e.type for e in events],
+            [e.data for e in events],
+            [e.metadata for e in events],
+        )
+        try:
+            if conn is not None:
+                return conn.execute(self._append_sql, params).fetchone()[0]
+            # Autocommit: the function call is the whole transaction, in one round trip.
+            with self.db.connection() as c:
+                return c.execute(self._append_sql, params).fetchone()[0]
+        except psycopg.Error as exc:
+            if exc.sqlstate == _VERSION_CONFLICT:
+                actual = int(exc.diag.message_primary or -1)
+                raise ConcurrencyError(stream_id, expected_version or 0, actual) from None
+            if exc.sqlstate == "23505":  # unique (stream_id, version): lost a race
+                raise ConcurrencyError(
+                    stream_id, expected_version or 0, self.stream_version(stream_id)
+                ) from None
+            if isinstance(exc, psycopg.OperationalError):
+                raise StoreConnectionError(f"append to {stream_id!r} failed: {exc}") from exc
+            raise
+
+    def horizon(self) -> int:
+        """Highest position below which every transaction has finished."""
+        with self.db.connection() as conn:
+            return conn.execute(self._horizon_sql).fetchone()[0]
+
+    def _read(self, after: int, limit: int, segments: list[tuple[int, int]] | None) -> list[Event]:
+        cond, params = segment_sql(segments, "%s")
+        sql = (
+            f"SELECT {_COLUMNS} FROM {self.events_table} "
+            f"WHERE position > %s AND position <= %s{cond} ORDER BY position LIMIT %s"
+        )
+        with self.db.connection() as conn:
+            # Two statements on purpose: the read's snapshot must be taken after the horizon.
+            horizon = conn.execute(self._horizon_sql).fetchone()[0]
+            if horizon <= after:
+                return []
+            rows = conn.execute(sql, (after, horizon, *params, limit)).fetchall()
+        return [Event(*row) for row in rows]
+
+    def _read_stream(self, stream_id: str, after_version: int, limit: int | None) -> list[Event]:
+        sql = (
+            f"SELECT {_COLUMNS} FROM {self.events_table} WHERE stream_id = %s AND version > %s "
+            "ORDER BY version LIMIT %s"
+        )
+        return [Event(*row) for row in self.db.query(sql, (stream_id, after_version, limit))]
+
+    def head(self) -> int:
+        with self.db.connection() as conn:
+            horizon = conn.execute(self._horizon_sql).fetchone()[0]
+            row = conn.execute(
+                f"SELECT coalesce(max(position), 0) FROM {self.events_table} WHERE position <= %s",
+                (horizon,),
+            ).fetchone()
+        return row[0]
+
+    def stream_version(self, stream_id: str) -> int:
+        sql = f"SELECT coalesce(max(version), 0) FROM {self.events_table} WHERE stream_id = %s"
+        return self.db.query(sql, (stream_id,))[0][0]
+
+    def _position_at(self, when: datetime) -> int | None:
+        sql = f"SELECT min(position) FROM {self.events_table} WHERE recorded_at >= %s"
+        return self.db.query(sql, (when,))[0][0]

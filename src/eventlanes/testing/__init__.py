@@ -1,0 +1,1 @@
+"""Helpers for testing and benchmarking eventlanes against real databases."""

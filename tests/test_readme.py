@@ -1,0 +1,22 @@
+"""The README's quickstart must run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_quickstart_runs(capsys) -> None:
+    blocks = _python_blocks()
+    assert blocks, "the README has no python example"
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert "expected version 0, actual version 2" in out
+    assert "['front-wheel', 'car']" in out
