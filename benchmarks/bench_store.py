@@ -1,5 +1,7 @@
 """Event store: appends/s (1-event and 100-event appends, 1 and 8 writer processes) and a full
-scan of 1,000,000 events, on a SQLite file and on PostgreSQL."""
+scan of 1,000,000 events, on a SQLite file and on PostgreSQL. When the ``bench`` extra is
+installed, the Python ``eventsourcing`` library's recorder runs the same appends in the same
+run and the table shows the ratio."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import eventlanes as el
 
-from .common import databases, print_table, run_processes
+from .common import baseline, databases, print_table, ratio, run_processes
 
 SCAN_EVENTS = 1_000_000
 
@@ -36,6 +38,7 @@ def _fill_worker(ready: Any, url: str, writer: int, events_per_writer: int) -> N
 def run(backends: list[str], quick: bool = False) -> None:
     rows = []
     scale = 0.2 if quick else 1.0
+    es = baseline()
     with databases(backends) as dbs:
         for name, new_url in dbs.items():
             for batch in (1, 100):
@@ -48,7 +51,15 @@ def run(backends: list[str], quick: bool = False) -> None:
                         _append_worker, [(url, w, per, batch) for w in range(writers)]
                     )
                     events = per * writers * batch
-                    rows.append([name, f"{batch}-event appends", writers, events, events / seconds])
+                    ours = events / seconds
+                    theirs = None
+                    if es is not None:
+                        target = new_url() if name == "postgres" else new_url().split("///")[1]
+                        theirs = es.append_rate(name, target.split("?")[0], batch, writers, events)
+                    rows.append(
+                        [name, f"{batch}-event appends", writers, events, ours, theirs,
+                         ratio(ours, theirs)]
+                    )  # fmt: skip
             url = new_url()
             store = el.open_store(url)
             n = int(SCAN_EVENTS * scale)
@@ -56,10 +67,10 @@ def run(backends: list[str], quick: bool = False) -> None:
             start = time.perf_counter()
             count = sum(1 for _ in store.iter_events(batch_size=10_000))
             seconds = time.perf_counter() - start
-            rows.append([name, "full scan (read)", 1, count, count / seconds])
+            rows.append([name, "full scan (read)", 1, count, count / seconds, None, ""])
             store.close()
     print_table(
-        "event store throughput",
-        ["backend", "operation", "processes", "events", "events/s"],
+        "event store throughput (events/s)",
+        ["backend", "operation", "processes", "events", "eventlanes", "eventsourcing", "ratio"],
         rows,
     )

@@ -63,9 +63,35 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     for i, col in enumerate(columns):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in rows:
-        table.add_row(*[f"{v:,.0f}" if isinstance(v, float) else str(v) for v in row])
+        table.add_row(*[_cell(v) for v in row])
     console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
 
 
 def cpu_note() -> str:
     return f"{os.cpu_count()} cores"
+
+
+def baseline() -> Any:
+    """The eventsourcing baseline module, or None when the ``bench`` extra is not installed."""
+    try:
+        from . import es_baseline
+    except ImportError:
+        console.print(
+            "[yellow]eventsourcing not installed: no baseline (pip install -e '.[bench]')"
+        )
+        return None
+    return es_baseline
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    return f"{ours / theirs:.1f}x" if ours and theirs else ""

@@ -13,7 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BENCHMARKS = {"store": "benchmarks.bench_store"}
+BENCHMARKS = {
+    "store": "benchmarks.bench_store",
+    "tokens": "benchmarks.bench_tokens",
+}
 
 
 def main() -> None:

@@ -59,3 +59,31 @@ def store(store_url: str) -> Iterator[el.EventStore]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def make_token_store(request: pytest.FixtureRequest, tmp_path):
+    """Factory of token stores on one fresh database per test: ``make(claim_timeout=...)``."""
+    kind = request.param
+    opened: list = []
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/tokens.db"
+    elif kind == "postgres":
+        url = f"{request.getfixturevalue('pg_url')}?prefix={_unique_prefix()}"
+    shared_memory: list = []
+
+    def make(claim_timeout: float = 10.0):
+        if kind == "memory":
+            # One in-memory store per test, whatever timeout is asked for.
+            if not shared_memory:
+                shared_memory.append(el.InMemoryTokenStore(claim_timeout))
+            return shared_memory[0]
+        ts = el.open_token_store(url, claim_timeout=claim_timeout)
+        opened.append(ts)
+        return ts
+
+    make.kind = kind  # type: ignore[attr-defined]
+    make.url = None if kind == "memory" else url  # type: ignore[attr-defined]
+    yield make
+    for ts in opened:
+        ts.db.close()

@@ -18,6 +18,11 @@ from .url import DatabaseURL
 class Database(ABC):
     backend: str
     param: str
+    #: SQL expression for "now" in epoch milliseconds on the database's clock (nodes' clocks
+    #: drift; deadlines compared on one clock stay meaningful).
+    now_ms: str
+    #: Suffix that locks selected rows for the rest of the transaction.
+    for_update: str = ""
 
     def __init__(self, url: DatabaseURL) -> None:
         self.url = url
@@ -41,6 +46,13 @@ class Database(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def lock(self, conn: Any, key: str) -> None:  # noqa: B027 - a no-op by default
+        """Serialise transactions on ``key`` until commit (no-op where writers are serialised)."""
+
+    def sql(self, statement: str) -> str:
+        """Translate ``?`` placeholders to the driver's style (our SQL has no literal '?')."""
+        return statement if self.param == "?" else statement.replace("?", self.param)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self.connection() as conn:

@@ -24,6 +24,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 class PostgresDatabase(Database):
     backend = "postgresql"
     param = "%s"
+    now_ms = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    for_update = " FOR UPDATE"
 
     def __init__(self, url: DatabaseURL) -> None:
         super().__init__(url)
@@ -86,6 +88,12 @@ class PostgresDatabase(Database):
     def connection(self) -> Iterator[Any]:
         with self._get_pool().connection() as conn:
             yield conn
+
+    def lock(self, conn: Any, key: str) -> None:
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(%s, %s)",
+            (self.lock_namespace, zlib.crc32(key.encode()) - 2**31),
+        )
 
     def run_ddl(self, statements: Sequence[str]) -> None:
         with self.transaction() as conn:

@@ -19,6 +19,7 @@ _SYNC_LEVELS = {"off", "normal", "full", "extra"}
 class SQLiteDatabase(Database):
     backend = "sqlite"
     param = "?"
+    now_ms = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
     def __init__(self, url: DatabaseURL) -> None:
         super().__init__(url)

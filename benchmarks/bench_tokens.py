@@ -1,0 +1,72 @@
+"""Token store: claims, extends and stores per second on SQLite and PostgreSQL, for a single
+owner and for 4 processes competing for the same 16 segments."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import eventlanes as el
+
+from .common import databases, print_table, run_processes
+
+P = "bench"
+
+
+def _single(url: str, n: int) -> dict[str, float]:
+    ts = el.open_token_store(url)
+    ts.initialize(P, segments=16)
+    rates = {}
+    start = time.perf_counter()
+    for i in range(n):
+        ts.claim(P, i % 16, "solo")
+    rates["claim"] = n / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for i in range(n):
+        ts.extend(P, i % 16, "solo")
+    rates["extend"] = n / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for i in range(n):
+        ts.store(P, i % 16, el.Token(i), "solo")
+    rates["store"] = n / (time.perf_counter() - start)
+    ts.db.close()
+    return rates
+
+
+def _competitor(ready: Any, url: str, owner: str, seconds: float, counts: Any) -> None:
+    ts = el.open_token_store(url)
+    ready.wait()
+    attempts = wins = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for seg in range(16):
+            attempts += 1
+            if ts.claim(P, seg, owner) is not None:
+                wins += 1
+                ts.store(P, seg, el.Token(wins), owner)
+                ts.release(P, seg, owner)
+    with counts.get_lock():
+        counts[0] += attempts
+        counts[1] += wins
+
+
+def run(backends: list[str], quick: bool = False) -> None:
+    import multiprocessing as mp
+
+    rows = []
+    n = 500 if quick else 3000
+    seconds = 1.0 if quick else 4.0
+    with databases(backends) as dbs:
+        for name, new_url in dbs.items():
+            rates = _single(new_url(), n)
+            for op, rate in rates.items():
+                rows.append([name, f"{op} (single owner)", 1, rate])
+            url = new_url()
+            el.open_token_store(url).initialize(P, segments=16)
+            counts = mp.get_context("spawn").Array("q", 2)
+            wall = run_processes(
+                _competitor, [(url, f"node-{i}", seconds, counts) for i in range(4)]
+            )
+            rows.append([name, "claim attempts (4 competing)", 4, counts[0] / wall])
+            rows.append([name, "won claim + store + release", 4, counts[1] / wall])
+    print_table("token store (operations/s)", ["backend", "operation", "processes", "ops/s"], rows)

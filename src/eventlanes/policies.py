@@ -1,0 +1,107 @@
+"""Sequencing policies: which events must be handled in order.
+
+A policy maps an event to a sequence key; events with the same key are handled in store order by
+one worker at a time. ``None`` means the event may run in parallel with anything. Keys are routed
+to segments with the stable hash, never Python's ``hash()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .events import Event
+from .hashing import stable_hash
+
+KeyFunction = Callable[[Event], Any]
+
+
+class SequencingPolicy:
+    """Wraps a key function; knows how to route an event to a segment by hash."""
+
+    #: True when routing equals the stored ``routing_hash`` (the stream id), so segment
+    #: filters can run in SQL.
+    by_stream: bool = False
+
+    def __init__(self, key: KeyFunction, name: str) -> None:
+        self._key = key
+        self.name = name
+
+    def key(self, event: Event) -> str | None:
+        value = self._key(event)
+        return None if value is None else value if isinstance(value, str) else str(value)
+
+    def routing_hash(self, event: Event) -> int:
+        if self.by_stream:
+            return event.routing_hash
+        key = self.key(event)
+        # A key-less event may go anywhere, but always to the same place: route it by its
+        # position so every node agrees which segment owns it.
+        return stable_hash(f"#{event.position}" if key is None else key)
+
+    def __repr__(self) -> str:
+        return f"<sequencing policy {self.name}>"
+
+
+class _PerStream(SequencingPolicy):
+    by_stream = True
+
+    def key(self, event: Event) -> str:
+        return event.stream_id
+
+
+def per_stream() -> SequencingPolicy:
+    """Events of one stream stay in order (the default)."""
+    return _PerStream(lambda e: e.stream_id, "per_stream")
+
+
+def sequential() -> SequencingPolicy:
+    """Every event in store order, one at a time (a single key)."""
+    return SequencingPolicy(lambda e: "", "sequential")
+
+
+def full_concurrency() -> SequencingPolicy:
+    """No ordering at all: every event may run in parallel with any other."""
+    return SequencingPolicy(lambda e: None, "full_concurrency")
+
+
+def by_data(field: str, fallback: str = "stream") -> SequencingPolicy:
+    """Order by a property of the event's data (e.g. ``customer_id``).
+
+    Events without the property fall back to per-stream order (``fallback="stream"``), or may
+    run in parallel with anything (``fallback="none"``).
+    """
+    return _by_mapping(field, fallback, lambda e: e.data, "by_data")
+
+
+def by_metadata(key: str, fallback: str = "stream") -> SequencingPolicy:
+    """Order by a metadata key (e.g. ``tenant``); missing keys fall back as in :func:`by_data`."""
+    return _by_mapping(key, fallback, lambda e: e.metadata, "by_metadata")
+
+
+def _by_mapping(
+    name: str, fallback: str, mapping: Callable[[Event], dict[str, Any]], kind: str
+) -> SequencingPolicy:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{kind} needs a non-empty property name, got {name!r}")
+    if fallback not in ("stream", "none"):
+        raise ValueError(f"{kind} fallback must be 'stream' or 'none', got {fallback!r}")
+
+    def key(event: Event) -> Any:
+        value = mapping(event).get(name)
+        if value is None and fallback == "stream":
+            return event.stream_id
+        return value
+
+    return SequencingPolicy(key, f"{kind}({name!r})")
+
+
+def as_policy(policy: SequencingPolicy | KeyFunction | None) -> SequencingPolicy:
+    """Accept a policy, any callable ``event -> key | None``, or None (per stream)."""
+    if policy is None:
+        return per_stream()
+    if isinstance(policy, SequencingPolicy):
+        return policy
+    if callable(policy):
+        return SequencingPolicy(policy, getattr(policy, "__name__", "custom"))
+    raise TypeError(f"a sequencing policy must be callable, got {type(policy).__name__}")

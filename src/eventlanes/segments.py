@@ -1,0 +1,94 @@
+"""Segments: ``(id, mask)`` slices of the 32-bit routing-hash space.
+
+An event belongs to the segment whose ``id == hash & mask``. A mask is ``2^k - 1``; splitting
+doubles the mask and yields ids ``id`` and ``id + mask + 1``; only siblings (same mask, ids that
+differ in the mask's top bit) merge back. The mask is stored with every token row, never
+inferred from the set of ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_MASK = 0xFFFFFFFF
+
+
+def _is_valid_mask(mask: int) -> bool:
+    return 0 <= mask <= MAX_MASK and mask & (mask + 1) == 0
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Segment:
+    id: int
+    mask: int
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.mask, bool)
+            or not isinstance(self.mask, int)
+            or not _is_valid_mask(self.mask)
+        ):
+            raise ValueError(f"invalid segment mask {self.mask!r}: must be 2^k - 1 with k <= 32")
+        if (
+            isinstance(self.id, bool)
+            or not isinstance(self.id, int)
+            or not 0 <= self.id <= self.mask
+        ):
+            raise ValueError(
+                f"invalid segment id {self.id!r} for mask {self.mask}: "
+                f"need 0 <= id < {self.mask + 1}"
+            )
+
+    @classmethod
+    def root(cls) -> Segment:
+        return cls(0, 0)
+
+    @classmethod
+    def initial(cls, n: int) -> list[Segment]:
+        """A balanced split of the root into ``n`` segments (n = 1, 2, 4, ...)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1) or n > 2**32:
+            raise ValueError(f"segment count must be a power of two (1, 2, 4, ...), got {n!r}")
+        return [cls(i, n - 1) for i in range(n)]
+
+    @property
+    def size(self) -> int:
+        """How many segments of this mask cover the hash space (1 / share)."""
+        return self.mask + 1
+
+    def matches(self, routing_hash: int) -> bool:
+        return routing_hash & self.mask == self.id
+
+    def split(self) -> tuple[Segment, Segment]:
+        if self.mask == MAX_MASK:
+            raise ValueError(f"segment {self} cannot be split further")
+        mask = self.mask * 2 + 1
+        return Segment(self.id, mask), Segment(self.id + self.mask + 1, mask)
+
+    def parent(self) -> Segment:
+        if self.mask == 0:
+            raise ValueError("the root segment has no parent")
+        mask = self.mask >> 1
+        return Segment(self.id & mask, mask)
+
+    def sibling(self) -> Segment:
+        if self.mask == 0:
+            raise ValueError("the root segment has no sibling")
+        top = (self.mask + 1) >> 1
+        return Segment(self.id ^ top, self.mask)
+
+    def merge(self, other: Segment) -> Segment:
+        if self.mask == 0 or other != self.sibling():
+            raise ValueError(f"only siblings merge: {other} is not the sibling of {self}")
+        return self.parent()
+
+    def overlaps(self, other: Segment) -> bool:
+        """True when some hash belongs to both (one contains the other)."""
+        mask = min(self.mask, other.mask)
+        return self.id & mask == other.id & mask
+
+    def contains(self, other: Segment) -> bool:
+        """True when every hash of ``other`` belongs to this segment."""
+        return self.mask <= other.mask and other.id & self.mask == self.id
+
+    def __str__(self) -> str:
+        return f"{self.id}/{self.mask}"

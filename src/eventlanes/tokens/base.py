@@ -1,0 +1,252 @@
+"""The token store contract: one row per (processor, segment) with token, owner and claim."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidInputError
+from ..names import validate_owner, validate_processor_name
+from ..segments import Segment
+from .token import Token
+
+if TYPE_CHECKING:
+    from ..store import EventStore
+
+DEFAULT_CLAIM_TIMEOUT = 10.0
+Initial = str | int | datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A claimed (or inspected) segment and its token."""
+
+    processor: str
+    segment: Segment
+    token: Token
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStatus:
+    processor: str
+    segment: Segment
+    token: Token
+    owner: str | None
+    claim_age: float | None  # seconds since the current owner claimed it
+    claim_expires_in: float | None  # seconds until the claim may be stolen (negative: expired)
+    request: str | None  # a split/merge asked for by another node, for the owner to carry out
+    last_error: str | None
+    updated_at: float  # epoch seconds of the last token write
+
+    @property
+    def position(self) -> int:
+        return self.token.position
+
+
+def resolve_initial(initial: Initial, store: EventStore | None) -> int:
+    """Initial position: "tail" (0, from the beginning), "head", a position, or a time."""
+    if isinstance(initial, bool):
+        raise InvalidInputError(f"invalid initial token {initial!r}")
+    if isinstance(initial, int):
+        if initial < 0:
+            raise InvalidInputError(f"initial position must be >= 0, got {initial}")
+        return initial
+    if initial == "tail":
+        return 0
+    if initial == "head" or isinstance(initial, datetime):
+        if store is None:
+            raise InvalidInputError(f"initial={initial!r} needs the event store: pass store=")
+        if initial == "head":
+            return store.head()
+        first = store.position_at(initial)  # type: ignore[arg-type]
+        return store.head() if first is None else first - 1
+    raise InvalidInputError(
+        f"invalid initial token {initial!r}: use 'tail', 'head', a position or a datetime"
+    )
+
+
+class TokenStore(ABC):
+    """Operations are atomic and fenced by ownership; deadlines use one clock for all nodes."""
+
+    def __init__(self, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> None:
+        if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
+            raise InvalidInputError(
+                f"claim_timeout must be a positive number, got {claim_timeout!r}"
+            )
+        self.claim_timeout = float(claim_timeout)
+
+    @property
+    def timeout_ms(self) -> int:
+        return int(self.claim_timeout * 1000)
+
+    # The public methods validate, then delegate to the backend's ``_`` methods.
+    def initialize(
+        self,
+        processor: str,
+        segments: int = 1,
+        initial: Initial = "tail",
+        store: EventStore | None = None,
+    ) -> bool:
+        """Create the processor's segment rows once; True if this call created them.
+
+        Safe when many processes start at once: exactly one creates the rows, the others see
+        them. A processor that exists keeps its rows (and any splits and merges since).
+        """
+        validate_processor_name(processor)
+        segs = _initial_segments(segments)
+        position = resolve_initial(initial, store)
+        return self._initialize(processor, segs, position)
+
+    def claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None:
+        """Claim a segment: succeeds if unclaimed, already ours, or its claim expired (steal)."""
+        return self._claim(validate_processor_name(processor), segment_id, validate_owner(owner))
+
+    def extend(self, processor: str, segment_id: int, owner: str) -> None:
+        """Push the claim's deadline out; raises ClaimLostError if ``owner`` lost it."""
+        self._extend(validate_processor_name(processor), segment_id, validate_owner(owner))
+
+    def extend_all(self, processor: str, owner: str) -> list[int]:
+        """Extend every claim ``owner`` holds on ``processor``; returns their segment ids."""
+        return self._extend_all(validate_processor_name(processor), validate_owner(owner))
+
+    def release(self, processor: str, segment_id: int, owner: str, hold_off: float = 0.0) -> bool:
+        """Give a claim up. ``hold_off`` seconds: ``owner`` will not get it back before then
+        (others may claim it at once)."""
+        if hold_off < 0:
+            raise InvalidInputError(f"hold_off must be >= 0 seconds, got {hold_off!r}")
+        return self._release(
+            validate_processor_name(processor), segment_id, validate_owner(owner), hold_off
+        )
+
+    def release_all(self, processor: str, owner: str) -> int:
+        return sum(
+            self._release(processor, s, owner, 0.0) for s in self.extend_all(processor, owner)
+        )
+
+    def store(
+        self, processor: str, segment_id: int, token: Token | int, owner: str, conn: Any = None
+    ) -> None:
+        """Write a token, fenced: raises ClaimLostError (so the caller's transaction rolls back)
+        unless ``owner`` holds the claim. ``conn``: the caller's open transaction, so that
+        projection writes and the token commit together. Also extends the claim."""
+        tok = Token(token) if isinstance(token, int) else token
+        if not isinstance(tok, Token) or tok.position < 0:
+            raise InvalidInputError(f"invalid token {token!r}")
+        self._store(
+            validate_processor_name(processor), segment_id, tok, validate_owner(owner), conn
+        )
+
+    def split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
+        """Split a segment ``owner`` holds; both halves get its token, the new half is unclaimed."""
+        return self._split(validate_processor_name(processor), segment_id, validate_owner(owner))
+
+    def merge(self, processor: str, segment_id: int, owner: str) -> Segment:
+        """Merge a segment with its sibling; ``owner`` must hold both claims."""
+        return self._merge(validate_processor_name(processor), segment_id, validate_owner(owner))
+
+    def segments(self, processor: str) -> list[Segment]:
+        return [s.segment for s in self.status(processor)]
+
+    def status(self, processor: str) -> list[SegmentStatus]:
+        return self._status(validate_processor_name(processor))
+
+    def token(self, processor: str, segment_id: int) -> Token | None:
+        for s in self.status(processor):
+            if s.segment.id == segment_id:
+                return s.token
+        return None
+
+    @abstractmethod
+    def processors(self) -> list[str]: ...
+
+    @abstractmethod
+    def _initialize(self, processor: str, segments: list[Segment], position: int) -> bool: ...
+
+    @abstractmethod
+    def _claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None: ...
+
+    @abstractmethod
+    def _extend(self, processor: str, segment_id: int, owner: str) -> None: ...
+
+    @abstractmethod
+    def _extend_all(self, processor: str, owner: str) -> list[int]: ...
+
+    @abstractmethod
+    def _release(self, processor: str, segment_id: int, owner: str, hold_off: float) -> bool: ...
+
+    @abstractmethod
+    def _store(
+        self, processor: str, segment_id: int, token: Token, owner: str, conn: Any
+    ) -> None: ...
+
+    @abstractmethod
+    def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]: ...
+
+    @abstractmethod
+    def _merge(self, processor: str, segment_id: int, owner: str) -> Segment: ...
+
+    @abstractmethod
+    def _status(self, processor: str) -> list[SegmentStatus]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional for backends
+        pass
+
+
+def _initial_segments(n: int) -> list[Segment]:
+    try:
+        return Segment.initial(n)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
+def split_checked(
+    processor: str, segment_id: int, row: tuple[int, str | None] | None, owner: str
+) -> tuple[Segment, Segment]:
+    """Checks shared by the backends' split: returns the two halves."""
+    from ..errors import ClaimLostError
+
+    if row is None:
+        raise InvalidInputError(f"processor {processor!r} has no segment {segment_id}")
+    mask, seg_owner = row
+    if seg_owner != owner:
+        raise ClaimLostError(
+            f"split of segment {segment_id} of {processor!r} needs its claim; "
+            f"it is held by {seg_owner or 'nobody'}, not {owner}"
+        )
+    try:
+        return Segment(segment_id, mask).split()
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
+def merge_rows(
+    processor: str, rows: dict[int, tuple[int, Token, str | None]], segment_id: int, owner: str
+) -> tuple[Segment, Segment, Token]:
+    """Checks shared by the backends' merge: returns (kept, removed, merged token)."""
+    from ..errors import ClaimLostError
+
+    if segment_id not in rows:
+        raise InvalidInputError(f"processor {processor!r} has no segment {segment_id}")
+    mask, tok, seg_owner = rows[segment_id]
+    segment = Segment(segment_id, mask)
+    if mask == 0:
+        raise InvalidInputError(f"segment {segment} of {processor!r} is the root: nothing to merge")
+    sibling = segment.sibling()
+    if sibling.id not in rows or rows[sibling.id][0] != mask:
+        raise InvalidInputError(
+            f"cannot merge segment {segment} of {processor!r}: its sibling {sibling} "
+            "is split further; merge those first"
+        )
+    sib_mask, sib_tok, sib_owner = rows[sibling.id]
+    for seg, holder in ((segment, seg_owner), (sibling, sib_owner)):
+        if holder != owner:
+            raise ClaimLostError(
+                f"merge of {segment} and {sibling} of {processor!r} needs both claims; "
+                f"{seg} is held by {holder or 'nobody'}, not {owner}"
+            )
+    merged = Token.merged(segment, tok, sibling, sib_tok)
+    low, high = sorted([segment, sibling])
+    return low, high, merged

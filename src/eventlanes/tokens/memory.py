@@ -1,0 +1,160 @@
+"""In-memory token store: for tests and ephemeral runs only.
+
+Tokens die with the process and there is no database transaction to share, so projections
+cannot commit together with their token: exactly-once needs a SQL token store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ClaimLostError
+from ..segments import Segment
+from .base import (
+    DEFAULT_CLAIM_TIMEOUT,
+    SegmentStatus,
+    TokenRecord,
+    TokenStore,
+    merge_rows,
+    split_checked,
+)
+from .token import Token
+
+
+@dataclass
+class _Row:
+    mask: int
+    token: Token
+    owner: str | None = None
+    claimed_since: float | None = None
+    deadline: float | None = None
+    released_by: str | None = None
+    release_until: float = 0.0
+    request: str | None = None
+    last_error: str | None = None
+    updated_at: float = 0.0
+
+
+class InMemoryTokenStore(TokenStore):
+    def __init__(self, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> None:
+        super().__init__(claim_timeout)
+        self._rows: dict[str, dict[int, _Row]] = {}
+        self._lock = threading.Lock()
+
+    def _row(self, processor: str, segment_id: int) -> _Row | None:
+        return self._rows.get(processor, {}).get(segment_id)
+
+    def _initialize(self, processor: str, segments: list[Segment], position: int) -> bool:
+        with self._lock:
+            if self._rows.get(processor):
+                return False
+            now = time.time()
+            self._rows[processor] = {
+                s.id: _Row(s.mask, Token(position), updated_at=now) for s in segments
+            }
+            return True
+
+    def _claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None:
+        with self._lock:
+            row = self._row(processor, segment_id)
+            now = time.time()
+            if row is None:
+                return None
+            if row.owner not in (None, owner) and (row.deadline or 0) >= now:
+                return None
+            if row.released_by == owner and row.release_until > now:
+                return None
+            if row.owner != owner:
+                row.claimed_since = now
+            row.owner = owner
+            row.deadline = now + self.claim_timeout
+            return TokenRecord(processor, Segment(segment_id, row.mask), row.token, owner)
+
+    def _owned(self, processor: str, segment_id: int, owner: str) -> _Row:
+        row = self._row(processor, segment_id)
+        if row is None:
+            raise ClaimLostError(f"processor {processor!r} has no segment {segment_id}")
+        if row.owner != owner:
+            raise ClaimLostError(
+                f"processor {processor!r} segment {segment_id}: claim is held by "
+                f"{row.owner or 'nobody'}, not {owner}"
+            )
+        return row
+
+    def _extend(self, processor: str, segment_id: int, owner: str) -> None:
+        with self._lock:
+            self._owned(processor, segment_id, owner).deadline = time.time() + self.claim_timeout
+
+    def _extend_all(self, processor: str, owner: str) -> list[int]:
+        with self._lock:
+            ids = []
+            for seg_id, row in self._rows.get(processor, {}).items():
+                if row.owner == owner:
+                    row.deadline = time.time() + self.claim_timeout
+                    ids.append(seg_id)
+            return sorted(ids)
+
+    def _release(self, processor: str, segment_id: int, owner: str, hold_off: float) -> bool:
+        with self._lock:
+            row = self._row(processor, segment_id)
+            if row is None or row.owner != owner:
+                return False
+            row.owner = row.deadline = row.claimed_since = None
+            row.released_by, row.release_until = owner, time.time() + hold_off
+            return True
+
+    def _store(self, processor: str, segment_id: int, token: Token, owner: str, conn: Any) -> None:
+        with self._lock:
+            row = self._owned(processor, segment_id, owner)
+            row.token = token
+            row.updated_at = time.time()
+            row.deadline = row.updated_at + self.claim_timeout
+            row.last_error = None
+
+    def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
+        with self._lock:
+            row = self._row(processor, segment_id)
+            keep, new = split_checked(processor, segment_id, row and (row.mask, row.owner), owner)
+            assert row is not None
+            token = row.token
+            row.mask, row.token, row.request = keep.mask, token.for_segment(keep), None
+            self._rows[processor][new.id] = _Row(
+                new.mask, token.for_segment(new), updated_at=time.time()
+            )
+            return keep, new
+
+    def _merge(self, processor: str, segment_id: int, owner: str) -> Segment:
+        with self._lock:
+            table = self._rows.get(processor, {})
+            rows = {i: (r.mask, r.token, r.owner) for i, r in table.items()}
+            low, high, merged = merge_rows(processor, rows, segment_id, owner)
+            parent = low.merge(high)
+            del table[high.id]
+            row = table[low.id]
+            row.mask, row.token, row.request = parent.mask, merged, None
+            return parent
+
+    def _status(self, processor: str) -> list[SegmentStatus]:
+        with self._lock:
+            now = time.time()
+            return [
+                SegmentStatus(
+                    processor,
+                    Segment(seg_id, r.mask),
+                    r.token,
+                    r.owner,
+                    now - r.claimed_since if r.owner and r.claimed_since else None,
+                    r.deadline - now if r.owner and r.deadline else None,
+                    r.request,
+                    r.last_error,
+                    r.updated_at,
+                )
+                for seg_id, r in sorted(self._rows.get(processor, {}).items())
+            ]
+
+    def processors(self) -> list[str]:
+        with self._lock:
+            return sorted(p for p, rows in self._rows.items() if rows)

@@ -1,0 +1,244 @@
+"""Token store on SQLite or PostgreSQL, by default in the event store's own database so that
+projections commit together with their token.
+
+Table ``{prefix}tokens``, one row per (processor, segment):
+
+| column | meaning |
+|---|---|
+| processor, segment_id | primary key |
+| mask | the segment's mask (stored, never inferred from the set of ids) |
+| position | the token: every event of the segment at or below it is done |
+| token_detail | JSON for merged tokens (positions of halves that were ahead), else NULL |
+| owner, claimed_since, claim_deadline | the claim; times are epoch ms on the database's clock |
+| released_by, release_until | a released claim its last owner will not take back before then |
+| request | a split or merge asked for by another node, for the owner to carry out |
+| last_error | the last processing error of the segment, shown in status |
+| updated_at | when the token was last written |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..db import Database
+from ..errors import ClaimLostError
+from ..segments import Segment
+from .base import (
+    DEFAULT_CLAIM_TIMEOUT,
+    SegmentStatus,
+    TokenRecord,
+    TokenStore,
+    merge_rows,
+    split_checked,
+)
+from .token import Token
+
+
+class SQLTokenStore(TokenStore):
+    def __init__(self, db: Database, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> None:
+        super().__init__(claim_timeout)
+        self.db = db
+        self.table = t = db.table("tokens")
+        db.run_ddl(
+            [
+                f"""CREATE TABLE IF NOT EXISTS {t} (
+                    processor TEXT NOT NULL,
+                    segment_id BIGINT NOT NULL,
+                    mask BIGINT NOT NULL,
+                    position BIGINT NOT NULL,
+                    token_detail TEXT,
+                    owner TEXT,
+                    claimed_since BIGINT,
+                    claim_deadline BIGINT,
+                    released_by TEXT,
+                    release_until BIGINT,
+                    request TEXT,
+                    last_error TEXT,
+                    updated_at BIGINT NOT NULL,
+                    PRIMARY KEY (processor, segment_id))"""
+            ]
+        )
+        now = db.now_ms
+        q = db.sql
+        self._claim_sql = q(
+            f"""UPDATE {t} SET owner = ?, claim_deadline = {now} + ?,
+                    claimed_since = CASE WHEN owner = ? THEN claimed_since ELSE {now} END
+                WHERE processor = ? AND segment_id = ?
+                  AND (owner IS NULL OR owner = ? OR claim_deadline < {now})
+                  AND NOT (coalesce(released_by, '') = ? AND coalesce(release_until, 0) > {now})
+                RETURNING mask, position, token_detail"""
+        )
+        self._extend_sql = q(
+            f"UPDATE {t} SET claim_deadline = {now} + ? "
+            "WHERE processor = ? AND segment_id = ? AND owner = ?"
+        )
+        self._extend_all_sql = q(
+            f"UPDATE {t} SET claim_deadline = {now} + ? WHERE processor = ? AND owner = ? "
+            "RETURNING segment_id"
+        )
+        self._release_sql = q(
+            f"""UPDATE {t} SET owner = NULL, claim_deadline = NULL, claimed_since = NULL,
+                    released_by = ?, release_until = {now} + ?
+                WHERE processor = ? AND segment_id = ? AND owner = ?"""
+        )
+        self._store_sql = q(
+            f"""UPDATE {t} SET position = ?, token_detail = ?, claim_deadline = {now} + ?,
+                    updated_at = {now}, last_error = NULL
+                WHERE processor = ? AND segment_id = ? AND owner = ?"""
+        )
+        self._owner_sql = q(f"SELECT owner FROM {t} WHERE processor = ? AND segment_id = ?")
+        self._rows_sql = q(
+            f"SELECT segment_id, mask, position, token_detail, owner FROM {t} "
+            f"WHERE processor = ? ORDER BY segment_id{db.for_update}"
+        )
+        self._status_sql = q(
+            f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
+                    claim_deadline, request, last_error, updated_at, {now}
+                FROM {t} WHERE processor = ? ORDER BY segment_id"""
+        )
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        # A single statement is its own transaction: autocommit on both backends.
+        with self.db.connection() as conn:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description else [(cur.rowcount,)]
+
+    def _initialize(self, processor: str, segments: list[Segment], position: int) -> bool:
+        t = self.table
+        with self.db.transaction() as conn:
+            self.db.lock(conn, f"init:{processor}")
+            exists = conn.execute(
+                self.db.sql(f"SELECT 1 FROM {t} WHERE processor = ? LIMIT 1"), (processor,)
+            ).fetchone()
+            if exists:
+                return False
+            insert = self.db.sql(
+                f"INSERT INTO {t} (processor, segment_id, mask, position, updated_at) "
+                f"VALUES (?, ?, ?, ?, {self.db.now_ms})"
+            )
+            for seg in segments:
+                conn.execute(insert, (processor, seg.id, seg.mask, position))
+            return True
+
+    def _claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None:
+        rows = self._write(
+            self._claim_sql,
+            (owner, self.timeout_ms, owner, processor, segment_id, owner, owner),
+        )
+        if not rows:
+            return None
+        mask, position, detail = rows[0]
+        return TokenRecord(
+            processor, Segment(segment_id, mask), Token.from_row(position, detail), owner
+        )
+
+    def _extend(self, processor: str, segment_id: int, owner: str) -> None:
+        [(count,)] = self._write(self._extend_sql, (self.timeout_ms, processor, segment_id, owner))
+        if count != 1:
+            self._lost(None, processor, segment_id, owner)
+
+    def _extend_all(self, processor: str, owner: str) -> list[int]:
+        rows = self._write(self._extend_all_sql, (self.timeout_ms, processor, owner))
+        return sorted(r[0] for r in rows)
+
+    def _release(self, processor: str, segment_id: int, owner: str, hold_off: float) -> bool:
+        params = (owner, int(hold_off * 1000), processor, segment_id, owner)
+        [(count,)] = self._write(self._release_sql, params)
+        return count == 1
+
+    def _store(self, processor: str, segment_id: int, token: Token, owner: str, conn: Any) -> None:
+        params = (token.position, token.detail(), self.timeout_ms, processor, segment_id, owner)
+        if conn is None:
+            with self.db.transaction() as own:
+                self._store_in(own, params, processor, segment_id, owner)
+        else:
+            self._store_in(conn, params, processor, segment_id, owner)
+
+    def _store_in(
+        self, conn: Any, params: tuple[Any, ...], processor: str, seg: int, owner: str
+    ) -> None:
+        if conn.execute(self._store_sql, params).rowcount != 1:
+            self._lost(conn, processor, seg, owner)
+
+    def _lost(self, conn: Any, processor: str, segment_id: int, owner: str) -> None:
+        if conn is None:
+            rows = self.db.query(self._owner_sql, (processor, segment_id))
+        else:
+            rows = conn.execute(self._owner_sql, (processor, segment_id)).fetchall()
+        if not rows:
+            raise ClaimLostError(f"processor {processor!r} has no segment {segment_id}")
+        raise ClaimLostError(
+            f"processor {processor!r} segment {segment_id}: claim is held by "
+            f"{rows[0][0] or 'nobody'}, not {owner}"
+        )
+
+    def _locked_rows(self, conn: Any, processor: str) -> dict[int, tuple[int, Token, str | None]]:
+        rows = conn.execute(self._rows_sql, (processor,)).fetchall()
+        return {r[0]: (r[1], Token.from_row(r[2], r[3]), r[4]) for r in rows}
+
+    def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
+        t = self.table
+        q = self.db.sql
+        with self.db.transaction() as conn:
+            rows = self._locked_rows(conn, processor)
+            row = rows.get(segment_id)
+            keep, new = split_checked(processor, segment_id, row and (row[0], row[2]), owner)
+            token = rows[segment_id][1]
+            tk, tn = token.for_segment(keep), token.for_segment(new)
+            conn.execute(
+                q(
+                    f"UPDATE {t} SET mask = ?, position = ?, token_detail = ?, request = NULL "
+                    "WHERE processor = ? AND segment_id = ?"
+                ),
+                (keep.mask, tk.position, tk.detail(), processor, keep.id),
+            )
+            conn.execute(
+                q(
+                    f"INSERT INTO {t} (processor, segment_id, mask, position, token_detail, "
+                    f"updated_at) VALUES (?, ?, ?, ?, ?, {self.db.now_ms})"
+                ),
+                (processor, new.id, new.mask, tn.position, tn.detail()),
+            )
+            return keep, new
+
+    def _merge(self, processor: str, segment_id: int, owner: str) -> Segment:
+        t = self.table
+        q = self.db.sql
+        with self.db.transaction() as conn:
+            rows = self._locked_rows(conn, processor)
+            low, high, merged = merge_rows(processor, rows, segment_id, owner)
+            parent = low.merge(high)
+            conn.execute(
+                q(f"DELETE FROM {t} WHERE processor = ? AND segment_id = ?"), (processor, high.id)
+            )
+            conn.execute(
+                q(
+                    f"UPDATE {t} SET mask = ?, position = ?, token_detail = ?, request = NULL "
+                    "WHERE processor = ? AND segment_id = ?"
+                ),
+                (parent.mask, merged.position, merged.detail(), processor, low.id),
+            )
+            return parent
+
+    def _status(self, processor: str) -> list[SegmentStatus]:
+        result = []
+        for row in self.db.query(self._status_sql, (processor,)):
+            seg_id, mask, pos, detail, owner, since, deadline, request, error, updated, now = row
+            result.append(
+                SegmentStatus(
+                    processor,
+                    Segment(seg_id, mask),
+                    Token.from_row(pos, detail),
+                    owner,
+                    (now - since) / 1000 if owner and since is not None else None,
+                    (deadline - now) / 1000 if owner and deadline is not None else None,
+                    request,
+                    error,
+                    updated / 1000,
+                )
+            )
+        return result
+
+    def processors(self) -> list[str]:
+        rows = self.db.query(f"SELECT DISTINCT processor FROM {self.table} ORDER BY processor")
+        return [r[0] for r in rows]
