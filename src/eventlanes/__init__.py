@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .app import App
 from .errors import (
     ClaimLostError,
     ConcurrencyError,
@@ -19,6 +20,11 @@ from .policies import (
     per_stream,
     sequential,
 )
+from .processing.admin import ProcessorBusyError, ProcessorView, SegmentView
+from .processing.context import Context
+from .processing.dead_letters import DeadLetter
+from .processing.handlers import disallow_replay
+from .processing.processor import Processor
 from .segments import Segment
 from .store import EventStore, open_store
 from .tokens import (
@@ -34,7 +40,15 @@ from .tokens import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "ClaimLostError",
+    "Context",
+    "DeadLetter",
+    "Processor",
+    "ProcessorBusyError",
+    "ProcessorView",
+    "SegmentView",
+    "disallow_replay",
     "InMemoryTokenStore",
     "SQLTokenStore",
     "Segment",

@@ -44,7 +44,7 @@ class DatabaseURL:
 
 
 # Options eventlanes understands in the query string; everything else goes to libpq.
-_OWN_OPTIONS = {"prefix", "pool_min", "pool_max", "synchronous", "busy_timeout"}
+_OWN_OPTIONS = {"prefix", "pool_min", "pool_max", "synchronous", "busy_timeout", "notify"}
 
 
 def parse_url(url: str) -> DatabaseURL:

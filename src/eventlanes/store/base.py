@@ -120,6 +120,22 @@ class EventStore(ABC):
         _check_positive(limit, "limit", allow_zero=False)
         return self._read(after, limit, segment_pairs(segments))
 
+    def read_upto(
+        self, after: int, limit: int, segments: list[tuple[int, int]] | None = None
+    ) -> tuple[list[Event], int]:
+        """Like :meth:`read`, also returning the position the read is complete up to: the last
+        event's when the batch is full, else the horizon the read saw (so a consumer whose
+        segments had no events there can still move its token on)."""
+        return self._read_upto(after, limit, segments)
+
+    @abstractmethod
+    def _read_upto(
+        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+    ) -> tuple[list[Event], int]: ...
+
+    #: the channel that wakes up consumers (PostgreSQL NOTIFY), if the backend has one
+    notify_channel: str | None = None
+
     def iter_events(
         self,
         after: int = 0,

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from ..db.postgres import PostgresDatabase
-from ..errors import ConcurrencyError, StoreConnectionError
+from ..errors import ConcurrencyError, InvalidInputError, StoreConnectionError
 from ..events import Event
 from .base import EncodedEvent, EventStore, segment_sql
 
@@ -115,6 +115,12 @@ class PostgresEventStore(EventStore):
             ]
         )
         self._append_sql = f"SELECT {t}_append(%s, %s, %s, %s, %s::jsonb[], %s::jsonb[])"
+        # Wake consumers (LISTEN) after each append, unless the URL says notify=off.
+        notify = db.url.options.get("notify", "on").lower()
+        if notify not in ("on", "off"):
+            raise InvalidInputError(f"invalid notify={notify!r} in {db.url.redacted!r}: on or off")
+        self.notify_channel = f"{t}_appended" if notify == "on" else None
+        self._notify_sql = "SELECT pg_notify(%s, '')"
         self._horizon_sql = f"SELECT {t}_horizon()"
 
     def _append(
@@ -137,10 +143,20 @@ class PostgresEventStore(EventStore):
         )
         try:
             if conn is not None:
-                return conn.execute(self._append_sql, params).fetchone()[0]
-            # Autocommit: the function call is the whole transaction, in one round trip.
+                positions = conn.execute(self._append_sql, params).fetchone()[0]
+                if self.notify_channel:  # delivered when the caller commits
+                    conn.execute(self._notify_sql, (self.notify_channel,))
+                return positions
+            # Autocommit: the function call is the whole transaction. The notify goes in the
+            # same round trip but its own transaction: NOTIFY inside the append would hold the
+            # notify queue lock across the commit's WAL flush and serialise writers.
             with self.db.connection() as c:
-                return c.execute(self._append_sql, params).fetchone()[0]
+                if not self.notify_channel:
+                    return c.execute(self._append_sql, params).fetchone()[0]
+                with c.pipeline():
+                    cur = c.execute(self._append_sql, params)
+                    c.execute(self._notify_sql, (self.notify_channel,))
+                return cur.fetchone()[0]
         except psycopg.Error as exc:
             if exc.sqlstate == _VERSION_CONFLICT:
                 actual = int(exc.diag.message_primary or -1)
@@ -159,6 +175,11 @@ class PostgresEventStore(EventStore):
             return conn.execute(self._horizon_sql).fetchone()[0]
 
     def _read(self, after: int, limit: int, segments: list[tuple[int, int]] | None) -> list[Event]:
+        return self._read_upto(after, limit, segments)[0]
+
+    def _read_upto(
+        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+    ) -> tuple[list[Event], int]:
         cond, params = segment_sql(segments, "%s")
         sql = (
             f"SELECT {_COLUMNS} FROM {self.events_table} "
@@ -168,9 +189,10 @@ class PostgresEventStore(EventStore):
             # Two statements on purpose: the read's snapshot must be taken after the horizon.
             horizon = conn.execute(self._horizon_sql).fetchone()[0]
             if horizon <= after:
-                return []
+                return [], after
             rows = conn.execute(sql, (after, horizon, *params, limit)).fetchall()
-        return [Event(*row) for row in rows]
+        events = [Event(*row) for row in rows]
+        return events, events[-1].position if len(events) == limit else horizon
 
     def _read_stream(self, stream_id: str, after_version: int, limit: int | None) -> list[Event]:
         sql = (

@@ -82,6 +82,22 @@ class SQLiteEventStore(EventStore):
             rows = conn.execute(sql, (after, *params, limit)).fetchall()
         return [Event(*row) for row in rows]
 
+    def _read_upto(
+        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+    ) -> tuple[list[Event], int]:
+        cond, params = segment_sql(segments, "?")
+        # One read transaction: the head and the events come from the same snapshot.
+        with self.db.snapshot() as conn:  # type: ignore[attr-defined]
+            head = conn.execute(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")
+            head = head.fetchone()[0]
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ? AND position <= ?"
+                f"{cond} ORDER BY position LIMIT ?",
+                (after, head, *params, limit),
+            ).fetchall()
+        events = [Event(*row) for row in rows]
+        return events, events[-1].position if len(events) == limit else max(after, head)
+
     def _read_stream(self, stream_id: str, after_version: int, limit: int | None) -> list[Event]:
         sql = (
             f"SELECT {_COLUMNS} FROM {self.events_table} WHERE stream_id = ? AND version > ? "

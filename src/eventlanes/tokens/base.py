@@ -16,7 +16,14 @@ if TYPE_CHECKING:
     from ..store import EventStore
 
 DEFAULT_CLAIM_TIMEOUT = 10.0
+MAX_BACKOFF = 60.0
 Initial = str | int | datetime
+REQUESTS = ("split", "merge", "release")
+
+
+def backoff(errors: int) -> float:
+    """Seconds before a failing segment is retried: 1 s doubling to 60 s."""
+    return min(MAX_BACKOFF, 2.0 ** max(0, errors - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,8 @@ class SegmentStatus:
     request: str | None  # a split/merge asked for by another node, for the owner to carry out
     last_error: str | None
     updated_at: float  # epoch seconds of the last token write
+    errors: int = 0  # consecutive failed attempts
+    retry_in: float | None = None  # seconds until a failing segment may be retried
 
     @property
     def position(self) -> int:
@@ -100,9 +109,14 @@ class TokenStore(ABC):
         position = resolve_initial(initial, store)
         return self._initialize(processor, segs, position)
 
-    def claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None:
-        """Claim a segment: succeeds if unclaimed, already ours, or its claim expired (steal)."""
-        return self._claim(validate_processor_name(processor), segment_id, validate_owner(owner))
+    def claim(
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool = False
+    ) -> TokenRecord | None:
+        """Claim a segment: succeeds if unclaimed, already ours, or its claim expired (steal),
+        and it is not backing off after errors (``ignore_backoff``: for resets)."""
+        return self._claim(
+            validate_processor_name(processor), segment_id, validate_owner(owner), ignore_backoff
+        )
 
     def extend(self, processor: str, segment_id: int, owner: str) -> None:
         """Push the claim's deadline out; raises ClaimLostError if ``owner`` lost it."""
@@ -139,6 +153,30 @@ class TokenStore(ABC):
             validate_processor_name(processor), segment_id, tok, validate_owner(owner), conn
         )
 
+    def fail(self, processor: str, segment_id: int, owner: str, error: str) -> float:
+        """Record a failed attempt and release the claim; the segment may be claimed again
+        (by any node) after the back-off, which is returned in seconds."""
+        return self._fail(
+            validate_processor_name(processor), segment_id, validate_owner(owner), error
+        )
+
+    def request(self, processor: str, segment_id: int, what: str | None) -> bool:
+        """Ask the segment's owner to ``split``, ``merge`` or ``release`` it (None: withdraw)."""
+        if what is not None and what not in REQUESTS:
+            raise InvalidInputError(f"unknown request {what!r}: use one of {', '.join(REQUESTS)}")
+        return self._request(validate_processor_name(processor), segment_id, what)
+
+    def heartbeat(self, processor: str, node: str) -> None:
+        """Record that ``node`` is alive and working for ``processor`` (for fair shares)."""
+        self._heartbeat(validate_processor_name(processor), validate_owner(node), leave=False)
+
+    def leave(self, processor: str, node: str) -> None:
+        self._heartbeat(validate_processor_name(processor), validate_owner(node), leave=True)
+
+    def live_nodes(self, processor: str) -> list[str]:
+        """Nodes whose heartbeat is younger than the claim timeout."""
+        return self._live_nodes(validate_processor_name(processor))
+
     def split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
         """Split a segment ``owner`` holds; both halves get its token, the new half is unclaimed."""
         return self._split(validate_processor_name(processor), segment_id, validate_owner(owner))
@@ -166,7 +204,9 @@ class TokenStore(ABC):
     def _initialize(self, processor: str, segments: list[Segment], position: int) -> bool: ...
 
     @abstractmethod
-    def _claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None: ...
+    def _claim(
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool
+    ) -> TokenRecord | None: ...
 
     @abstractmethod
     def _extend(self, processor: str, segment_id: int, owner: str) -> None: ...
@@ -181,6 +221,18 @@ class TokenStore(ABC):
     def _store(
         self, processor: str, segment_id: int, token: Token, owner: str, conn: Any
     ) -> None: ...
+
+    @abstractmethod
+    def _fail(self, processor: str, segment_id: int, owner: str, error: str) -> float: ...
+
+    @abstractmethod
+    def _request(self, processor: str, segment_id: int, what: str | None) -> bool: ...
+
+    @abstractmethod
+    def _heartbeat(self, processor: str, node: str, leave: bool) -> None: ...
+
+    @abstractmethod
+    def _live_nodes(self, processor: str) -> list[str]: ...
 
     @abstractmethod
     def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]: ...

@@ -18,6 +18,7 @@ from .base import (
     SegmentStatus,
     TokenRecord,
     TokenStore,
+    backoff,
     merge_rows,
     split_checked,
 )
@@ -36,12 +37,15 @@ class _Row:
     request: str | None = None
     last_error: str | None = None
     updated_at: float = 0.0
+    errors: int = 0
+    retry_at: float = 0.0
 
 
 class InMemoryTokenStore(TokenStore):
     def __init__(self, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> None:
         super().__init__(claim_timeout)
         self._rows: dict[str, dict[int, _Row]] = {}
+        self._nodes: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
 
     def _row(self, processor: str, segment_id: int) -> _Row | None:
@@ -57,7 +61,9 @@ class InMemoryTokenStore(TokenStore):
             }
             return True
 
-    def _claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None:
+    def _claim(
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool
+    ) -> TokenRecord | None:
         with self._lock:
             row = self._row(processor, segment_id)
             now = time.time()
@@ -66,6 +72,8 @@ class InMemoryTokenStore(TokenStore):
             if row.owner not in (None, owner) and (row.deadline or 0) >= now:
                 return None
             if row.released_by == owner and row.release_until > now:
+                return None
+            if row.retry_at > now and not ignore_backoff:
                 return None
             if row.owner != owner:
                 row.claimed_since = now
@@ -113,6 +121,7 @@ class InMemoryTokenStore(TokenStore):
             row.updated_at = time.time()
             row.deadline = row.updated_at + self.claim_timeout
             row.last_error = None
+            row.errors, row.retry_at = 0, 0.0
 
     def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
         with self._lock:
@@ -151,9 +160,41 @@ class InMemoryTokenStore(TokenStore):
                     r.request,
                     r.last_error,
                     r.updated_at,
+                    r.errors,
+                    r.retry_at - now if r.retry_at > now else None,
                 )
                 for seg_id, r in sorted(self._rows.get(processor, {}).items())
             ]
+
+    def _fail(self, processor: str, segment_id: int, owner: str, error: str) -> float:
+        with self._lock:
+            row = self._owned(processor, segment_id, owner)
+            row.errors += 1
+            delay = backoff(row.errors)
+            row.owner = row.deadline = row.claimed_since = None
+            row.last_error, row.retry_at = error[:4000], time.time() + delay
+            return delay
+
+    def _request(self, processor: str, segment_id: int, what: str | None) -> bool:
+        with self._lock:
+            row = self._row(processor, segment_id)
+            if row is None:
+                return False
+            row.request = what
+            return True
+
+    def _heartbeat(self, processor: str, node: str, leave: bool) -> None:
+        with self._lock:
+            nodes = self._nodes.setdefault(processor, {})
+            if leave:
+                nodes.pop(node, None)
+            else:
+                nodes[node] = time.time()
+
+    def _live_nodes(self, processor: str) -> list[str]:
+        with self._lock:
+            limit = time.time() - self.claim_timeout
+            return sorted(n for n, seen in self._nodes.get(processor, {}).items() if seen > limit)
 
     def processors(self) -> list[str]:
         with self._lock:

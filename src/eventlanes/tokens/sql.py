@@ -12,8 +12,11 @@ Table ``{prefix}tokens``, one row per (processor, segment):
 | owner, claimed_since, claim_deadline | the claim; times are epoch ms on the database's clock |
 | released_by, release_until | a released claim its last owner will not take back before then |
 | request | a split or merge asked for by another node, for the owner to carry out |
-| last_error | the last processing error of the segment, shown in status |
+| last_error, errors, retry_at | the last processing error, consecutive failures, and when the
+  segment may be claimed again (back-off) |
 | updated_at | when the token was last written |
+
+Table ``{prefix}nodes``: (processor, node, last_seen) heartbeats, for fair shares and status.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .base import (
     SegmentStatus,
     TokenRecord,
     TokenStore,
+    backoff,
     merge_rows,
     split_checked,
 )
@@ -54,10 +58,18 @@ class SQLTokenStore(TokenStore):
                     release_until BIGINT,
                     request TEXT,
                     last_error TEXT,
+                    errors INTEGER NOT NULL DEFAULT 0,
+                    retry_at BIGINT,
                     updated_at BIGINT NOT NULL,
-                    PRIMARY KEY (processor, segment_id))"""
+                    PRIMARY KEY (processor, segment_id))""",
+                f"""CREATE TABLE IF NOT EXISTS {db.table("nodes")} (
+                    processor TEXT NOT NULL,
+                    node TEXT NOT NULL,
+                    last_seen BIGINT NOT NULL,
+                    PRIMARY KEY (processor, node))""",
             ]
         )
+        self.nodes_table = db.table("nodes")
         now = db.now_ms
         q = db.sql
         self._claim_sql = q(
@@ -66,6 +78,7 @@ class SQLTokenStore(TokenStore):
                 WHERE processor = ? AND segment_id = ?
                   AND (owner IS NULL OR owner = ? OR claim_deadline < {now})
                   AND NOT (coalesce(released_by, '') = ? AND coalesce(release_until, 0) > {now})
+                  AND (? OR coalesce(retry_at, 0) <= {now})
                 RETURNING mask, position, token_detail"""
         )
         self._extend_sql = q(
@@ -83,7 +96,7 @@ class SQLTokenStore(TokenStore):
         )
         self._store_sql = q(
             f"""UPDATE {t} SET position = ?, token_detail = ?, claim_deadline = {now} + ?,
-                    updated_at = {now}, last_error = NULL
+                    updated_at = {now}, last_error = NULL, errors = 0, retry_at = NULL
                 WHERE processor = ? AND segment_id = ? AND owner = ?"""
         )
         self._owner_sql = q(f"SELECT owner FROM {t} WHERE processor = ? AND segment_id = ?")
@@ -93,7 +106,7 @@ class SQLTokenStore(TokenStore):
         )
         self._status_sql = q(
             f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
-                    claim_deadline, request, last_error, updated_at, {now}
+                    claim_deadline, request, last_error, updated_at, errors, retry_at, {now}
                 FROM {t} WHERE processor = ? ORDER BY segment_id"""
         )
 
@@ -120,10 +133,12 @@ class SQLTokenStore(TokenStore):
                 conn.execute(insert, (processor, seg.id, seg.mask, position))
             return True
 
-    def _claim(self, processor: str, segment_id: int, owner: str) -> TokenRecord | None:
+    def _claim(
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool
+    ) -> TokenRecord | None:
         rows = self._write(
             self._claim_sql,
-            (owner, self.timeout_ms, owner, processor, segment_id, owner, owner),
+            (owner, self.timeout_ms, owner, processor, segment_id, owner, owner, ignore_backoff),
         )
         if not rows:
             return None
@@ -223,7 +238,8 @@ class SQLTokenStore(TokenStore):
     def _status(self, processor: str) -> list[SegmentStatus]:
         result = []
         for row in self.db.query(self._status_sql, (processor,)):
-            seg_id, mask, pos, detail, owner, since, deadline, request, error, updated, now = row
+            (seg_id, mask, pos, detail, owner, since, deadline, request, error, updated, errors,
+             retry_at, now) = row  # fmt: skip
             result.append(
                 SegmentStatus(
                     processor,
@@ -235,9 +251,58 @@ class SQLTokenStore(TokenStore):
                     request,
                     error,
                     updated / 1000,
+                    errors,
+                    (retry_at - now) / 1000 if retry_at and retry_at > now else None,
                 )
             )
         return result
+
+    def _fail(self, processor: str, segment_id: int, owner: str, error: str) -> float:
+        t, q, now = self.table, self.db.sql, self.db.now_ms
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                q(f"SELECT owner, errors FROM {t} WHERE processor = ? AND segment_id = ?"),
+                (processor, segment_id),
+            ).fetchone()
+            if row is None or row[0] != owner:
+                self._lost(conn, processor, segment_id, owner)
+            delay = backoff(row[1] + 1)
+            conn.execute(
+                q(
+                    f"""UPDATE {t} SET owner = NULL, claim_deadline = NULL, claimed_since = NULL,
+                        errors = errors + 1, last_error = ?, retry_at = {now} + ?
+                    WHERE processor = ? AND segment_id = ?"""
+                ),
+                (error[:4000], int(delay * 1000), processor, segment_id),
+            )
+            return delay
+
+    def _request(self, processor: str, segment_id: int, what: str | None) -> bool:
+        sql = self.db.sql(
+            f"UPDATE {self.table} SET request = ? WHERE processor = ? AND segment_id = ?"
+        )
+        [(count,)] = self._write(sql, (what, processor, segment_id))
+        return count == 1
+
+    def _heartbeat(self, processor: str, node: str, leave: bool) -> None:
+        n, q = self.nodes_table, self.db.sql
+        if leave:
+            self._write(q(f"DELETE FROM {n} WHERE processor = ? AND node = ?"), (processor, node))
+            return
+        self._write(
+            q(
+                f"INSERT INTO {n} (processor, node, last_seen) VALUES (?, ?, {self.db.now_ms}) "
+                f"ON CONFLICT (processor, node) DO UPDATE SET last_seen = excluded.last_seen"
+            ),
+            (processor, node),
+        )
+
+    def _live_nodes(self, processor: str) -> list[str]:
+        sql = self.db.sql(
+            f"SELECT node FROM {self.nodes_table} WHERE processor = ? "
+            f"AND last_seen > {self.db.now_ms} - ? ORDER BY node"
+        )
+        return [r[0] for r in self.db.query(sql, (processor, self.timeout_ms))]
 
     def processors(self) -> list[str]:
         rows = self.db.query(f"SELECT DISTINCT processor FROM {self.table} ORDER BY processor")

@@ -5,6 +5,9 @@ of two siblings at different positions the merged token also remembers how far t
 was ahead had got (``ahead``: (segment id, mask, position) entries), so each event is delivered
 only to work that has not yet seen it; Axon re-delivers here. Once processing passes every
 ``ahead`` position the token collapses back to a plain position.
+
+After a reset a token also carries ``replay_until`` (the furthest position processed before the
+reset) and the reset's ``replay_context``: events up to there are replays.
 """
 
 from __future__ import annotations
@@ -22,6 +25,16 @@ Ahead = tuple[int, int, int]  # (segment id, mask, position)
 class Token:
     position: int
     ahead: tuple[Ahead, ...] = ()
+    replay_until: int | None = None
+    replay_context: Any = None
+
+    def is_replay(self, position: int) -> bool:
+        """True when the event at ``position`` was handled before the last reset."""
+        return self.replay_until is not None and position <= self.replay_until
+
+    @property
+    def replaying(self) -> bool:
+        return self.replay_until is not None
 
     def covers(self, position: int, routing_hash: int) -> bool:
         """True when the event at ``position`` with ``routing_hash`` was already handled."""
@@ -45,7 +58,13 @@ class Token:
         """Everything of the segment up to ``position`` is now done."""
         if position <= self.position:
             return self
-        return Token(position, tuple(a for a in self.ahead if a[2] > position))
+        replay = self.replay_until is not None and position < self.replay_until
+        return Token(
+            position,
+            tuple(a for a in self.ahead if a[2] > position),
+            self.replay_until if replay else None,
+            self.replay_context if replay else None,
+        )
 
     def for_segment(self, segment: Segment) -> Token:
         """This token restricted to ``segment`` (used when a segment is split)."""
@@ -57,7 +76,9 @@ class Token:
                 base = max(base, pos)  # the whole of ``segment`` is done up to ``pos``
             elif part.overlaps(segment):
                 kept.append((seg_id, mask, pos))
-        return Token(base, tuple(a for a in kept if a[2] > base))
+        return Token(
+            base, tuple(a for a in kept if a[2] > base), self.replay_until, self.replay_context
+        )
 
     @staticmethod
     def merged(seg_a: Segment, tok_a: Token, seg_b: Segment, tok_b: Token) -> Token:
@@ -68,23 +89,41 @@ class Token:
             if tok.position > base:
                 ahead.append((seg.id, seg.mask, tok.position))
             ahead.extend(a for a in tok.ahead if a[2] > base)
-        return Token(base, tuple(sorted(set(ahead))))
+        untils = [t.replay_until for t in (tok_a, tok_b) if t.replay_until is not None]
+        context = tok_a.replay_context if tok_a.replaying else tok_b.replay_context
+        until = max(untils) if untils else None
+        return Token(base, tuple(sorted(set(ahead))), until, context if until else None)
 
     # -- persistence: ``position`` is a column; everything else is JSON detail ---------------
     def detail(self) -> str | None:
-        if not self.ahead:
-            return None
-        return json.dumps({"ahead": [list(a) for a in self.ahead]}, separators=(",", ":"))
+        data: dict[str, Any] = {}
+        if self.ahead:
+            data["ahead"] = [list(a) for a in self.ahead]
+        if self.replay_until is not None:
+            data["replay"] = {"until": self.replay_until, "context": self.replay_context}
+        return json.dumps(data, separators=(",", ":")) if data else None
 
     @classmethod
     def from_row(cls, position: int, detail: str | None) -> Token:
         if not detail:
             return cls(position)
         data: dict[str, Any] = json.loads(detail)
-        return cls(position, tuple(tuple(a) for a in data.get("ahead", ())))  # type: ignore[misc]
+        ahead = tuple(tuple(a) for a in data.get("ahead", ()))
+        replay = data.get("replay") or {}
+        return cls(position, ahead, replay.get("until"), replay.get("context"))  # type: ignore[arg-type]
+
+    @classmethod
+    def reset(cls, before: Token, to: int, context: Any = None) -> Token:
+        """The token after a reset to ``to``: events up to ``before.high`` become replays."""
+        until = before.high
+        if before.replay_until is not None:
+            until = max(until, before.replay_until)
+        return cls(to, (), until, context) if until > to else cls(to)
 
     def __str__(self) -> str:
-        if not self.ahead:
-            return str(self.position)
-        parts = ", ".join(f"{i}/{m}@{p}" for i, m, p in self.ahead)
-        return f"{self.position} (+{parts})"
+        text = str(self.position)
+        if self.ahead:
+            text += " (+" + ", ".join(f"{i}/{m}@{p}" for i, m, p in self.ahead) + ")"
+        if self.replay_until is not None:
+            text += f" (replay to {self.replay_until})"
+        return text

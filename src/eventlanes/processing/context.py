@@ -1,0 +1,51 @@
+"""What a handler gets besides the event: the transaction, the segment, replay information."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..segments import Segment
+from ..tokens import Token
+
+
+class Context:
+    """Handler context. ``execute``/``connection`` run in the transaction that also stores the
+    segment's token, so writes to the token store's database are exactly-once.
+
+    SQL placeholders follow the driver: ``?`` on SQLite, ``%s`` on PostgreSQL (``ctx.param``).
+    """
+
+    __slots__ = ("processor", "segment", "token", "connection", "backend", "param", "is_replay")
+
+    def __init__(
+        self,
+        processor: str,
+        segment: Segment | None,
+        token: Token | None,
+        connection: Any,
+        backend: str,
+        param: str,
+    ) -> None:
+        self.processor = processor
+        self.segment = segment
+        self.token = token  # the segment's token when the batch started
+        self.connection = connection
+        self.backend = backend
+        self.param = param
+        self.is_replay = False
+
+    @property
+    def replay_context(self) -> Any:
+        """What the reset that started this replay was given (None outside replays)."""
+        if self.token is None or not self.is_replay:
+            return None
+        return self.token.replay_context
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.connection is None:
+            raise RuntimeError("this processor has no transaction to execute in")
+        return self.connection.execute(sql, params)
+
+    def __repr__(self) -> str:
+        return f"Context({self.processor!r}, segment={self.segment}, replay={self.is_replay})"

@@ -1,0 +1,105 @@
+"""A processor's definition: its name, handlers and how it runs (not the running itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidInputError
+from ..names import validate_processor_name
+from ..policies import KeyFunction, SequencingPolicy, as_policy
+from ..segments import Segment
+from ..tokens.base import Initial
+from .handlers import Handler, HandlerSet, ResetHandler
+
+if TYPE_CHECKING:
+    from ..app import App
+
+MODES = ("pooled", "tracking")
+ERROR_MODES = ("retry", "dead_letter")
+
+
+class Processor:
+    """Named consumer of the store. Many processes with the same name share its segments."""
+
+    def __init__(
+        self,
+        app: App,
+        name: str,
+        *,
+        segments: int = 1,
+        policy: SequencingPolicy | KeyFunction | None = None,
+        batch_size: int = 500,
+        mode: str = "pooled",
+        max_segments: int | None = None,
+        workers: int | None = None,
+        on_error: str = "retry",
+        initial: Initial = "tail",
+    ) -> None:
+        self.app = app
+        self.name = validate_processor_name(name)
+        try:
+            Segment.initial(segments)
+        except ValueError as exc:
+            raise InvalidInputError(f"processor {name!r}: {exc}") from None
+        self.segments = segments
+        self.policy = as_policy(policy)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInputError(
+                f"processor {name!r}: batch_size must be >= 1, got {batch_size!r}"
+            )
+        self.batch_size = batch_size
+        if mode not in MODES:
+            raise InvalidInputError(
+                f"processor {name!r}: mode must be one of {MODES}, got {mode!r}"
+            )
+        self.mode = mode
+        if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
+            raise InvalidInputError(f"processor {name!r}: max_segments must be >= 1")
+        self.max_segments = max_segments
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise InvalidInputError(f"processor {name!r}: workers must be >= 1")
+        self.workers = workers
+        if on_error not in ERROR_MODES:
+            raise InvalidInputError(
+                f"processor {name!r}: on_error must be one of {ERROR_MODES}, got {on_error!r}"
+            )
+        self.on_error = on_error
+        self.initial = initial
+        self.handlers = HandlerSet()
+
+    def on(self, *types: str) -> Callable[[Handler], Handler]:
+        """Decorator: handle events of these types (``@proc.on("FrontWheelAdded")``)."""
+        if not types or not all(isinstance(t, str) and t for t in types):
+            raise InvalidInputError(f"processor {self.name!r}: on() needs event type names")
+
+        def register(handler: Handler) -> Handler:
+            self.handlers.add(frozenset(types), handler)
+            return handler
+
+        return register
+
+    def on_any(self, handler: Handler) -> Handler:
+        """Decorator: handle every event."""
+        self.handlers.add(None, handler)
+        return handler
+
+    def on_reset(self, handler: ResetHandler) -> ResetHandler:
+        """Decorator: run ``handler(ctx)`` in the reset's transaction (e.g. clear a table)."""
+        if not callable(handler):
+            raise TypeError("on_reset needs a callable")
+        self.handlers.reset_handlers.append(handler)
+        return handler
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "segments": self.segments,
+            "policy": self.policy.name,
+            "batch_size": self.batch_size,
+            "on_error": self.on_error,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Processor {self.name} ({self.mode}, {self.segments} segments)>"

@@ -1,0 +1,154 @@
+"""Handling one segment's batch: handlers and token in one transaction, fenced by the claim."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from ..errors import ClaimLostError
+from ..events import Event
+from ..segments import Segment
+from ..tokens import Token
+from .context import Context
+from .handlers import runs_on_replay
+
+if TYPE_CHECKING:
+    from .runner import ProcessorRunner
+
+log = logging.getLogger("eventlanes.processing")
+
+
+class Outcome(Enum):
+    OK = "ok"
+    LOST = "lost"  # the claim was stolen: nothing was committed
+    FAILED = "failed"  # a handler failed: nothing was committed, the segment backs off
+
+
+@dataclass(eq=False)
+class SegmentState:
+    """What this process knows about a segment it holds."""
+
+    segment: Segment
+    token: Token
+    parked: set[str] = field(default_factory=set)  # keys with events in the dead-letter table
+    dirty: bool = False  # token advanced in memory (no events of ours), not yet persisted
+    persisted_at: float = field(default_factory=time.monotonic)
+    lost: bool = False
+    stop: bool = False  # tracking mode: asks the segment's thread to leave its loop
+
+
+class HandlerFailed(Exception):
+    def __init__(self, event: Event, key: str | None, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.event = event
+        self.key = key
+        self.error = error
+        self.text = (
+            f"event {event.position} ({event.type}, {event.stream_id} v{event.version}): "
+            + "".join(traceback.format_exception_only(type(error), error)).strip()
+        )
+
+
+def describe(exc: BaseException) -> str:
+    return exc.text if isinstance(exc, HandlerFailed) else f"{type(exc).__name__}: {exc}"
+
+
+class SegmentWorker:
+    """Runs a processor's handlers on batches of one segment's events."""
+
+    def __init__(self, runner: ProcessorRunner) -> None:
+        self.runner = runner
+        proc = runner.processor
+        self.name = proc.name
+        self.policy = proc.policy
+        self.handlers = proc.handlers
+        self.dead_letter = proc.on_error == "dead_letter"
+
+    def process(self, st: SegmentState, events: list[Event], upto: int) -> Outcome:
+        """Handle ``events`` (already filtered for the segment) and move its token to ``upto``."""
+        new_token = st.token.advance(upto)
+        park_keys: set[str] = set()
+        park_events: dict[int, str] = {}
+        while True:
+            try:
+                self._commit(st, events, new_token, park_keys, park_events)
+            except ClaimLostError as exc:
+                log.info("%s %s: claim lost, batch rolled back (%s)", self.name, st.segment, exc)
+                st.lost = True
+                return Outcome.LOST
+            except HandlerFailed as exc:
+                if not self.dead_letter:
+                    return self._back_off(st, exc)
+                # Park the failed event and every later one of its key, then redo the batch
+                # (the failed attempt was rolled back as a whole).
+                if exc.key is None:
+                    park_events[exc.event.position] = exc.text
+                else:
+                    park_keys.add(exc.key)
+                    park_events[exc.event.position] = exc.text
+                log.warning("%s %s: parking %s", self.name, st.segment, exc.text)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
+                return self._back_off(st, exc)
+            st.token = new_token
+            st.dirty = False
+            st.persisted_at = time.monotonic()
+            st.parked |= park_keys
+            return Outcome.OK
+
+    def _commit(
+        self,
+        st: SegmentState,
+        events: list[Event],
+        new_token: Token,
+        park_keys: set[str],
+        park_events: dict[int, str],
+    ) -> None:
+        runner = self.runner
+        db = runner.db
+        with db.transaction() as conn:
+            ctx = Context(self.name, st.segment, st.token, conn, db.backend, db.param)
+            token = st.token
+            parked = st.parked
+            check_parking = bool(parked or park_keys or park_events)
+            for event in events:
+                if check_parking:
+                    key = self.policy.key(event)
+                    reason = park_events.get(event.position)
+                    if reason is None and key is not None and (key in parked or key in park_keys):
+                        reason = "waiting behind an earlier failed event of the same key"
+                    if reason is not None:
+                        runner.dead_letters.park(
+                            conn, self.name, event, key, self.policy.routing_hash(event), reason
+                        )
+                        continue
+                replay = token.is_replay(event.position)
+                ctx.is_replay = replay
+                for handler in self.handlers.for_type(event.type):
+                    if replay and not runs_on_replay(handler):
+                        continue
+                    try:
+                        handler(event, ctx)
+                    except Exception as exc:  # noqa: BLE001 - reported with the event
+                        raise HandlerFailed(event, self.policy.key(event), exc) from exc
+            runner.tokens.store(self.name, st.segment.id, new_token, runner.owner, conn=conn)
+
+    def _back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
+        text = describe(exc)
+        try:
+            delay = self.runner.tokens.fail(self.name, st.segment.id, self.runner.owner, text)
+            log.error(
+                "%s %s failed, retrying in %.0f s on any node: %s",
+                self.name,
+                st.segment,
+                delay,
+                text,
+            )
+        except ClaimLostError:
+            pass
+        st.lost = True
+        return Outcome.FAILED
