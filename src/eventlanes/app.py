@@ -168,6 +168,9 @@ class App:
         """Block until every segment of the processors has reached the store's head."""
         deadline = time.monotonic() + timeout
         while True:
+            crashed = [r.error for r in self._runners if r.error is not None]
+            if crashed:
+                raise RuntimeError(f"a processor crashed: {crashed[0]!r}") from crashed[0]
             views = [self.status(p.name) for p in self._selected(processors)]
             if all(v.caught_up for v in views):
                 return

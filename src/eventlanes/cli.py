@@ -1,15 +1,20 @@
-"""The ``eventlanes`` command line."""
+"""The ``eventlanes`` command line: run, inspect and steer processors."""
 
 from __future__ import annotations
 
 import sys
+import threading
+from datetime import datetime
+from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import __version__
-from .errors import EventlanesError
+from .errors import EventlanesError, InvalidInputError
+from .loader import load_app
 from .store import open_store
 
 console = Console()
@@ -43,6 +48,203 @@ def info(url: str) -> None:
         table.add_column("head position", justify="right")
         table.add_row(store.db.backend, f"{store.count():,}", f"{store.head():,}")
         console.print(table)
+
+
+def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    tasks = {n: progress.add_task(n, total=1, detail="") for n in names}
+
+    def tick() -> None:
+        for name, task in tasks.items():
+            view = app.status(name)
+            owners = len({s.owner for s in view.segments if s.owner})
+            errors = sum(1 for s in view.segments if s.last_error)
+            detail = f"{owners} node(s)" + (f", [red]{errors} failing[/red]" if errors else "")
+            progress.update(task, completed=view.position, total=max(1, view.head), detail=detail)
+
+    return progress, tick
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("--processes", "-p", default=1, show_default=True, help="worker processes")
+@click.option("--processor", "processors", multiple=True, help="run only these (repeatable)")
+@click.option("--node-index", type=int, help="static mode: this node's index (0-based)")
+@click.option("--nodes", type=int, help="static mode: how many nodes share the segments")
+@click.option("--progress/--no-progress", default=None, help="progress bars (default: on a tty)")
+def run(
+    app_spec: str,
+    processes: int,
+    processors: tuple[str, ...],
+    node_index: int | None,
+    nodes: int | None,
+    progress: bool | None,
+) -> None:
+    """Run the app's processors until SIGINT/SIGTERM (then finish batches, store tokens,
+    release claims)."""
+    app = load_app(app_spec)
+    names = list(processors) or list(app.processors)
+    for name in names:
+        app.get(name)
+    if processes < 1:
+        raise InvalidInputError("--processes must be >= 1")
+    if processes > 1 and (node_index is not None or nodes is not None):
+        raise InvalidInputError("static mode (--node-index/--nodes) runs one process per node")
+    show = console.is_terminal if progress is None else progress
+    bars, tick = _progress(app, names) if show else (None, None)
+    if processes == 1:
+        stop_ticking = threading.Event()
+
+        def ticker() -> None:
+            while not stop_ticking.wait(0.5):
+                tick()  # type: ignore[misc]
+
+        thread = threading.Thread(target=ticker, daemon=True) if bars else None
+        if bars:
+            bars.start()
+            thread.start()  # type: ignore[union-attr]
+        try:
+            app.run(names, node_index=node_index, nodes=nodes)
+        finally:
+            stop_ticking.set()
+            if bars:
+                bars.stop()
+        return
+    from .supervisor import Supervisor
+
+    supervisor = Supervisor(app_spec, processes, names)
+    if bars:
+        bars.start()
+    try:
+        code = supervisor.run(tick)
+    finally:
+        if bars:
+            bars.stop()
+    sys.exit(code)
+
+
+def _age(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.1f} s"
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("--processor", "processors", multiple=True, help="only these (repeatable)")
+def status(app_spec: str, processors: tuple[str, ...]) -> None:
+    """Per processor and segment: position, head, lag, owner, claim age, caught up,
+    replaying, errors."""
+    app = load_app(app_spec)
+    for name in processors or app.processors:
+        view = app.status(name)
+        table = Table(
+            title=f"{name}: head {view.head:,}, {len(view.live_nodes)} live node(s)"
+            + (f", {view.dead_letters} dead letter(s)" if view.dead_letters else "")
+        )
+        for col in ("segment", "position", "lag", "owner", "claim age", "caught up",
+                    "replaying", "last error"):  # fmt: skip
+            table.add_column(col, justify="right" if col in ("position", "lag") else "left")
+        for s in view.segments:
+            error = s.last_error or ""
+            if s.errors:
+                error = f"[red]{s.errors}x, retry in {_age(s.retry_in) or 'now'}:[/red] {error}"
+            table.add_row(
+                str(s.segment),
+                f"{s.position:,}",
+                f"{s.lag:,}",
+                s.owner or "-",
+                _age(s.claim_age),
+                "yes" if s.caught_up else "no",
+                f"until {s.token.replay_until:,}" if s.replaying else "no",
+                error[:80] + (f" [{s.request} requested]" if s.request else ""),
+            )
+        console.print(table)
+
+
+def _steer(what: str) -> Any:
+    @click.argument("app_spec", metavar="MODULE:APP")
+    @click.argument("processor")
+    @click.argument("segment", type=int)
+    @click.option(
+        "--timeout", default=15.0, show_default=True, help="seconds to wait for the owner"
+    )
+    def command(app_spec: str, processor: str, segment: int, timeout: float) -> None:
+        app = load_app(app_spec)
+        console.print(getattr(app, what)(processor, segment, timeout=timeout))
+
+    command.__doc__ = {
+        "split": "Split a segment in two (the owner does it, or this command if unclaimed).",
+        "merge": "Merge a segment with its sibling.",
+        "release": "Ask the owner to release a segment so another node takes it.",
+    }[what]
+    return main.command(name=what)(command)
+
+
+for _what in ("split", "merge", "release"):
+    _steer(_what)
+
+
+def _parse_to(value: str) -> str | int | datetime:
+    if value in ("tail", "head"):
+        return value
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"invalid --to {value!r}: use tail, head, a position or an ISO time"
+        ) from None
+    if when.tzinfo is None:
+        raise InvalidInputError(f"--to {value!r} needs a timezone (e.g. 2026-01-01T00:00+00:00)")
+    return when
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("processor")
+@click.option("--to", "to", default="tail", show_default=True, help="tail, head, POSITION or TIME")
+@click.option("--wait", is_flag=True, help="wait for running nodes to stop instead of refusing")
+@click.option("--timeout", type=float, help="with --wait: give up after this many seconds")
+def reset(app_spec: str, processor: str, to: str, wait: bool, timeout: float | None) -> None:
+    """Reset a stopped processor: run its reset handlers and replay from --to."""
+    app = load_app(app_spec)
+    position = app.reset(processor, _parse_to(to), wait=wait, timeout=timeout)
+    console.print(f"{processor}: reset; replays from position {position:,} on the next run")
+
+
+@main.command(name="dead-letters")
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("processor")
+@click.option("--retry", is_flag=True, help="re-process the parked events, in order per key")
+@click.option("--discard", is_flag=True, help="drop the parked events")
+def dead_letters(app_spec: str, processor: str, retry: bool, discard: bool) -> None:
+    """List, retry or discard a processor's parked events."""
+    if retry and discard:
+        raise InvalidInputError("use either --retry or --discard")
+    app = load_app(app_spec)
+    if retry:
+        handled, left = app.retry_dead_letters(processor)
+        console.print(f"{processor}: {handled} event(s) handled, {left} still parked")
+        return
+    if discard:
+        console.print(f"{processor}: discarded {app.discard_dead_letters(processor)} event(s)")
+        return
+    letters = app.dead_letter_list(processor)
+    table = Table(title=f"{processor}: {len(letters)} dead letter(s)")
+    for col in ("position", "key", "stream", "version", "type", "attempts", "error"):
+        table.add_column(col)
+    for d in letters:
+        table.add_row(str(d.position), d.seq_key or "-", d.stream_id, str(d.version), d.type,
+                      str(d.attempts), d.error[:80])  # fmt: skip
+    console.print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -110,6 +110,11 @@ class SQLiteDatabase(Database):
             conn.execute("COMMIT")
 
     def run_ddl(self, statements: Sequence[str]) -> None:
+        conn = self._conn()
+        if conn.in_transaction:  # first use of a component inside this thread's transaction
+            for statement in statements:
+                conn.execute(statement)
+            return
         with self.transaction() as conn:
             for statement in statements:
                 conn.execute(statement)

@@ -140,7 +140,7 @@ def reset(
     try:
         db = app.db
         with db.transaction() as conn:
-            ctx = Context(proc.name, None, None, conn, db.backend, db.param)
+            ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
             for handler in proc.handlers.reset_handlers:
                 handler(ctx)
             for record in records:
@@ -228,7 +228,7 @@ def retry_dead_letters(app: App, proc: Processor) -> tuple[int, int]:
         done: list[int] = []
         try:
             with db.transaction() as conn:
-                ctx = Context(proc.name, None, None, conn, db.backend, db.param)
+                ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
                 for event in events:
                     for handler in proc.handlers.for_type(event.type):
                         handler(event, ctx)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from ..segments import Segment
 from ..tokens import Token
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
 class Context:
@@ -16,7 +19,9 @@ class Context:
     SQL placeholders follow the driver: ``?`` on SQLite, ``%s`` on PostgreSQL (``ctx.param``).
     """
 
-    __slots__ = ("processor", "segment", "token", "connection", "backend", "param", "is_replay")
+    __slots__ = (
+        "processor", "segment", "token", "connection", "backend", "param", "is_replay", "prefix"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -26,6 +31,7 @@ class Context:
         connection: Any,
         backend: str,
         param: str,
+        prefix: str = "",
     ) -> None:
         self.processor = processor
         self.segment = segment
@@ -34,6 +40,13 @@ class Context:
         self.backend = backend
         self.param = param
         self.is_replay = False
+        self.prefix = prefix
+
+    def table(self, name: str) -> str:
+        """``name`` under the store's table prefix: projections live beside the tokens."""
+        if not _NAME.match(name):
+            raise ValueError(f"invalid table name {name!r}: lowercase letters, digits and '_'")
+        return f"{self.prefix}{name}"
 
     @property
     def replay_context(self) -> Any:

@@ -186,17 +186,27 @@ class ProcessorRunner:
             record = self.tokens.claim(self.name, seg_id, self.owner)
             if record is not None:
                 self._acquire(record.segment, record.token)
-        if self.processor.mode == "pooled":  # tracking threads persist their own tokens
+        if self.processor.mode == "pooled":  # tracking threads do this for themselves
+            parked = self._parked_keys()
             for st in self.claimed.values():
                 if st.dirty and time.monotonic() - st.persisted_at > 1.0:
                     self._persist(st)
+                if parked is not None:
+                    st.parked = {k for k, h in parked if st.segment.matches(h)}
+
+    def _parked_keys(self) -> list[tuple[str, int]] | None:
+        """Keys with parked events (dead-letter mode). Read on the thread that processes the
+        segments, between batches, so a key it just parked is always in the table already;
+        keys whose dead letters were retried elsewhere disappear here."""
+        if self.processor.on_error != "dead_letter":
+            return None
+        return self.dead_letters.parked_keys(self.name)
 
     def _acquire(self, segment: Segment, token) -> SegmentState:  # type: ignore[no-untyped-def]
         st = SegmentState(segment, token)
-        if self.processor.on_error == "dead_letter":
-            st.parked = {
-                k for k, h in self.dead_letters.parked_keys(self.name) if segment.matches(h)
-            }
+        parked = self._parked_keys()
+        if parked:
+            st.parked = {k for k, h in parked if segment.matches(h)}
         with self._lock:
             self.claimed[segment.id] = st
         log.info("%s: %s claimed %s at %s", self.name, self.owner, segment, token)
@@ -363,6 +373,7 @@ class ProcessorRunner:
         proc = self.processor
         by_stream = proc.policy.by_stream
         policy_hash = proc.policy.routing_hash
+        refresh_at = time.monotonic() + self.coordinate_interval
         while not self.stopping.is_set() and not st.stop and not st.lost:
             seen = self.wakeup.generation
             seg = [(st.segment.id, st.segment.mask)] if by_stream else None
@@ -385,4 +396,9 @@ class ProcessorRunner:
             else:
                 self._persist(st)
                 self.wakeup.wait(seen)
+            if time.monotonic() > refresh_at:
+                refresh_at = time.monotonic() + self.coordinate_interval
+                parked = self._parked_keys()
+                if parked is not None:
+                    st.parked = {k for k, h in parked if st.segment.matches(h)}
         self._persist(st)

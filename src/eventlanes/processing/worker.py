@@ -71,7 +71,7 @@ class SegmentWorker:
     def process(self, st: SegmentState, events: list[Event], upto: int) -> Outcome:
         """Handle ``events`` (already filtered for the segment) and move its token to ``upto``."""
         new_token = st.token.advance(upto)
-        park_keys: set[str] = set()
+        park_keys: dict[str, int] = {}  # key -> position of its first failed event
         park_events: dict[int, str] = {}
         while True:
             try:
@@ -85,11 +85,9 @@ class SegmentWorker:
                     return self._back_off(st, exc)
                 # Park the failed event and every later one of its key, then redo the batch
                 # (the failed attempt was rolled back as a whole).
-                if exc.key is None:
-                    park_events[exc.event.position] = exc.text
-                else:
-                    park_keys.add(exc.key)
-                    park_events[exc.event.position] = exc.text
+                park_events[exc.event.position] = exc.text
+                if exc.key is not None:
+                    park_keys.setdefault(exc.key, exc.event.position)
                 log.warning("%s %s: parking %s", self.name, st.segment, exc.text)
                 continue
             except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
@@ -97,7 +95,7 @@ class SegmentWorker:
             st.token = new_token
             st.dirty = False
             st.persisted_at = time.monotonic()
-            st.parked |= park_keys
+            st.parked.update(park_keys)
             return Outcome.OK
 
     def _commit(
@@ -105,13 +103,13 @@ class SegmentWorker:
         st: SegmentState,
         events: list[Event],
         new_token: Token,
-        park_keys: set[str],
+        park_keys: dict[str, int],
         park_events: dict[int, str],
     ) -> None:
         runner = self.runner
         db = runner.db
         with db.transaction() as conn:
-            ctx = Context(self.name, st.segment, st.token, conn, db.backend, db.param)
+            ctx = Context(self.name, st.segment, st.token, conn, db.backend, db.param, db.prefix)
             token = st.token
             parked = st.parked
             check_parking = bool(parked or park_keys or park_events)
@@ -119,7 +117,13 @@ class SegmentWorker:
                 if check_parking:
                     key = self.policy.key(event)
                     reason = park_events.get(event.position)
-                    if reason is None and key is not None and (key in parked or key in park_keys):
+                    if (
+                        reason is None
+                        and key is not None
+                        and (
+                            key in parked or park_keys.get(key, event.position + 1) < event.position
+                        )
+                    ):
                         reason = "waiting behind an earlier failed event of the same key"
                     if reason is not None:
                         runner.dead_letters.park(

@@ -21,6 +21,9 @@ the reader belongs to an appender whose positions will all be above the L the re
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +41,47 @@ _COLUMNS = (
 _VERSION_CONFLICT = "EL409"
 # Position markers use single-bigint advisory keys (namespace << 48) | position.
 _MARKER_SHIFT = 48
+
+
+class _Notifier:
+    """Sends NOTIFY for committed appends from a thread of its own, on its own connection.
+
+    NOTIFY inside the appending transaction would hold PostgreSQL's notify-queue lock across
+    the commit's WAL flush and serialise all writers; here appends only set a flag, and one
+    NOTIFY covers every append committed since the last one.
+    """
+
+    def __init__(self, db: PostgresDatabase, channel: str) -> None:
+        self.db = db
+        self.channel = channel
+        self._wanted = threading.Event()
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def poke(self) -> None:
+        if self._pid != os.getpid():  # first use in this process (or after a fork)
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._wanted = threading.Event()
+                    threading.Thread(
+                        target=self._run, name="eventlanes-notify", daemon=True
+                    ).start()
+                    self._pid = os.getpid()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        wanted = self._wanted
+        conn = None
+        while True:
+            wanted.wait()
+            wanted.clear()
+            try:
+                if conn is None or conn.closed:
+                    conn = self.db.connect(autocommit=True)
+                conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+            except Exception:  # noqa: BLE001 - consumers fall back to polling
+                conn = None
+                time.sleep(0.5)
 
 
 class PostgresEventStore(EventStore):
@@ -121,6 +165,7 @@ class PostgresEventStore(EventStore):
             raise InvalidInputError(f"invalid notify={notify!r} in {db.url.redacted!r}: on or off")
         self.notify_channel = f"{t}_appended" if notify == "on" else None
         self._notify_sql = "SELECT pg_notify(%s, '')"
+        self._notifier = _Notifier(db, self.notify_channel) if self.notify_channel else None
         self._horizon_sql = f"SELECT {t}_horizon()"
 
     def _append(
@@ -147,16 +192,12 @@ class PostgresEventStore(EventStore):
                 if self.notify_channel:  # delivered when the caller commits
                     conn.execute(self._notify_sql, (self.notify_channel,))
                 return positions
-            # Autocommit: the function call is the whole transaction. The notify goes in the
-            # same round trip but its own transaction: NOTIFY inside the append would hold the
-            # notify queue lock across the commit's WAL flush and serialise writers.
+            # Autocommit: the function call is the whole transaction, in one round trip.
             with self.db.connection() as c:
-                if not self.notify_channel:
-                    return c.execute(self._append_sql, params).fetchone()[0]
-                with c.pipeline():
-                    cur = c.execute(self._append_sql, params)
-                    c.execute(self._notify_sql, (self.notify_channel,))
-                return cur.fetchone()[0]
+                positions = c.execute(self._append_sql, params).fetchone()[0]
+            if self._notifier is not None:
+                self._notifier.poke()
+            return positions
         except psycopg.Error as exc:
             if exc.sqlstate == _VERSION_CONFLICT:
                 actual = int(exc.diag.message_primary or -1)

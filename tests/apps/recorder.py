@@ -1,0 +1,51 @@
+"""A test app for worker processes: records every handled event, once, in handling order.
+
+Configured by environment variables so that `eventlanes run tests.apps.recorder:app` works in
+subprocesses: EVENTLANES_TEST_APP_URL (required), _SEGMENTS, _MODE, _CLAIM_TIMEOUT, _BATCH.
+"""
+
+from __future__ import annotations
+
+import os
+
+import eventlanes as el
+
+env = os.environ.get
+app = el.App(
+    env("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db"),
+    claim_timeout=float(env("EVENTLANES_TEST_APP_CLAIM_TIMEOUT", "2")),
+)
+recorder = app.processor(
+    "recorder",
+    segments=int(env("EVENTLANES_TEST_APP_SEGMENTS", "4")),
+    mode=env("EVENTLANES_TEST_APP_MODE", "pooled"),
+    batch_size=int(env("EVENTLANES_TEST_APP_BATCH", "200")),
+)
+
+
+def create_schema(app: el.App) -> str:
+    """The projection table; its serial id gives the order events were handled in."""
+    table = app.db.table("handled")
+    serial = (
+        "INTEGER PRIMARY KEY AUTOINCREMENT"
+        if app.db.backend == "sqlite"
+        else "BIGSERIAL PRIMARY KEY"
+    )
+    app.db.run_ddl(
+        [
+            f"""CREATE TABLE IF NOT EXISTS {table} (
+                id {serial}, stream_id TEXT NOT NULL, version BIGINT NOT NULL,
+                position BIGINT NOT NULL, replay INTEGER NOT NULL DEFAULT 0)"""
+        ]
+    )
+    return table
+
+
+@recorder.on_any
+def record(event: el.Event, ctx: el.Context) -> None:
+    p = ctx.param
+    ctx.execute(
+        f"INSERT INTO {ctx.table('handled')} (stream_id, version, position, replay) "
+        f"VALUES ({p}, {p}, {p}, {p})",
+        (event.stream_id, event.version, event.position, int(ctx.is_replay)),
+    )

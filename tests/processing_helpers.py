@@ -1,0 +1,54 @@
+"""Helpers for processor tests: appending load, checking a recorded projection."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import eventlanes as el
+
+
+def append_load(store: el.EventStore, streams: int, events: int, seed: int = 0) -> None:
+    """``events`` events spread at random over ``streams`` streams, in batches."""
+    rng = random.Random(seed)
+    left = events
+    while left:
+        n = min(left, rng.randint(1, 5))
+        store.append(
+            f"s-{rng.randrange(streams)}", [el.NewEvent("Step", {"n": i}) for i in range(n)]
+        )
+        left -= n
+
+
+def handled_rows(app: el.App, table: str) -> list[tuple[str, int, int]]:
+    return [
+        tuple(r)
+        for r in app.db.query(f"SELECT stream_id, version, position FROM {table} ORDER BY id")
+    ]
+
+
+def assert_exactly_once_in_order(app: el.App, table: str) -> int:
+    """Every event of the store handled exactly once, each stream's events in version order."""
+    rows = handled_rows(app, table)
+    counts = Counter(pos for _, _, pos in rows)
+    doubled = [p for p, c in counts.items() if c > 1]
+    assert not doubled, f"{len(doubled)} events handled twice, e.g. {doubled[:5]}"
+    expected = {e.position for e in app.store.iter_events(batch_size=10_000)}
+    missing = expected - set(counts)
+    assert not missing, f"{len(missing)} events never handled, e.g. {sorted(missing)[:5]}"
+    last: dict[str, int] = {}
+    for stream, version, _ in rows:
+        assert version > last.get(stream, 0), f"{stream}: v{version} handled after v{last[stream]}"
+        last[stream] = version
+    return len(rows)
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

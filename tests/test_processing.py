@@ -1,0 +1,364 @@
+"""Processors in one process: exactly-once projections, order, failures, steals, replays."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import eventlanes as el
+from eventlanes import Segment
+from tests.processing_helpers import (
+    append_load,
+    assert_exactly_once_in_order,
+    handled_rows,
+    wait_for,
+)
+
+E = el.NewEvent
+
+
+def recorder_app(
+    url: str, *, claim_timeout: float = 2.0, **options
+) -> tuple[el.App, el.Processor, str]:
+    app = el.App(url, claim_timeout=claim_timeout)
+    proc = app.processor("recorder", **{"segments": 4, **options})
+    table = app.db.table("handled")
+    serial = (
+        "INTEGER PRIMARY KEY AUTOINCREMENT"
+        if app.db.backend == "sqlite"
+        else "BIGSERIAL PRIMARY KEY"
+    )
+    app.db.run_ddl(
+        [f"CREATE TABLE IF NOT EXISTS {table} (id {serial}, stream_id TEXT, version BIGINT, "
+         "position BIGINT, replay INTEGER DEFAULT 0)"]
+    )  # fmt: skip
+
+    @proc.on_any
+    def record(event: el.Event, ctx: el.Context) -> None:
+        p = ctx.param
+        ctx.execute(
+            f"INSERT INTO {table} (stream_id, version, position, replay) "
+            f"VALUES ({p}, {p}, {p}, {p})",
+            (event.stream_id, event.version, event.position, int(ctx.is_replay)),
+        )
+
+    return app, proc, table
+
+
+@pytest.mark.parametrize("mode", ["pooled", "tracking"])
+def test_projection_is_exactly_once_and_in_stream_order(store_url: str, mode: str) -> None:
+    app, _, table = recorder_app(store_url, mode=mode, batch_size=97)
+    append_load(app.store, streams=40, events=3000)
+    app.start()
+    try:
+        append_load(app.store, streams=40, events=1000, seed=1)  # while it runs
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    assert assert_exactly_once_in_order(app, table) == 4000
+    view = app.status("recorder")
+    assert view.caught_up and all(s.owner is None for s in view.segments)  # released on stop
+    # A restart resumes from the stored tokens: nothing is handled again.
+    app.start()
+    app.wait_until_caught_up(30)
+    app.stop()
+    assert len(handled_rows(app, table)) == 4000
+
+
+def test_new_events_are_noticed_promptly(store_url: str) -> None:
+    app, _, table = recorder_app(store_url)
+    app.start()
+    try:
+        latencies = []
+        for i in range(20):
+            start = time.perf_counter()
+            [pos] = app.store.append(f"late-{i}", [E("Late")])
+            wait_for(lambda pos=pos: app.db.query(f"SELECT 1 FROM {table} WHERE position = {pos}"),
+                     timeout=10, interval=0.002)  # fmt: skip
+            latencies.append(time.perf_counter() - start)
+    finally:
+        app.stop()
+    # Far from the 100 ms target: a regression to slow polling would show here.
+    assert sorted(latencies)[len(latencies) // 2] < 0.25
+
+
+def _streams_in_different_segments(segments: int) -> tuple[int, int]:
+    carlo = el.stable_hash("user-carlo") & (segments - 1)
+    rolanda = el.stable_hash("user-rolanda") & (segments - 1)
+    return carlo, rolanda
+
+
+def test_seed_failure_case_front_wheel_fails_roller_succeeds(store_url: str) -> None:
+    """Carlo's front-wheel fails, Rolanda's roller succeeds; after a restart the front-wheel is
+    processed and nothing of Rolanda is doubled."""
+    segments = next(n for n in (2, 4, 8, 16) if len(set(_streams_in_different_segments(n))) == 2)
+    app, proc, table = recorder_app(store_url, segments=segments)
+    failing = {"front-wheel"}
+
+    @proc.on("PartAdded")
+    def build(event: el.Event, ctx: el.Context) -> None:
+        if event.data["part"] in failing:
+            raise RuntimeError(f"cannot fit {event.data['part']}")
+
+    app.store.append(
+        "user-carlo", [E("PartAdded", {"part": p}) for p in ("front-wheel", "back-wheel")]
+    )
+    app.store.append("user-rolanda", [E("PartAdded", {"part": p}) for p in ("roller", "rolanda")])
+    app.start()
+    carlo_seg, _ = _streams_in_different_segments(segments)
+    try:
+        failing_view = wait_for(
+            lambda: [s for s in app.status("recorder").segments if s.last_error], what="the error"
+        )
+        wait_for(lambda: len(handled_rows(app, table)) == 2, what="Rolanda's events")
+    finally:
+        app.stop()
+    [seg] = failing_view
+    assert seg.segment.id == carlo_seg and seg.errors >= 1
+    assert "cannot fit front-wheel" in seg.last_error and "RuntimeError" in seg.last_error
+    assert [r[0] for r in handled_rows(app, table)] == ["user-rolanda", "user-rolanda"]
+    failing.clear()  # the bug is fixed; restart
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert assert_exactly_once_in_order(app, table) == 4
+    assert not any(s.last_error for s in app.status("recorder").segments)
+
+
+def test_retries_back_off_and_release_the_claim(store_url: str) -> None:
+    app, proc, table = recorder_app(store_url, segments=1)
+    attempts: list[float] = []
+
+    @proc.on("Bad")
+    def bad(event: el.Event, ctx: el.Context) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) < 3:
+            raise ValueError("not yet")
+
+    app.store.append("s", [E("Good"), E("Bad"), E("Good")])
+    app.start()
+    try:
+        view = wait_for(lambda: app.status("recorder").segments[0], what="status")
+        wait_for(lambda: len(attempts) >= 1)
+        failing = wait_for(lambda: (s := app.status("recorder").segments[0]).errors and s)
+        assert failing.owner is None  # released between attempts: another node may try
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert view is not None
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert len(attempts) == 3 and gaps[0] >= 0.9 and gaps[1] >= 1.9  # 1 s, then 2 s
+    assert assert_exactly_once_in_order(app, table) == 3
+    assert app.status("recorder").segments[0].errors == 0
+
+
+def test_poison_event_with_dead_letters(store_url: str) -> None:
+    app, proc, table = recorder_app(store_url, segments=2, on_error="dead_letter")
+    poisoned = {"poison"}
+
+    @proc.on("Step")
+    def step(event: el.Event, ctx: el.Context) -> None:
+        if event.stream_id in poisoned and event.version == 2:
+            raise ValueError("poison pill")
+
+    app.store.append("poison", [E("Step") for _ in range(4)])
+    append_load(app.store, streams=10, events=200)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+        letters = app.dead_letter_list("recorder")
+        assert [(d.stream_id, d.version) for d in letters] == [
+            ("poison", 2),
+            ("poison", 3),
+            ("poison", 4),
+        ]
+        assert "poison pill" in letters[0].error and "waiting behind" in letters[1].error
+        # Later events of the parked key wait too; other keys go on.
+        app.store.append("poison", [E("Step")])
+        app.store.append("healthy", [E("Step")])
+        app.wait_until_caught_up(30)
+        assert [d.version for d in app.dead_letter_list("recorder")] == [2, 3, 4, 5]
+        assert app.status("recorder").dead_letters == 4
+        assert app.retry_dead_letters("recorder") == (0, 4)  # still poisoned: nothing moves
+        poisoned.clear()
+        assert app.retry_dead_letters("recorder") == (4, 0)
+        wait_for(lambda: not app.dead_letters.parked_keys("recorder"), what="unparked")
+        time.sleep(1.2)  # the runner refreshes parked keys on its next claim round
+        app.store.append("poison", [E("Step")])
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert app.dead_letter_list("recorder") == []
+    assert assert_exactly_once_in_order(app, table) == 207
+    poison = [v for s, v, _ in handled_rows(app, table) if s == "poison"]
+    assert poison == [1, 2, 3, 4, 5, 6]
+
+
+def test_claim_stolen_mid_batch_rolls_the_old_owners_commit_back(store_url: str) -> None:
+    if store_url.startswith("sqlite"):
+        pytest.skip("SQLite: a batch's transaction holds the write lock, no steal can interleave")
+    app, proc, table = recorder_app(store_url, segments=1)
+    entered, release = threading.Event(), threading.Event()
+
+    @proc.on("Slow")
+    def slow(event: el.Event, ctx: el.Context) -> None:
+        entered.set()
+        release.wait(10)
+
+    app.store.append("s", [E("Fast"), E("Slow"), E("Fast")])
+    app.start()
+    try:
+        assert entered.wait(10)
+        # Another node takes the claim (as after a pause longer than the claim timeout).
+        tokens = app.db.table("tokens")
+        with app.db.transaction() as conn:
+            conn.execute(app.db.sql(f"UPDATE {tokens} SET owner = ? WHERE processor = ?"),
+                         ("thief", "recorder"))  # fmt: skip
+        release.set()
+        wait_for(lambda: not app._runners[0].claimed, what="the runner to drop the segment")
+        assert handled_rows(app, table) == []  # the whole batch rolled back
+        assert app.status("recorder").segments[0].owner == "thief"
+        assert app.status("recorder").segments[0].position == 0
+    finally:
+        release.set()
+        app.stop()
+
+
+def test_merge_at_different_positions_never_redelivers(store_url: str) -> None:
+    app, _, table = recorder_app(store_url, segments=2)
+    append_load(app.store, streams=30, events=600)
+    # Only node 0 of 2 runs: segment 0 reaches the head, segment 1 stays at 0.
+    app.start(node_index=0, nodes=2)
+    try:
+        wait_for(lambda: app.status("recorder").segments[0].caught_up, what="segment 0")
+    finally:
+        app.stop()
+    first = len(handled_rows(app, table))
+    assert 0 < first < 600
+    assert app.merge("recorder", 1) == "merged 1/1 and 0/1 into 0/0"
+    [merged] = app.status("recorder").segments
+    assert merged.token.position == 0 and merged.token.ahead  # remembers both halves
+    append_load(app.store, streams=30, events=100, seed=3)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert assert_exactly_once_in_order(app, table) == 700
+    assert app.status("recorder").segments[0].token.is_plain
+
+
+def test_split_and_merge_while_running_keep_order(store_url: str) -> None:
+    app, _, table = recorder_app(store_url, segments=2, batch_size=50)
+    app.start()
+    try:
+        for round_ in range(4):
+            append_load(app.store, streams=25, events=300, seed=round_)
+            seg = app.status("recorder").segments[round_ % 2].segment
+            app.split("recorder", seg.id)
+            append_load(app.store, streams=25, events=300, seed=round_ + 10)
+            app.merge("recorder", seg.id)
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    assert assert_exactly_once_in_order(app, table) == 2400
+    assert app.status("recorder").segments[0].segment in (Segment(0, 1), Segment(0, 3))
+
+
+def test_reset_replays_with_context_and_skips_side_effects(store_url: str) -> None:
+    app, proc, table = recorder_app(store_url, segments=2)
+    mails: list[int] = []
+    contexts: list[object] = []
+
+    @proc.on("Signup")
+    @el.disallow_replay
+    def send_mail(event: el.Event, ctx: el.Context) -> None:
+        mails.append(event.position)
+
+    @proc.on("Signup")
+    def note_context(event: el.Event, ctx: el.Context) -> None:
+        contexts.append(ctx.replay_context)
+
+    @proc.on_reset
+    def clear(ctx: el.Context) -> None:
+        ctx.execute(f"DELETE FROM {table}")
+
+    app.store.append("u1", [E("Signup"), E("Step")])
+    app.store.append("u2", [E("Signup")])
+    app.start()
+    app.wait_until_caught_up(30)
+    with pytest.raises(el.ProcessorBusyError, match="is running"):
+        app.reset("recorder")
+    app.stop()
+    assert len(mails) == 2
+    assert app.reset("recorder", to="tail", context={"why": "new schema"}) == 0
+    assert handled_rows(app, table) == []
+    view = app.status("recorder")
+    assert all(s.replaying for s in view.segments if s.token.replay_until)
+    app.store.append("u3", [E("Signup")])  # new: not a replay
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert len(mails) == 3  # only u3's mail; the replayed signups sent nothing
+    assert contexts[-3:].count({"why": "new schema"}) == 2 and None in contexts[-3:]
+    replay_flags = app.db.query(f"SELECT stream_id, replay FROM {table} ORDER BY position")
+    assert replay_flags == [("u1", 1), ("u1", 1), ("u2", 1), ("u3", 0)]
+    assert not any(s.replaying for s in app.status("recorder").segments)
+
+
+def test_two_nodes_share_the_segments_fairly(store_url: str) -> None:
+    a, _, table = recorder_app(store_url, claim_timeout=1.5)
+    b, _, _ = recorder_app(store_url, claim_timeout=1.5)
+    a.start()
+    try:
+        wait_for(lambda: len(a._runners[0].claimed) == 4, what="node a to claim everything")
+        b.start()
+        try:
+
+            def split_evenly() -> bool:
+                owners = [s.owner for s in a.status("recorder").segments]
+                return len(set(owners)) == 2 and all(owners.count(o) == 2 for o in owners)
+
+            wait_for(split_evenly, timeout=20, what="two segments each")
+            append_load(a.store, streams=20, events=500)
+            a.wait_until_caught_up(30)
+        finally:
+            b.stop()
+        # a takes b's segments back once b has left.
+        wait_for(lambda: len(a._runners[0].claimed) == 4, timeout=20, what="a to take over")
+    finally:
+        a.stop()
+    assert assert_exactly_once_in_order(a, table) == 500
+
+
+def test_static_mode_takes_fixed_segments(store_url: str) -> None:
+    app, _, _ = recorder_app(store_url, segments=4)
+    app.start(node_index=1, nodes=2)
+    try:
+        wait_for(lambda: sorted(app._runners[0].claimed) == [1, 3], what="segments 1 and 3")
+    finally:
+        app.stop()
+    with pytest.raises(el.InvalidInputError, match="node index"):
+        app.start(node_index=2, nodes=2)
+    app.stop()
+
+
+def test_bad_processor_definitions(store_url: str) -> None:
+    app = el.App(store_url)
+    with pytest.raises(el.InvalidInputError, match="power of two"):
+        app.processor("p", segments=3)
+    with pytest.raises(el.InvalidInputError, match="invalid processor name"):
+        app.processor("bad name")
+    with pytest.raises(el.InvalidInputError, match="on_error"):
+        app.processor("p", on_error="ignore")
+    app.processor("p")
+    with pytest.raises(el.InvalidInputError, match="already defined"):
+        app.processor("p")
+    with pytest.raises(el.InvalidInputError, match="unknown processor 'q'"):
+        app.status("q")
