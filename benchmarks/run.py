@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 BENCHMARKS = {
     "store": "benchmarks.bench_store",
     "tokens": "benchmarks.bench_tokens",
+    "processors": "benchmarks.bench_processors",
 }
 
 

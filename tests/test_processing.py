@@ -362,3 +362,24 @@ def test_bad_processor_definitions(store_url: str) -> None:
         app.processor("p")
     with pytest.raises(el.InvalidInputError, match="unknown processor 'q'"):
         app.status("q")
+
+
+def test_a_lost_notification_never_hangs_the_processor(pg_url: str) -> None:
+    """The LISTEN connection is killed: events are still handled (polling), and the listener
+    comes back."""
+    import uuid
+
+    app, _, table = recorder_app(f"{pg_url}?prefix=lost_{uuid.uuid4().hex[:8]}_")
+    app.start()
+    try:
+        app.store.append("a", [E("A")])
+        app.wait_until_caught_up(10)
+        app.db.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%'"
+        )
+        app.store.append("b", [E("B")])
+        wait_for(lambda: len(handled_rows(app, table)) == 2, timeout=10, what="polling fallback")
+        listening = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%'"
+        wait_for(lambda: app.db.query(listening)[0][0] >= 1, timeout=15, what="LISTEN again")
+    finally:
+        app.stop()

@@ -197,3 +197,41 @@ def test_sql_token_store_commits_with_the_callers_transaction(make_token_store) 
         ts.store(P, 0, Token(2), "node-a", conn=conn)
     assert db.query(f"SELECT k FROM {proj}") == [("one",)]
     assert ts.token(P, 0) == Token(1)
+
+
+def test_failures_back_off_for_every_node_and_success_clears_them(make_token_store) -> None:
+    ts = make_token_store()
+    ts.initialize(P)
+    ts.claim(P, 0, "node-a")
+    assert ts.fail(P, 0, "node-a", "boom") == 1.0  # released, 1 s back-off
+    [st] = ts.status(P)
+    assert st.owner is None and st.errors == 1 and st.last_error == "boom"
+    assert 0 < st.retry_in <= 1.0
+    assert ts.claim(P, 0, "node-b") is None  # nobody retries before the back-off
+    assert ts.claim(P, 0, "reset", ignore_backoff=True) is not None
+    assert ts.fail(P, 0, "reset", "boom again") == 2.0  # doubles
+    time.sleep(2.1)
+    assert ts.claim(P, 0, "node-b") is not None
+    ts.store(P, 0, Token(3), "node-b")
+    [st] = ts.status(P)
+    assert st.errors == 0 and st.last_error is None and st.retry_in is None
+    with pytest.raises(el.ClaimLostError):
+        ts.fail(P, 0, "node-a", "not mine")
+
+
+def test_requests_and_node_heartbeats(make_token_store) -> None:
+    ts = make_token_store(claim_timeout=0.5)
+    ts.initialize(P, segments=2)
+    assert ts.request(P, 1, "split") is True
+    assert ts.status(P)[1].request == "split"
+    assert ts.request(P, 1, None) is True and ts.status(P)[1].request is None
+    assert ts.request(P, 9, "merge") is False
+    with pytest.raises(el.InvalidInputError, match="unknown request"):
+        ts.request(P, 1, "explode")
+    ts.heartbeat(P, "node-a")
+    ts.heartbeat(P, "node-b")
+    assert ts.live_nodes(P) == ["node-a", "node-b"]
+    ts.leave(P, "node-a")
+    assert ts.live_nodes(P) == ["node-b"]
+    time.sleep(0.6)
+    assert ts.live_nodes(P) == []  # silent longer than the claim timeout: not live

@@ -9,6 +9,23 @@ from typing import Any
 from ..segments import Segment
 from ..tokens import Token
 
+
+class _Opener:
+    """Wraps the function that opens a batch's transaction on first use."""
+
+    __slots__ = ("open",)
+
+    def __init__(self, open: Any) -> None:
+        self.open = open
+
+    def __call__(self) -> Any:
+        return self.open()
+
+
+def lazy(open: Any) -> _Opener:
+    return _Opener(open)
+
+
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
@@ -20,7 +37,7 @@ class Context:
     """
 
     __slots__ = (
-        "processor", "segment", "token", "connection", "backend", "param", "is_replay", "prefix"
+        "processor", "segment", "token", "_connection", "backend", "param", "is_replay", "prefix"
     )  # fmt: skip
 
     def __init__(
@@ -36,7 +53,9 @@ class Context:
         self.processor = processor
         self.segment = segment
         self.token = token  # the segment's token when the batch started
-        self.connection = connection
+        # A connection, or a callable that opens the transaction on first use: CPU work a
+        # handler does before its first query then runs outside SQLite's write lock.
+        self._connection = connection
         self.backend = backend
         self.param = param
         self.is_replay = False
@@ -55,9 +74,15 @@ class Context:
             return None
         return self.token.replay_context
 
+    @property
+    def connection(self) -> Any:
+        """The DB-API connection of the batch's transaction (the token commits with it)."""
+        conn = self._connection
+        if conn.__class__ is _Opener:
+            conn = self._connection = conn()
+        return conn
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        if self.connection is None:
-            raise RuntimeError("this processor has no transaction to execute in")
         return self.connection.execute(sql, params)
 
     def __repr__(self) -> str:

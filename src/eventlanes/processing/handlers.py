@@ -26,6 +26,7 @@ class HandlerSet:
 
     def __init__(self) -> None:
         self._entries: list[tuple[frozenset[str] | None, Handler]] = []
+        self.batch_handlers: list[tuple[frozenset[str] | None, Handler]] = []
         self.reset_handlers: list[ResetHandler] = []
         self._cache: dict[str, tuple[Handler, ...]] = {}
 
@@ -42,5 +43,10 @@ class HandlerSet:
             self._cache[event_type] = found
         return found
 
+    def add_batch(self, types: frozenset[str] | None, handler: Handler) -> None:
+        if not callable(handler):
+            raise TypeError(f"a handler must be callable, got {type(handler).__name__}")
+        self.batch_handlers.append((types, handler))
+
     def __bool__(self) -> bool:
-        return bool(self._entries)
+        return bool(self._entries or self.batch_handlers)

@@ -84,6 +84,20 @@ class Processor:
         self.handlers.add(None, handler)
         return handler
 
+    def on_batch(self, *types: str) -> Callable[[Handler], Handler]:
+        """Decorator: ``handler(events, ctx)`` once per segment batch with its events (of these
+        types; all when none are given), in order, in the batch's transaction. For projections
+        that fold many events into one write. A failure retries the whole batch (also in
+        dead-letter mode: no single event can be blamed)."""
+        if not all(isinstance(t, str) and t for t in types):
+            raise InvalidInputError(f"processor {self.name!r}: on_batch() takes event type names")
+
+        def register(handler: Handler) -> Handler:
+            self.handlers.add_batch(frozenset(types) if types else None, handler)
+            return handler
+
+        return register
+
     def on_reset(self, handler: ResetHandler) -> ResetHandler:
         """Decorator: run ``handler(ctx)`` in the reset's transaction (e.g. clear a table)."""
         if not callable(handler):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError
 from ..events import Event
 from ..segments import Segment
 from ..tokens import Token
-from .context import Context
+from .context import Context, lazy
 from .handlers import runs_on_replay
 
 if TYPE_CHECKING:
@@ -53,8 +54,20 @@ class HandlerFailed(Exception):
         )
 
 
+class BatchHandlerFailed(Exception):
+    def __init__(self, handler: object, error: BaseException) -> None:
+        name = getattr(handler, "__name__", repr(handler))
+        self.text = (
+            f"batch handler {name}: "
+            + "".join(traceback.format_exception_only(type(error), error)).strip()
+        )
+        super().__init__(self.text)
+
+
 def describe(exc: BaseException) -> str:
-    return exc.text if isinstance(exc, HandlerFailed) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, HandlerFailed | BatchHandlerFailed):
+        return exc.text
+    return f"{type(exc).__name__}: {exc}"
 
 
 class SegmentWorker:
@@ -108,11 +121,22 @@ class SegmentWorker:
     ) -> None:
         runner = self.runner
         db = runner.db
-        with db.transaction() as conn:
-            ctx = Context(self.name, st.segment, st.token, conn, db.backend, db.param, db.prefix)
+        with ExitStack() as stack:
+            opened: list[Any] = []
+
+            def begin() -> Any:  # the transaction starts at the first query
+                if not opened:
+                    opened.append(stack.enter_context(db.transaction()))
+                return opened[0]
+
+            ctx = Context(
+                self.name, st.segment, st.token, lazy(begin), db.backend, db.param, db.prefix
+            )
             token = st.token
             parked = st.parked
             check_parking = bool(parked or park_keys or park_events)
+            batch_handlers = self.handlers.batch_handlers
+            handled: list[Event] = []
             for event in events:
                 if check_parking:
                     key = self.policy.key(event)
@@ -127,7 +151,7 @@ class SegmentWorker:
                         reason = "waiting behind an earlier failed event of the same key"
                     if reason is not None:
                         runner.dead_letters.park(
-                            conn, self.name, event, key, self.policy.routing_hash(event), reason
+                            begin(), self.name, event, key, self.policy.routing_hash(event), reason
                         )
                         continue
                 replay = token.is_replay(event.position)
@@ -139,7 +163,21 @@ class SegmentWorker:
                         handler(event, ctx)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
-            runner.tokens.store(self.name, st.segment.id, new_token, runner.owner, conn=conn)
+                if batch_handlers:
+                    handled.append(event)
+            for types, handler in batch_handlers:
+                chosen = [
+                    e for e in handled
+                    if (types is None or e.type in types)
+                    and (runs_on_replay(handler) or not token.is_replay(e.position))
+                ]  # fmt: skip
+                if chosen:
+                    ctx.is_replay = False
+                    try:
+                        handler(chosen, ctx)
+                    except Exception as exc:  # noqa: BLE001
+                        raise BatchHandlerFailed(handler, exc) from exc
+            runner.tokens.store(self.name, st.segment.id, new_token, runner.owner, conn=begin())
 
     def _back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
         text = describe(exc)
