@@ -50,6 +50,4 @@ else:
     @counter.on_batch()
     def count_many(events: list[el.Event], ctx: el.Context) -> None:
         per_stream = Counter(e.stream_id for e in events)
-        ctx.connection.executemany(
-            _upsert_sql(ctx.table("counts"), ctx.param), list(per_stream.items())
-        )
+        ctx.executemany(_upsert_sql(ctx.table("counts"), ctx.param), list(per_stream.items()))

@@ -9,6 +9,13 @@ from collections import Counter
 import eventlanes as el
 
 
+def serial_pk(db) -> str:
+    """An auto-incrementing primary key: the order rows were written in."""
+    return (
+        "INTEGER PRIMARY KEY AUTOINCREMENT" if db.backend == "sqlite" else "BIGSERIAL PRIMARY KEY"
+    )
+
+
 def append_load(store: el.EventStore, streams: int, events: int, seed: int = 0) -> None:
     """``events`` events spread at random over ``streams`` streams, in batches."""
     rng = random.Random(seed)

@@ -9,10 +9,12 @@ import pytest
 
 import eventlanes as el
 from eventlanes import Segment
+from tests.apps.recorder import create_schema, record
 from tests.processing_helpers import (
     append_load,
     assert_exactly_once_in_order,
     handled_rows,
+    serial_pk,
     wait_for,
 )
 
@@ -24,26 +26,9 @@ def recorder_app(
 ) -> tuple[el.App, el.Processor, str]:
     app = el.App(url, claim_timeout=claim_timeout)
     proc = app.processor("recorder", **{"segments": 4, **options})
-    table = app.db.table("handled")
-    serial = (
-        "INTEGER PRIMARY KEY AUTOINCREMENT"
-        if app.db.backend == "sqlite"
-        else "BIGSERIAL PRIMARY KEY"
-    )
-    app.db.run_ddl(
-        [f"CREATE TABLE IF NOT EXISTS {table} (id {serial}, stream_id TEXT, version BIGINT, "
-         "position BIGINT, replay INTEGER DEFAULT 0)"]
-    )  # fmt: skip
+    table = create_schema(app)
 
-    @proc.on_any
-    def record(event: el.Event, ctx: el.Context) -> None:
-        p = ctx.param
-        ctx.execute(
-            f"INSERT INTO {table} (stream_id, version, position, replay) "
-            f"VALUES ({p}, {p}, {p}, {p})",
-            (event.stream_id, event.version, event.position, int(ctx.is_replay)),
-        )
-
+    proc.on_any(record)  # the worker processes' handler, recording every event
     return app, proc, table
 
 
@@ -383,3 +368,68 @@ def test_a_lost_notification_never_hangs_the_processor(pg_url: str) -> None:
         wait_for(lambda: app.db.query(listening)[0][0] >= 1, timeout=15, what="LISTEN again")
     finally:
         app.stop()
+
+
+def test_multiple_sources_merged_oldest_first_with_a_token_each(store_url: str, tmp_path) -> None:
+    legacy_url = f"sqlite:///{tmp_path}/legacy.db"
+    legacy = el.open_store(legacy_url)
+    app = el.App(store_url, claim_timeout=2)
+    proc = app.processor("merged", segments=2, batch_size=7, sources={"legacy": legacy_url})
+    table = app.db.table("seen")
+    serial = serial_pk(app.db)
+    app.db.run_ddl(
+        [f"CREATE TABLE IF NOT EXISTS {table} (id {serial}, source TEXT, stream_id TEXT, "
+         "version BIGINT, position BIGINT, at BIGINT, replay INTEGER)"]
+    )  # fmt: skip
+
+    @proc.on_any
+    def seen(event: el.Event, ctx: el.Context) -> None:
+        p = ctx.param
+        ctx.execute(
+            f"INSERT INTO {table} (source, stream_id, version, position, at, replay) "
+            f"VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
+            (event.source, event.stream_id, event.version, event.position,
+             int(event.recorded_at.timestamp() * 1e6), int(ctx.is_replay)),
+        )  # fmt: skip
+
+    def rows() -> list[tuple]:
+        return app.db.query(f"SELECT source, stream_id, version, at FROM {table} ORDER BY id")
+
+    for i in range(30):  # the same customers in both stores, interleaved in time
+        (legacy if i % 3 else app.store).append(f"customer-{i % 4}", [E("Order", {"i": i})])
+        time.sleep(0.002)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+        wait_for(lambda: len(rows()) == 30, what="both sources")
+        legacy.append("customer-1", [E("Late")])
+        wait_for(lambda: len(rows()) == 31, what="a new legacy event", timeout=10)
+    finally:
+        app.stop()
+    got = rows()
+    assert sorted((s, st, v) for s, st, v, _ in got) == sorted(
+        [("", e.stream_id, e.version) for e in app.store.read(limit=100)]
+        + [("legacy", e.stream_id, e.version) for e in legacy.read(limit=100)]
+    )  # each event of each source exactly once
+    for customer in {st for _, st, _, _ in got}:
+        times = [at for _, st, _, at in got if st == customer]
+        assert times == sorted(times), f"{customer}: not merged oldest first"
+    token = app.status("merged").segments[0].token
+    assert token.source("legacy").position > 0 and "[legacy:" in str(token)
+    # Restart: nothing again. Reset: both sources replay.
+    app.start()
+    time.sleep(0.5)
+    app.stop()
+    assert len(rows()) == 31
+    app.reset("merged")
+    app.start()
+    try:
+        wait_for(lambda: len(rows()) == 62, what="the replay of both sources")
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    replayed = app.db.query(f"SELECT source, replay FROM {table} WHERE id > 31")
+    assert {s for s, _ in replayed} == {"", "legacy"} and all(r == 1 for _, r in replayed)
+    with pytest.raises(el.InvalidInputError, match="invalid source name"):
+        app.processor("bad", sources={"Legacy!": legacy_url})
+    legacy.close()

@@ -75,6 +75,17 @@ class App:
             return InMemoryTokenStore(self.claim_timeout)
         return open_token_store(spec or self.db, claim_timeout=self.claim_timeout)
 
+    def source_store(self, target: str | EventStore) -> EventStore:
+        """An extra source of a multi-source processor, opened once per app."""
+        if isinstance(target, EventStore):
+            return target
+        if target == self.url:
+            raise InvalidInputError(f"source {target!r} is the app's own store")
+        opened = self.__dict__.setdefault("_sources", {})
+        if target not in opened:
+            opened[target] = open_store(target)
+        return opened[target]
+
     @cached_property
     def dead_letters(self) -> DeadLetterStore:
         return DeadLetterStore(self.db)
@@ -221,5 +232,7 @@ class App:
     def close(self) -> None:
         if self._runners:
             self.stop()
+        for store in self.__dict__.get("_sources", {}).values():
+            store.close()
         if "store" in self.__dict__:
             self.store.close()

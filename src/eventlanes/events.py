@@ -54,6 +54,7 @@ class Event:
         "_metadata",
         "_recorded_at",
         "routing_hash",
+        "source",
     )
 
     position: int
@@ -61,6 +62,7 @@ class Event:
     version: int
     type: str
     routing_hash: int
+    source: str  # "" for the app's own store; a source's name for multi-source processors
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class Event:
         metadata: str | dict[str, Any],
         recorded_at: datetime | int,
         routing_hash: int,
+        source: str = "",
     ) -> None:
         setter = object.__setattr__
         setter(self, "position", position)
@@ -82,6 +85,7 @@ class Event:
         setter(self, "_metadata", metadata)
         setter(self, "_recorded_at", recorded_at)
         setter(self, "routing_hash", routing_hash)
+        setter(self, "source", source)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Event is immutable (tried to set {name!r})")
@@ -121,6 +125,7 @@ class Event:
             return NotImplemented
         return (
             self.position == other.position
+            and self.source == other.source
             and self.stream_id == other.stream_id
             and self.version == other.version
             and self.type == other.type
@@ -132,8 +137,9 @@ class Event:
         return hash((self.position, self.stream_id, self.version))
 
     def __repr__(self) -> str:
+        where = f"source={self.source!r}, " if self.source else ""
         return (
-            f"Event(position={self.position}, stream_id={self.stream_id!r}, "
+            f"Event({where}position={self.position}, stream_id={self.stream_id!r}, "
             f"version={self.version}, type={self.type!r}, data={self.data!r})"
         )
 
@@ -150,5 +156,6 @@ class Event:
                 self._metadata,
                 self._recorded_at,
                 self.routing_hash,
+                self.source,
             ),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import eventlanes as el
+from tests.processing_helpers import serial_pk
 
 env = os.environ.get
 app = el.App(
@@ -26,11 +27,7 @@ recorder = app.processor(
 def create_schema(app: el.App) -> str:
     """The projection table; its serial id gives the order events were handled in."""
     table = app.db.table("handled")
-    serial = (
-        "INTEGER PRIMARY KEY AUTOINCREMENT"
-        if app.db.backend == "sqlite"
-        else "BIGSERIAL PRIMARY KEY"
-    )
+    serial = serial_pk(app.db)
     app.db.run_ddl(
         [
             f"""CREATE TABLE IF NOT EXISTS {table} (

@@ -135,6 +135,12 @@ def reset(
     skip them). Parked dead letters of the processor are dropped: the replay delivers them again.
     """
     target = resolve_initial(to, app.store)
+    # Other sources restart from the same moment: a position is turned into its time.
+    when: Any = to
+    if isinstance(to, int) and proc.sources:
+        at = app.store.read(after=max(0, to - 1), limit=1) if to else []
+        when = at[0].recorded_at if at else ("tail" if not to else "head")
+    targets = {name: resolve_initial(when, app.source_store(t)) for name, t in proc.sources.items()}
     owner = f"reset:{node_name()}"
     records = _claim_all(app, proc, owner, wait, timeout)
     try:
@@ -145,6 +151,9 @@ def reset(
                 handler(ctx)
             for record in records:
                 token = Token.reset(record.token, target, context)
+                for name, position in targets.items():
+                    before = record.token.source(name)
+                    token = token.with_source(name, Token.reset(before, position, context))
                 app.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
             app.dead_letters.clear(conn, proc.name)
     finally:

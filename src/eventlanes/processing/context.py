@@ -85,5 +85,13 @@ class Context:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.connection.execute(sql, params)
 
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement, many parameter rows (a cursor's executemany on both drivers)."""
+        cur = self.connection.cursor()
+        try:
+            cur.executemany(sql, rows)
+        finally:
+            cur.close()
+
     def __repr__(self) -> str:
         return f"Context({self.processor!r}, segment={self.segment}, replay={self.is_replay})"

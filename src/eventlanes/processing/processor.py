@@ -11,6 +11,7 @@ from ..policies import KeyFunction, SequencingPolicy, as_policy
 from ..segments import Segment
 from ..tokens.base import Initial
 from .handlers import Handler, HandlerSet, ResetHandler
+from .sources import OrderKey, oldest_first, validate_sources
 
 if TYPE_CHECKING:
     from ..app import App
@@ -35,6 +36,8 @@ class Processor:
         workers: int | None = None,
         on_error: str = "retry",
         initial: Initial = "tail",
+        sources: dict[str, Any] | None = None,
+        order: OrderKey | None = None,
     ) -> None:
         self.app = app
         self.name = validate_processor_name(name)
@@ -66,6 +69,11 @@ class Processor:
             )
         self.on_error = on_error
         self.initial = initial
+        #: other stores to read besides the app's own: name -> URL or EventStore
+        self.sources = validate_sources(sources)
+        if order is not None and not callable(order):
+            raise InvalidInputError(f"processor {name!r}: order must be callable (event -> key)")
+        self.order = order or oldest_first
         self.handlers = HandlerSet()
 
     def on(self, *types: str) -> Callable[[Handler], Handler]:

@@ -26,7 +26,8 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event
 from ..notify import Wakeup, wakeup_for
 from ..segments import Segment
-from .worker import Outcome, SegmentState, SegmentWorker
+from .sources import read_merged
+from .worker import Outcome, SegmentState, SegmentWorker, advanced
 
 if TYPE_CHECKING:
     from ..app import App
@@ -67,6 +68,10 @@ class ProcessorRunner:
         self.wakeup = wakeup or wakeup_for(self.store, app.poll_interval)
         self._own_wakeup = wakeup is None
         self.worker = SegmentWorker(self)
+        # The app's store first ("" is its name), then the processor's other sources.
+        self.sources = [("", self.store)] + [
+            (name, app.source_store(target)) for name, target in processor.sources.items()
+        ]
         self.claimed: dict[int, SegmentState] = {}
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -292,10 +297,9 @@ class ProcessorRunner:
                     self.wakeup.wait(self.wakeup.generation, self.coordinate_interval)
                     continue
                 seen = self.wakeup.generation
-                after = min(st.token.position for st in states)
                 segs = [(st.segment.id, st.segment.mask) for st in states] if by_stream else None
-                events, upto = self.store.read_upto(after, proc.batch_size, segs)
-                if not events and upto <= after:
+                events, upto, moved = self._read(states, segs)
+                if not events and not moved:
                     for st in states:  # idle: a good moment to persist advanced tokens
                         self._persist(st)
                     self.wakeup.wait(seen)
@@ -306,9 +310,11 @@ class ProcessorRunner:
                     for st, evs in shares.items() if evs
                 ]  # fmt: skip
                 for st, evs in shares.items():
-                    if not evs and upto > st.token.position:
-                        st.token = st.token.advance(upto)
-                        st.dirty = True
+                    if not evs:
+                        token = advanced(st.token, upto)
+                        if token != st.token:
+                            st.token = token
+                            st.dirty = True
                 for future in futures:
                     future.result()  # LOST and FAILED states are dropped by coordinate()
                 self.batches += 1
@@ -316,6 +322,22 @@ class ProcessorRunner:
         finally:
             pool.shutdown(wait=True)
             self._shutdown()
+
+    def _read(
+        self, states: list[SegmentState], segs: list[tuple[int, int]] | None
+    ) -> tuple[list[Event], int | dict[str, int], bool]:
+        """The next batch for ``states``: events, how far it is complete, and whether it moves
+        any token (a read past events of other segments does)."""
+        proc = self.processor
+        if len(self.sources) == 1:
+            after = min(st.token.position for st in states)
+            events, upto = self.store.read_upto(after, proc.batch_size, segs)
+            return events, upto, upto > after
+        afters = {
+            name: min(st.token.source(name).position for st in states) for name, _ in self.sources
+        }
+        events, uptos = read_merged(self.sources, afters, proc.batch_size, segs, proc.order)
+        return events, uptos, any(uptos[n] > afters[n] for n in uptos)
 
     @staticmethod
     def _split_batch(
@@ -332,7 +354,8 @@ class ProcessorRunner:
             for mask, ids in masks:
                 st = ids.get(h & mask)
                 if st is not None:
-                    if not st.token.covers(event.position, h):
+                    token = st.token.source(event.source) if event.source else st.token
+                    if not token.covers(event.position, h):
                         shares[st].append(event)
                     break
         return shares
@@ -377,19 +400,18 @@ class ProcessorRunner:
         while not self.stopping.is_set() and not st.stop and not st.lost:
             seen = self.wakeup.generation
             seg = [(st.segment.id, st.segment.mask)] if by_stream else None
-            after = st.token.position
-            events, upto = self.store.read_upto(after, proc.batch_size, seg)
+            events, upto, moved = self._read([st], seg)
             mine = [
                 e for e in events
                 if (by_stream or st.segment.matches(policy_hash(e)))
-                and not st.token.covers(e.position, policy_hash(e))
+                and not st.token.source(e.source).covers(e.position, policy_hash(e))
             ]  # fmt: skip
             if mine:
                 if self.worker.process(st, mine, upto) is not Outcome.OK:
                     return
                 self.events_handled += len(mine)
-            elif upto > after:
-                st.token = st.token.advance(upto)
+            elif moved:
+                st.token = advanced(st.token, upto)
                 st.dirty = True
                 if time.monotonic() - st.persisted_at > 1.0:
                     self._persist(st)

@@ -42,6 +42,19 @@ class SegmentState:
     stop: bool = False  # tracking mode: asks the segment's thread to leave its loop
 
 
+def is_replay(token: Token, event: Event) -> bool:
+    return token.source(event.source).is_replay(event.position)
+
+
+def advanced(token: Token, upto: int | dict[str, int]) -> Token:
+    """``token`` moved on to ``upto`` (a position, or a position per source)."""
+    if isinstance(upto, int):
+        return token.advance(upto)
+    for name, position in upto.items():
+        token = token.with_source(name, token.source(name).advance(position))
+    return token
+
+
 class HandlerFailed(Exception):
     def __init__(self, event: Event, key: str | None, error: BaseException) -> None:
         super().__init__(f"{type(error).__name__}: {error}")
@@ -81,9 +94,10 @@ class SegmentWorker:
         self.handlers = proc.handlers
         self.dead_letter = proc.on_error == "dead_letter"
 
-    def process(self, st: SegmentState, events: list[Event], upto: int) -> Outcome:
-        """Handle ``events`` (already filtered for the segment) and move its token to ``upto``."""
-        new_token = st.token.advance(upto)
+    def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
+        """Handle ``events`` (already filtered for the segment) and move its token to ``upto``
+        (per source for multi-source processors)."""
+        new_token = advanced(st.token, upto)
         park_keys: dict[str, int] = {}  # key -> position of its first failed event
         park_events: dict[int, str] = {}
         while True:
@@ -154,7 +168,7 @@ class SegmentWorker:
                             begin(), self.name, event, key, self.policy.routing_hash(event), reason
                         )
                         continue
-                replay = token.is_replay(event.position)
+                replay = is_replay(token, event)
                 ctx.is_replay = replay
                 for handler in self.handlers.for_type(event.type):
                     if replay and not runs_on_replay(handler):
@@ -169,7 +183,7 @@ class SegmentWorker:
                 chosen = [
                     e for e in handled
                     if (types is None or e.type in types)
-                    and (runs_on_replay(handler) or not token.is_replay(e.position))
+                    and (runs_on_replay(handler) or not is_replay(token, e))
                 ]  # fmt: skip
                 if chosen:
                     ctx.is_replay = False

@@ -8,12 +8,15 @@ only to work that has not yet seen it; Axon re-delivers here. Once processing pa
 
 After a reset a token also carries ``replay_until`` (the furthest position processed before the
 reset) and the reset's ``replay_context``: events up to there are replays.
+
+A processor that reads several stores keeps one token per source: the token of the app's own
+store, with the others' tokens in ``sources`` (name -> token).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..segments import Segment
@@ -27,6 +30,22 @@ class Token:
     ahead: tuple[Ahead, ...] = ()
     replay_until: int | None = None
     replay_context: Any = None
+    sources: tuple[tuple[str, Token], ...] = ()
+
+    def source(self, name: str) -> Token:
+        """The token of one source ("" is the app's own store)."""
+        if not name:
+            return self
+        for source, token in self.sources:
+            if source == name:
+                return token
+        return Token(0)
+
+    def with_source(self, name: str, token: Token) -> Token:
+        if not name:
+            return replace(token, sources=self.sources)
+        others = tuple((n, t) for n, t in self.sources if n != name) + ((name, token),)
+        return replace(self, sources=tuple(sorted(others)))
 
     def is_replay(self, position: int) -> bool:
         """True when the event at ``position`` was handled before the last reset."""
@@ -64,6 +83,7 @@ class Token:
             tuple(a for a in self.ahead if a[2] > position),
             self.replay_until if replay else None,
             self.replay_context if replay else None,
+            self.sources,
         )
 
     def for_segment(self, segment: Segment) -> Token:
@@ -77,7 +97,11 @@ class Token:
             elif part.overlaps(segment):
                 kept.append((seg_id, mask, pos))
         return Token(
-            base, tuple(a for a in kept if a[2] > base), self.replay_until, self.replay_context
+            base,
+            tuple(a for a in kept if a[2] > base),
+            self.replay_until,
+            self.replay_context,
+            tuple((n, t.for_segment(segment)) for n, t in self.sources),
         )
 
     @staticmethod
@@ -92,7 +116,11 @@ class Token:
         untils = [t.replay_until for t in (tok_a, tok_b) if t.replay_until is not None]
         context = tok_a.replay_context if tok_a.replaying else tok_b.replay_context
         until = max(untils) if untils else None
-        return Token(base, tuple(sorted(set(ahead))), until, context if until else None)
+        names = sorted({n for n, _ in tok_a.sources} | {n for n, _ in tok_b.sources})
+        sources = tuple(
+            (n, Token.merged(seg_a, tok_a.source(n), seg_b, tok_b.source(n))) for n in names
+        )
+        return Token(base, tuple(sorted(set(ahead))), until, context if until else None, sources)
 
     # -- persistence: ``position`` is a column; everything else is JSON detail ---------------
     def detail(self) -> str | None:
@@ -101,6 +129,8 @@ class Token:
             data["ahead"] = [list(a) for a in self.ahead]
         if self.replay_until is not None:
             data["replay"] = {"until": self.replay_until, "context": self.replay_context}
+        if self.sources:
+            data["sources"] = {n: [t.position, t.detail()] for n, t in self.sources}
         return json.dumps(data, separators=(",", ":")) if data else None
 
     @classmethod
@@ -110,7 +140,10 @@ class Token:
         data: dict[str, Any] = json.loads(detail)
         ahead = tuple(tuple(a) for a in data.get("ahead", ()))
         replay = data.get("replay") or {}
-        return cls(position, ahead, replay.get("until"), replay.get("context"))  # type: ignore[arg-type]
+        sources = tuple(
+            sorted((n, cls.from_row(p, d)) for n, (p, d) in data.get("sources", {}).items())
+        )
+        return cls(position, ahead, replay.get("until"), replay.get("context"), sources)  # type: ignore[arg-type]
 
     @classmethod
     def reset(cls, before: Token, to: int, context: Any = None) -> Token:
@@ -126,4 +159,6 @@ class Token:
             text += " (+" + ", ".join(f"{i}/{m}@{p}" for i, m, p in self.ahead) + ")"
         if self.replay_until is not None:
             text += f" (replay to {self.replay_until})"
+        for name, token in self.sources:
+            text += f" [{name}: {token}]"
         return text
