@@ -17,6 +17,7 @@ BENCHMARKS = {
     "store": "benchmarks.bench_store",
     "tokens": "benchmarks.bench_tokens",
     "processors": "benchmarks.bench_processors",
+    "latency": "benchmarks.bench_latency",
 }
 
 
