@@ -47,7 +47,7 @@ def _run(url: str, handler: str, processes: int) -> float:
             done.set()
             supervisor.stop()
 
-    supervisor.run(tick, interval=0.02)
+    supervisor.run(tick, interval=0.1)
     seconds = time.perf_counter() - started[0]
     counted = watcher.db.query(f"SELECT coalesce(sum(n), 0) FROM {watcher.db.table('counts')}")
     assert done.is_set() and counted[0][0] == total, (counted, total)

@@ -193,10 +193,17 @@ class App:
     # -- inspecting and steering ---------------------------------------------------------------
     def status(self, name: str) -> ProcessorView:
         proc = self.get(name)
-        self.tokens.initialize(
-            proc.name, segments=proc.segments, initial=proc.initial, store=self.store
-        )
+        self._initialize(proc)
         return status(self, proc)
+
+    def _initialize(self, proc: Processor) -> None:
+        """Create the processor's token rows (once per app: it is a locking transaction)."""
+        done = self.__dict__.setdefault("_initialized", set())
+        if proc.name not in done:
+            self.tokens.initialize(
+                proc.name, segments=proc.segments, initial=proc.initial, store=self.store
+            )
+            done.add(proc.name)
 
     def reset(
         self,

@@ -89,7 +89,7 @@ def status(app: App, proc: Processor) -> ProcessorView:
 def _claim_all(app: App, proc: Processor, owner: str, wait: bool, timeout: float | None) -> list:
     """Claim every segment of ``proc`` (the processor must be stopped everywhere)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    app.tokens.initialize(proc.name, segments=proc.segments, initial=proc.initial, store=app.store)
+    app._initialize(proc)
     records = []
     try:
         while True:
