@@ -21,10 +21,12 @@ from .policies import (
     sequential,
 )
 from .processing.admin import ProcessorBusyError, ProcessorView, SegmentView
+from .processing.aggregation import Aggregation, Stage
 from .processing.context import Context
 from .processing.dead_letters import DeadLetter
 from .processing.handlers import disallow_replay
 from .processing.processor import Processor
+from .processing.republisher import Republisher
 from .segments import Segment
 from .store import EventStore, open_store
 from .tokens import (
@@ -40,7 +42,10 @@ from .tokens import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Aggregation",
     "App",
+    "Republisher",
+    "Stage",
     "ClaimLostError",
     "Context",
     "DeadLetter",

@@ -25,8 +25,10 @@ from .processing.admin import (
     status,
     steer,
 )
+from .processing.aggregation import Aggregation, StateTable
 from .processing.dead_letters import DeadLetter, DeadLetterStore
 from .processing.processor import Processor
+from .processing.republisher import Republisher
 from .processing.runner import ProcessorRunner, node_name
 from .store import EventStore, open_store
 from .tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
@@ -93,11 +95,26 @@ class App:
     # -- definition ----------------------------------------------------------------------------
     def processor(self, name: str, **options: Any) -> Processor:
         """Define a processor; see :class:`eventlanes.processing.processor.Processor`."""
-        if name in self.processors:
-            raise InvalidInputError(f"processor {name!r} is already defined in this app")
-        proc = Processor(self, name, **options)
-        self.processors[name] = proc
+        return self._add(Processor(self, name, **options))
+
+    def aggregation(self, name: str, **options: Any) -> Aggregation:
+        """An exactly-once aggregation (see ``eventlanes.processing.aggregation``)."""
+        return self._add(Aggregation(self, name, **options))
+
+    def republisher(self, name: str, **options: Any) -> Republisher:
+        """A processor appending derived events with their source chain; see
+        :class:`eventlanes.processing.republisher.Republisher`."""
+        return self._add(Republisher(self, name, **options))
+
+    def _add(self, proc: Any) -> Any:
+        if proc.name in self.processors:
+            raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")
+        self.processors[proc.name] = proc
         return proc
+
+    @cached_property
+    def aggregate_states(self) -> StateTable:
+        return StateTable(self.db)
 
     def get(self, name: str) -> Processor:
         try:

@@ -113,6 +113,12 @@ class Processor:
         self.handlers.reset_handlers.append(handler)
         return handler
 
+    def make_worker(self, runner: Any) -> Any:
+        """The object that handles this processor's segment batches in a runner."""
+        from .worker import SegmentWorker
+
+        return SegmentWorker(runner)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

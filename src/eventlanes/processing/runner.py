@@ -27,7 +27,7 @@ from ..events import Event
 from ..notify import Wakeup, wakeup_for
 from ..segments import Segment
 from .sources import read_merged
-from .worker import Outcome, SegmentState, SegmentWorker, advanced
+from .worker import Outcome, SegmentState, SegmentWorker
 
 if TYPE_CHECKING:
     from ..app import App
@@ -67,7 +67,7 @@ class ProcessorRunner:
         self.static = static
         self.wakeup = wakeup or wakeup_for(self.store, app.poll_interval)
         self._own_wakeup = wakeup is None
-        self.worker = SegmentWorker(self)
+        self.worker: SegmentWorker = processor.make_worker(self)
         # The app's store first ("" is its name), then the processor's other sources.
         self.sources = [("", self.store)] + [
             (name, app.source_store(target)) for name, target in processor.sources.items()
@@ -226,6 +226,9 @@ class ProcessorRunner:
         self.claimed.pop(st.segment.id, None)
 
     def _persist(self, st: SegmentState) -> None:
+        if st.lost:
+            return
+        self.worker.flush(st)  # work held in memory (aggregations) is written with its token
         if not st.dirty or st.lost:
             return
         try:
@@ -311,10 +314,7 @@ class ProcessorRunner:
                 ]  # fmt: skip
                 for st, evs in shares.items():
                     if not evs:
-                        token = advanced(st.token, upto)
-                        if token != st.token:
-                            st.token = token
-                            st.dirty = True
+                        self.worker.idle(st, upto)
                 for future in futures:
                     future.result()  # LOST and FAILED states are dropped by coordinate()
                 self.batches += 1
@@ -411,8 +411,7 @@ class ProcessorRunner:
                     return
                 self.events_handled += len(mine)
             elif moved:
-                st.token = advanced(st.token, upto)
-                st.dirty = True
+                self.worker.idle(st, upto)
                 if time.monotonic() - st.persisted_at > 1.0:
                     self._persist(st)
             else:

@@ -193,6 +193,17 @@ class SegmentWorker:
                         raise BatchHandlerFailed(handler, exc) from exc
             runner.tokens.store(self.name, st.segment.id, new_token, runner.owner, conn=begin())
 
+    def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
+        """A read moved past ``upto`` without events for this segment: move the token on (in
+        memory; the runner persists it when idle or before letting the segment go)."""
+        token = advanced(st.token, upto)
+        if token != st.token:
+            st.token = token
+            st.dirty = True
+
+    def flush(self, st: SegmentState) -> None:
+        """Write what is held in memory for the segment (nothing here; aggregations do)."""
+
     def _back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
         text = describe(exc)
         try:

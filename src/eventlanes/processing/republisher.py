@@ -1,0 +1,115 @@
+"""Republishers: consume events, append derived events carrying their source chain.
+
+A republisher appends its outputs in a transaction of its own (the target may be another store)
+and commits its token afterwards: it is at-least-once. If it crashes between the two it appends
+the same outputs again on restart; every output carries ``metadata["source_chain"]`` back to its
+root event, so aggregations downstream drop the repeats (exactly-once overall).
+
+A handler returns an ``el.NewEvent``, a list of them (a flat map), or None. All outputs of a
+batch for one target stream are appended in one atomic append, so the outputs of one input are
+never stored partially.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ClaimLostError, InvalidInputError
+from ..events import Event, NewEvent
+from ..store import EventStore
+from .chains import CHAIN_KEY, extend_chain
+from .processor import Processor
+from .worker import HandlerFailed, Outcome, SegmentState, SegmentWorker, advanced
+
+if TYPE_CHECKING:
+    from ..app import App
+
+Republish = Callable[[Event], Any]
+
+
+class Republisher(Processor):
+    def __init__(
+        self,
+        app: App,
+        name: str,
+        *,
+        to_stream: str | Callable[[Event], str],
+        to_store: str | EventStore | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, name, **options)
+        if not (isinstance(to_stream, str) and to_stream) and not callable(to_stream):
+            raise InvalidInputError(f"republisher {name!r}: to_stream must be a name or function")
+        self.to_stream = to_stream
+        self.to_store = to_store
+        self.functions: dict[str, list[Republish]] = {}
+
+    def on(self, *types: str) -> Callable[[Republish], Republish]:  # type: ignore[override]
+        if not types or not all(isinstance(t, str) and t for t in types):
+            raise InvalidInputError(f"republisher {self.name!r}: on() needs event type names")
+
+        def register(fn: Republish) -> Republish:
+            for t in types:
+                self.functions.setdefault(t, []).append(fn)
+            return fn
+
+        return register
+
+    def target(self) -> EventStore:
+        if self.to_store is None:
+            return self.app.store
+        if isinstance(self.to_store, str):
+            return self.app.source_store(self.to_store)
+        return self.to_store  # an EventStore, or anything with its append()
+
+    def make_worker(self, runner: Any) -> RepublishWorker:
+        return RepublishWorker(runner, self)
+
+
+class RepublishWorker(SegmentWorker):
+    def __init__(self, runner: Any, rep: Republisher) -> None:
+        super().__init__(runner)
+        self.rep = rep
+        self.target = rep.target()
+        self.source = runner.store.events_table
+
+    def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
+        per_stream: dict[str, list[NewEvent]] = {}
+        try:
+            for event in events:
+                for fn in self.rep.functions.get(event.type, ()):
+                    try:
+                        produced = fn(event)
+                    except Exception as exc:  # noqa: BLE001 - reported with the event
+                        raise HandlerFailed(event, self.policy.key(event), exc) from exc
+                    if produced is None:
+                        continue
+                    outs = produced if isinstance(produced, list) else [produced]
+                    stream = self._stream(event)
+                    for i, out in enumerate(outs):
+                        if not isinstance(out, NewEvent):
+                            raise InvalidInputError(
+                                f"republisher {self.name!r} returned {type(out).__name__}, "
+                                "not el.NewEvent"
+                            )
+                        chain = extend_chain(event, self.source, i)
+                        per_stream.setdefault(stream, []).append(
+                            NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
+                        )
+            for stream, outs in per_stream.items():
+                self.target.append(stream, outs)  # its own transaction: at-least-once
+            new_token = advanced(st.token, upto)
+            self.runner.tokens.store(self.name, st.segment.id, new_token, self.runner.owner)
+        except ClaimLostError:
+            st.lost = True
+            return Outcome.LOST
+        except Exception as exc:  # noqa: BLE001
+            return self._back_off(st, exc)
+        st.token = new_token
+        st.dirty = False
+        return Outcome.OK
+
+    def _stream(self, event: Event) -> str:
+        to = self.rep.to_stream
+        return to if isinstance(to, str) else str(to(event))

@@ -1,0 +1,201 @@
+"""Exactly-once aggregations: dedupe on source coordinates, republishers, flat maps, stages."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import eventlanes as el
+from tests.processing_helpers import wait_for
+
+E = el.NewEvent
+
+
+def screws_app(url: str) -> tuple[el.App, el.Aggregation]:
+    app = el.App(url, claim_timeout=2)
+    screws = app.aggregation(
+        "screws", key=lambda e: e.data["robot"], initial=lambda: {"ok": 0, "failed": 0},
+        persist_every=0.05, segments=2,
+    )  # fmt: skip
+
+    @screws.on("ScrewsFastened")
+    def add(state: dict, event: el.Event) -> None:
+        state["ok"] += event.data["ok"]
+        state["failed"] += event.data["failed"]
+
+    return app, screws
+
+
+def chain(offset: int, partition: object = "", source: str = "robots", out: int = 0) -> dict:
+    return {"source_chain": [{"source": source, "partition": partition, "offset": offset,
+                              "out": out}]}  # fmt: skip
+
+
+def run_until_caught_up(app: el.App) -> None:
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+
+
+def test_sums_are_exact_and_persisted(store_url: str) -> None:
+    app, screws = screws_app(store_url)
+    rng = random.Random(1)
+    want: dict[str, dict[str, int]] = {}
+    for i in range(300):
+        robot, ok, failed = f"r{rng.randrange(7)}", rng.randrange(10), rng.randrange(3)
+        app.store.append(f"cell-{i % 5}", [E("ScrewsFastened", {"robot": robot, "ok": ok,
+                                                                 "failed": failed})])  # fmt: skip
+        w = want.setdefault(robot, {"ok": 0, "failed": 0})
+        w["ok"] += ok
+        w["failed"] += failed
+    run_until_caught_up(app)
+    assert {r: screws.get(r) for r in want} == want
+    assert screws.get("nobody") is None
+    # A restart folds nothing twice.
+    run_until_caught_up(app)
+    assert {r: screws.get(r) for r in want} == want
+    assert screws.dropped() == 0
+
+
+def test_duplicate_deliveries_are_dropped_and_counted(store_url: str) -> None:
+    app, screws = screws_app(store_url)
+    for offset in (1, 2, 3):
+        app.store.append("derived", [E("ScrewsFastened", {"robot": "r1", "ok": 1, "failed": 0},
+                                       chain(offset))])  # fmt: skip
+    # A republisher that crashed before committing its token appends 2 and 3 again, and 1 later.
+    for offset in (2, 3, 1):
+        app.store.append("derived", [E("ScrewsFastened", {"robot": "r1", "ok": 1, "failed": 0},
+                                       chain(offset))])  # fmt: skip
+    app.store.append("derived", [E("ScrewsFastened", {"robot": "r1", "ok": 1, "failed": 0},
+                                   chain(4))])  # fmt: skip
+    run_until_caught_up(app)
+    assert screws.get("r1") == {"ok": 4, "failed": 0}
+    assert screws.dropped() == 3
+
+
+def test_a_repartitioned_source_starts_tracking_over(store_url: str) -> None:
+    app, screws = screws_app(store_url)
+
+    def add(offset: int, partition: int) -> None:
+        data = {"robot": "r1", "ok": 1, "failed": 0}
+        app.store.append(
+            "kafka-import", [E("ScrewsFastened", data, chain(offset, partition, "kafka"))]
+        )
+
+    add(10, 0)
+    add(11, 0)
+    add(11, 0)  # duplicate: dropped
+    add(1, 1)  # the topic was repartitioned: partition 1 starts over at offset 1
+    add(2, 1)
+    add(2, 1)  # duplicate in the new partition: dropped
+    run_until_caught_up(app)
+    assert screws.get("r1") == {"ok": 4, "failed": 0}
+    assert screws.dropped() == 2
+    [row] = app.db.query(f"SELECT offsets FROM {app.db.table('aggregates')} WHERE key = 'r1'")
+    assert '"kafka": ["1", [2, 0]]' in row[0]
+
+
+def test_republisher_flat_map_and_downstream_stage(store_url: str) -> None:
+    from tests.apps.screws import build
+
+    app = el.App(store_url, claim_timeout=2)
+    _, screws, factories = build(app)
+    reference = _append_raw(app.store, 120, seed=3)
+    run_until_caught_up(app)
+    assert {r: screws.get(str(r)) for r in reference["robots"]} == reference["robots"]
+    assert {f: factories.get(f) for f in reference["factories"]} == reference["factories"]
+    derived = [e for e in app.store.iter_events() if e.type == "ScrewsFastened"]
+    assert len(derived) == reference["outputs"]
+    first = derived[0].metadata["source_chain"]
+    assert first[0]["source"] == app.store.events_table and first[0]["out"] == 0
+
+
+def _append_raw(store: el.EventStore, n: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    robots: dict[int, dict[str, int]] = {}
+    factories: dict[str, dict[str, int]] = {}
+    outputs = 0
+    for i in range(n):
+        robot = rng.randrange(6)
+        results = [(rng.randrange(9), rng.randrange(2)) for _ in range(rng.randint(1, 3))]
+        store.append(f"raw-{i % 4}", [E("RawScrews", {"robot": robot, "results": results})])
+        r = robots.setdefault(robot, {"ok": 0, "failed": 0})
+        f = factories.setdefault(f"factory-{robot % 3}", {"ok": 0})
+        for ok, failed in results:
+            r["ok"] += ok
+            r["failed"] += failed
+            f["ok"] += ok
+            outputs += 1
+    return {"robots": robots, "factories": factories, "outputs": outputs}
+
+
+def test_bad_aggregation_definitions(store_url: str) -> None:
+    app = el.App(store_url)
+    with pytest.raises(el.InvalidInputError, match="key must be a function"):
+        app.aggregation("a", key="robot", initial=dict)
+    with pytest.raises(el.InvalidInputError, match="initial must be a function"):
+        app.aggregation("a", key=lambda e: 1, initial={})
+    with pytest.raises(el.InvalidInputError, match="persist_every"):
+        app.aggregation("a", key=lambda e: 1, initial=dict, persist_every=-1)
+    with pytest.raises(el.InvalidInputError, match="to_stream"):
+        app.republisher("r", to_stream="")
+    wait_for(lambda: True)
+
+
+def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -> None:
+    """Workers running the republisher and the aggregation are SIGKILLed again and again (the
+    republisher pauses after appending, so kills land between its append and its token); the
+    totals end exactly equal to the reference."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    from tests.apps.screws import build
+
+    root = Path(__file__).resolve().parent.parent
+    app = el.App(store_url, claim_timeout=1.5)
+    _, screws, factories = build(app)
+    env = {**os.environ, "EVENTLANES_TEST_APP_URL": store_url, "EVENTLANES_TEST_PAUSE": "0.02"}
+
+    def worker() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.screws:app",
+             "--no-progress"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    reference: dict = {}
+    loader = threading.Thread(target=lambda: reference.update(_append_raw(app.store, 1500, 9)))
+    loader.start()
+    workers = [worker(), worker()]
+    rng = random.Random(5)
+    kills = 0
+    try:
+        while loader.is_alive() or kills < 8:
+            time.sleep(rng.uniform(0.3, 0.9))
+            victim = workers.pop(rng.randrange(len(workers)))
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            kills += 1
+            workers.append(worker())
+        loader.join()
+        wait_for(lambda: app.status("normalise").caught_up, timeout=120, what="republisher")
+        app.wait_until_caught_up(120)
+    finally:
+        for p in workers:
+            p.send_signal(signal.SIGTERM)
+        for p in workers:
+            p.wait(60)
+    assert {r: screws.get(str(r)) for r in reference["robots"]} == reference["robots"]
+    assert {f: factories.get(f) for f in reference["factories"]} == reference["factories"]
+    derived = sum(1 for e in app.store.iter_events() if e.type == "ScrewsFastened")
+    # Re-appended outputs (if a kill hit the window) exist in the store and were dropped.
+    print(f"re-appended and dropped: {screws.dropped()}")
+    assert derived - reference["outputs"] == screws.dropped()
