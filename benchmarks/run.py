@@ -18,6 +18,7 @@ BENCHMARKS = {
     "tokens": "benchmarks.bench_tokens",
     "processors": "benchmarks.bench_processors",
     "latency": "benchmarks.bench_latency",
+    "acks": "benchmarks.bench_acks",
 }
 
 

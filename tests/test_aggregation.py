@@ -99,11 +99,11 @@ def test_a_repartitioned_source_starts_tracking_over(store_url: str) -> None:
 
 
 def test_republisher_flat_map_and_downstream_stage(store_url: str) -> None:
-    from tests.apps.screws import build
+    from examples.screws import append_raw, build
 
     app = el.App(store_url, claim_timeout=2)
     _, screws, factories = build(app)
-    reference = _append_raw(app.store, 120, seed=3)
+    reference = append_raw(app.store, 120, seed=3)
     run_until_caught_up(app)
     assert {r: screws.get(str(r)) for r in reference["robots"]} == reference["robots"]
     assert {f: factories.get(f) for f in reference["factories"]} == reference["factories"]
@@ -111,25 +111,6 @@ def test_republisher_flat_map_and_downstream_stage(store_url: str) -> None:
     assert len(derived) == reference["outputs"]
     first = derived[0].metadata["source_chain"]
     assert first[0]["source"] == app.store.events_table and first[0]["out"] == 0
-
-
-def _append_raw(store: el.EventStore, n: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    robots: dict[int, dict[str, int]] = {}
-    factories: dict[str, dict[str, int]] = {}
-    outputs = 0
-    for i in range(n):
-        robot = rng.randrange(6)
-        results = [(rng.randrange(9), rng.randrange(2)) for _ in range(rng.randint(1, 3))]
-        store.append(f"raw-{i % 4}", [E("RawScrews", {"robot": robot, "results": results})])
-        r = robots.setdefault(robot, {"ok": 0, "failed": 0})
-        f = factories.setdefault(f"factory-{robot % 3}", {"ok": 0})
-        for ok, failed in results:
-            r["ok"] += ok
-            r["failed"] += failed
-            f["ok"] += ok
-            outputs += 1
-    return {"robots": robots, "factories": factories, "outputs": outputs}
 
 
 def test_bad_aggregation_definitions(store_url: str) -> None:
@@ -157,22 +138,22 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -
     import time
     from pathlib import Path
 
-    from tests.apps.screws import build
+    from examples.screws import append_raw, build
 
     root = Path(__file__).resolve().parent.parent
     app = el.App(store_url, claim_timeout=1.5)
     _, screws, factories = build(app)
-    env = {**os.environ, "EVENTLANES_TEST_APP_URL": store_url, "EVENTLANES_TEST_PAUSE": "0.02"}
+    env = {**os.environ, "EVENTLANES_DEMO_URL": store_url, "EVENTLANES_DEMO_PAUSE": "0.02"}
 
     def worker() -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.screws:app",
+            [sys.executable, "-m", "eventlanes.cli", "run", "examples.screws:app",
              "--no-progress"], cwd=root, env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
     reference: dict = {}
-    loader = threading.Thread(target=lambda: reference.update(_append_raw(app.store, 1500, 9)))
+    loader = threading.Thread(target=lambda: reference.update(append_raw(app.store, 1500, 9)))
     loader.start()
     workers = [worker(), worker()]
     rng = random.Random(5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .acks import BackpressureError, CommitTracker, HandlerTimeoutError
 from .app import App
 from .errors import (
     ClaimLostError,
@@ -44,6 +45,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Aggregation",
     "App",
+    "BackpressureError",
+    "CommitTracker",
+    "HandlerTimeoutError",
     "Republisher",
     "Stage",
     "ClaimLostError",

@@ -80,6 +80,12 @@ class Context:
         conn = self._connection
         if conn.__class__ is _Opener:
             conn = self._connection = conn()
+        elif conn is None:
+            raise RuntimeError(
+                f"processor {self.processor!r} runs handlers in lanes, outside the token's "
+                "transaction (at-least-once): use event.position or event.idempotency_key to "
+                "make effects idempotent"
+            )
         return conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:

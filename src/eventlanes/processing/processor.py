@@ -38,6 +38,9 @@ class Processor:
         initial: Initial = "tail",
         sources: dict[str, Any] | None = None,
         order: OrderKey | None = None,
+        lanes: int = 1,
+        handler_timeout: float = 30.0,
+        lane_window: int = 1000,
     ) -> None:
         self.app = app
         self.name = validate_processor_name(name)
@@ -74,6 +77,19 @@ class Processor:
         if order is not None and not callable(order):
             raise InvalidInputError(f"processor {name!r}: order must be callable (event -> key)")
         self.order = order or oldest_first
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise InvalidInputError(f"processor {name!r}: lanes must be >= 1, got {lanes!r}")
+        if lanes > 1 and on_error == "dead_letter":
+            raise InvalidInputError(
+                f"processor {name!r}: lanes > 1 retries failures; dead letters need lanes=1"
+            )
+        if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
+            raise InvalidInputError(f"processor {name!r}: handler_timeout must be > 0 seconds")
+        if not isinstance(lane_window, int) or lane_window < 1:
+            raise InvalidInputError(f"processor {name!r}: lane_window must be >= 1")
+        self.lanes = lanes
+        self.handler_timeout = float(handler_timeout)
+        self.lane_window = lane_window
         self.handlers = HandlerSet()
 
     def on(self, *types: str) -> Callable[[Handler], Handler]:
@@ -115,6 +131,10 @@ class Processor:
 
     def make_worker(self, runner: Any) -> Any:
         """The object that handles this processor's segment batches in a runner."""
+        if self.lanes > 1:
+            from .lanes import LaneWorker
+
+            return LaneWorker(runner, self.lanes, self.handler_timeout, self.lane_window)
         from .worker import SegmentWorker
 
         return SegmentWorker(runner)

@@ -1,22 +1,26 @@
-"""The screw-fastening pipeline (the KUKA article), for tests and worker processes.
+"""The screw-fastening pipeline (exactly-once for non-idempotent sums), used by `make demo`
+and the tests: `eventlanes run examples.screws:app --processes 2`.
 
 RawScrews --normalise (republisher)--> ScrewsFastened --screws-per-robot (aggregation)-->
-state {ok, failed} per robot --(fold outputs)--> per-factory totals (a downstream stage).
-The republisher pauses after each append (EVENTLANES_TEST_PAUSE seconds) to widen the window
-in which a SIGKILL leaves appended outputs without a committed token.
+{ok, failed} per robot --(fold outputs)--> per-factory totals (a downstream stage).
+
+EVENTLANES_DEMO_PAUSE (seconds) makes the republisher pause after each append, standing in for
+a slow write to another system: it widens the window in which a crash leaves appended outputs
+without a committed token, so that a restart appends them again and the sums must drop them.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import eventlanes as el
 
 env = os.environ.get
-URL = env("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db")
-PAUSE = float(env("EVENTLANES_TEST_PAUSE", "0"))
-app = el.App(URL, claim_timeout=float(env("EVENTLANES_TEST_APP_CLAIM_TIMEOUT", "1.5")))
+URL = env("EVENTLANES_DEMO_URL", "sqlite:///demo-data/demo.db")
+PAUSE = float(env("EVENTLANES_DEMO_PAUSE", "0"))
+app = el.App(URL, claim_timeout=1.5)
 
 
 class _PausingStore:
@@ -71,6 +75,28 @@ def build(app: el.App) -> tuple[el.Republisher, el.Aggregation, el.Stage]:
 
 
 normalise, screws, factories = build(app)
+
+
+def append_raw(store: el.EventStore, n: int, seed: int) -> dict:
+    """Append ``n`` raw readings; return the exact totals they must add up to."""
+    rng = random.Random(seed)
+    robots: dict[int, dict[str, int]] = {}
+    factories: dict[str, dict[str, int]] = {}
+    outputs = 0
+    for i in range(n):
+        robot = rng.randrange(6)
+        results = [(rng.randrange(9), rng.randrange(2)) for _ in range(rng.randint(1, 3))]
+        store.append(
+            f"raw-{i % 4}", [el.NewEvent("RawScrews", {"robot": robot, "results": results})]
+        )
+        r = robots.setdefault(robot, {"ok": 0, "failed": 0})
+        f = factories.setdefault(f"factory-{robot % 3}", {"ok": 0})
+        for ok, failed in results:
+            r["ok"] += ok
+            r["failed"] += failed
+            f["ok"] += ok
+            outputs += 1
+    return {"robots": robots, "factories": factories, "outputs": outputs}
 
 
 def install_pause() -> None:
