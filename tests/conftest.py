@@ -87,3 +87,13 @@ def make_token_store(request: pytest.FixtureRequest, tmp_path):
     yield make
     for ts in opened:
         ts.db.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for the whole test session (starting one costs seconds)."""
+    from eventlanes.spark import get_session
+
+    session = get_session("local[2]")
+    yield session
+    session.stop()

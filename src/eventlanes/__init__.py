@@ -82,3 +82,11 @@ __all__ = [
     "open_store",
     "stable_hash",
 ]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy: Spark is an optional extra
+    if name == "spark":
+        import importlib
+
+        return importlib.import_module(".spark", __name__)
+    raise AttributeError(f"module 'eventlanes' has no attribute {name!r}")

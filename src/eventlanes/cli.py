@@ -220,6 +220,40 @@ def reset(app_spec: str, processor: str, to: str, wait: bool, timeout: float | N
     console.print(f"{processor}: reset; replays from position {position:,} on the next run")
 
 
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("name")
+@click.option("--engine", type=click.Choice(["spark"]), default="spark", show_default=True)
+@click.option("--master", help="Spark master (default local[2] or $EVENTLANES_SPARK_MASTER)")
+@click.option("--parquet", type=click.Path(), help="read a Parquet export instead of the store")
+@click.option("--wait", is_flag=True, help="wait for running nodes to stop instead of refusing")
+def replay(app_spec: str, name: str, engine: str, master: str | None, parquet: str | None,
+           wait: bool) -> None:  # fmt: skip
+    """Replay a processor or aggregation from the start on Spark; the live processor then
+    continues from the replay's end position."""
+    from .spark import replay as spark_replay
+
+    app = load_app(app_spec)
+    app.get(name)
+    result = spark_replay(app, name, master=master, parquet=parquet, wait=wait)
+    console.print(
+        f"{name}: replayed {result.events:,} events up to position {result.end:,} in "
+        f"{result.seconds:.1f} s ({result.keys:,} states); every segment continues from there"
+    )
+
+
+@main.command()
+@click.argument("url")
+@click.option("--parquet", "directory", required=True, type=click.Path(), help="output directory")
+def export(url: str, directory: str) -> None:
+    """Export a store's events to Parquet files (for Spark replays)."""
+    from .spark.export import export_parquet
+
+    with open_store(url) as store:
+        end = export_parquet(store, directory)
+    console.print(f"exported positions 1..{end:,} to {directory}")
+
+
 @main.command(name="dead-letters")
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("processor")

@@ -160,6 +160,35 @@ class EventStore(ABC):
         self, after: int, limit: int, segments: list[tuple[int, int]] | None
     ) -> list[Event]: ...
 
+    #: the SELECT list that ``Event(*row)`` takes, per backend
+    columns_sql: str = ""
+
+    def scan(
+        self,
+        after: int,
+        until: int,
+        segments: Iterable[SegmentSpec] | None = None,
+        chunk: int = 10_000,
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """Raw rows (the columns of :class:`Event`) with ``after < position <= until`` in store
+        order, in chunks; for bulk readers (Spark, exports) that need no Event objects.
+        ``until`` must not pass :meth:`head` (what a reader may safely see)."""
+        pairs = segment_pairs(segments)
+        cond, params = segment_sql(pairs, self.db.param)
+        p = self.db.param
+        sql = (
+            f"SELECT {self.columns_sql} FROM {self.events_table} "
+            f"WHERE position > {p} AND position <= {p}{cond} ORDER BY position LIMIT {p}"
+        )
+        while True:
+            with self.db.connection() as conn:
+                rows = conn.execute(sql, (after, until, *params, chunk)).fetchall()
+            if rows:
+                yield rows
+            if len(rows) < chunk:
+                return
+            after = rows[-1][0]
+
     def read_stream(
         self, stream_id: str, after_version: int = 0, limit: int | None = None
     ) -> list[Event]:

@@ -85,6 +85,8 @@ class _Notifier:
 
 
 class PostgresEventStore(EventStore):
+    columns_sql = _COLUMNS
+
     def __init__(self, db: PostgresDatabase) -> None:
         super().__init__(db)
         self.pg = db

@@ -17,6 +17,8 @@ _COLUMNS = "position, stream_id, version, type, data, metadata, recorded_at, rou
 
 
 class SQLiteEventStore(EventStore):
+    columns_sql = _COLUMNS
+
     def __init__(self, db: SQLiteDatabase) -> None:
         super().__init__(db)
         t = self.events_table

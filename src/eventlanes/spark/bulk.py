@@ -1,0 +1,273 @@
+"""Bulk replay on Spark: ``el.spark.replay(app, name, spark=session)``.
+
+The processor (or aggregation) must be stopped everywhere: the replay holds every segment's
+claim for its whole run (extended by a heartbeat), reads the store up to its head ``E`` in
+parallel, routes with the local engine's stable hash (``F.crc32`` of the key), keeps per-key
+order (sorted by position within each key) and folds with the user's own code on Arrow batches.
+
+* Aggregations: the states are computed from scratch and written, with every segment's token
+  set to ``E``, in one transaction: the live processor continues exactly where the replay
+  stopped (no gap, no double count).
+* Transactional projections (``ctx.execute`` handlers): ``on_reset`` handlers run first; each
+  Spark partition then handles one segment in position order, committing its writes and the
+  segment's token together every ``chunk`` events; at the end every token is set to ``E``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidInputError
+from ..processing.admin import _claim_all
+from ..processing.aggregation import Aggregation, Entry
+from ..processing.context import Context
+from ..processing.runner import node_name
+from ..tokens import Token
+from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
+from .session import get_session
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    name: str
+    end: int  # the position every segment's token was set to
+    events: int  # events read
+    keys: int  # aggregation states written (0 for projections)
+    seconds: float
+
+
+def _events(spark: Any, app: Any, end: int, partitions: int, parquet: str | None) -> Any:
+    from pyspark.sql import functions as F
+
+    if parquet:
+        return spark.read.parquet(parquet).where(F.col("position") <= end)
+    return (
+        spark.read.format("eventlanes")
+        .option("url", app.url)
+        .option("until", str(end))
+        .option("partitions", str(partitions))
+        .load()
+    )
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def replay(
+    app: Any,
+    name: str,
+    spark: Any = None,
+    master: str | None = None,
+    parquet: str | None = None,
+    partitions: int | None = None,
+    wait: bool = False,
+) -> ReplayResult:
+    import time
+
+    proc = app.get(name)
+    spark = spark or get_session(master)
+    n = _pow2(partitions or spark.sparkContext.defaultParallelism)
+    owner = f"spark-replay:{node_name()}"
+    records = _claim_all(app, proc, owner, wait, None)
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(app.tokens.claim_timeout / 3):
+            app.tokens.extend_all(proc.name, owner)
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    start = time.perf_counter()
+    try:
+        end = app.store.head()
+        df = _events(spark, app, end, n, parquet)
+        if isinstance(proc, Aggregation):
+            events, keys = _aggregation(app, proc, df, n, end, owner, records)
+        else:
+            events, keys = _projection(app, proc, df, end, owner, records), 0
+    finally:
+        stop.set()
+        beat.join()
+        for record in records:
+            app.tokens.release(proc.name, record.segment.id, owner)
+    return ReplayResult(name, end, events, keys, time.perf_counter() - start)
+
+
+def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None) -> Any:
+    """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition."""
+    from pyspark.sql import functions as F
+
+    keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
+    routed = keyed.withColumn(
+        "seg", F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
+    )
+    ordered = routed.repartition(partitions, "seg").sortWithinPartitions("key", "position")
+    return ordered.drop("seg").mapInArrow(lambda it: fold_sorted(spec, it, load), STATE_SCHEMA)
+
+
+def fold_stages(spec: FoldSpec, folded: Any, partitions: int, load: Any = None) -> list[Any]:
+    """Plans folding each downstream stage's outputs, routed by the downstream key."""
+    from pyspark.sql import functions as F
+
+    plans = []
+    for stage in spec.stages:
+        outs = folded.where((F.col("kind") == "out") & (F.col("name") == stage.name))
+        routed = outs.repartition(partitions, "key").sortWithinPartitions("key", "position")
+        plans.append(routed.mapInArrow(lambda it, s=stage: fold_stage(s, it, load), STATE_SCHEMA))
+    return plans
+
+
+def collect_states(df: Any) -> dict[str, dict[str, Entry]]:
+    """Rows of kind "state" -> {name: {key: Entry}} (to write on the driver)."""
+    import json
+
+    table = df.where(df.kind == "state").toArrow()
+    states: dict[str, dict[str, Entry]] = {}
+    cols = {c: table.column(c).to_pylist() for c in ("name", "key", "value", "offsets", "dropped")}
+    for name, key, value, offsets, dropped in zip(*cols.values(), strict=True):
+        states.setdefault(name, {})[key] = Entry(json.loads(value), json.loads(offsets), dropped)
+    return states
+
+
+def _aggregation(
+    app: Any, agg: Aggregation, df: Any, n: int, end: int, owner: str, records: list
+) -> tuple[int, int]:
+    spec = spec_of(agg, app.store.events_table)
+    folded = fold_aggregation(spec, df, n)
+    if spec.stages:
+        folded = folded.cache()
+    states = collect_states(folded)
+    for plan in fold_stages(spec, folded, n):
+        for name, entries in collect_states(plan).items():
+            states.setdefault(name, {}).update(entries)
+    names = [agg.name, *(s.name for s in agg.stages)]
+    table = app.aggregate_states
+    db = app.db
+    with db.transaction() as conn:
+        for name in names:  # from scratch: what the replay did not produce does not exist
+            conn.execute(db.sql(f"DELETE FROM {table.table} WHERE aggregation = ?"), (name,))
+        for name in names:
+            table.save(conn, name, states.get(name, {}))
+        for record in records:
+            app.tokens.store(agg.name, record.segment.id, Token(end), owner, conn=conn)
+    events = app.store.count()
+    if spec.stages:
+        folded.unpersist()
+    return min(events, end), sum(len(v) for v in states.values())
+
+
+@dataclass
+class _ProjectionSpec:
+    name: str
+    url: str
+    owner: str
+    handlers: Any
+    policy: Any
+    segments: list[tuple[int, int]]
+    claim_timeout: float
+    chunk: int
+
+
+def _route(spec: _ProjectionSpec, batches: Any) -> Any:
+    import pyarrow as pa
+
+    from ..events import Event
+
+    by_mask: dict[int, set[int]] = {}
+    for seg_id, mask in spec.segments:
+        by_mask.setdefault(mask, set()).add(seg_id)
+    for batch in batches:
+        cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+        seg_col = []
+        for row in zip(*cols, strict=True):
+            h = spec.policy.routing_hash(Event(*row))
+            seg_col.append(next(h & m for m, ids in by_mask.items() if h & m in ids))
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, pa.array(seg_col, pa.int64())], names=[*batch.schema.names, "seg"]
+        )
+
+
+def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
+    """One segment per partition, in position order: handlers and the segment's token commit
+    together every ``chunk`` events (fenced by the replay's claim)."""
+    import pyarrow as pa
+
+    from ..db import open_database
+    from ..events import Event
+    from ..processing.handlers import runs_on_replay
+    from ..segments import Segment
+    from ..tokens import SQLTokenStore
+
+    db = open_database(spec.url)
+    tokens = SQLTokenStore(db, spec.claim_timeout)
+    masks = dict(spec.segments)
+    counts: dict[int, int] = {}
+    pending: list[Event] = []
+    current: int | None = None
+
+    def commit(seg_id: int) -> None:
+        with db.transaction() as conn:
+            ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), None, conn, db.backend,
+                          db.param, db.prefix)  # fmt: skip
+            ctx.is_replay = True
+            for event in pending:
+                for handler in spec.handlers.for_type(event.type):
+                    if runs_on_replay(handler):
+                        handler(event, ctx)
+            tokens.store(spec.name, seg_id, Token(pending[-1].position), spec.owner, conn=conn)
+        counts[seg_id] = counts.get(seg_id, 0) + len(pending)
+        pending.clear()
+
+    try:
+        for batch in batches:
+            cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+            for row in zip(*cols, strict=True):
+                seg_id = row[8]
+                if seg_id != current and pending:
+                    commit(current)  # type: ignore[arg-type]
+                current = seg_id
+                pending.append(Event(*row[:8]))
+                if len(pending) >= spec.chunk:
+                    commit(seg_id)
+        if pending and current is not None:
+            commit(current)
+    finally:
+        db.close()
+    if counts:
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(list(counts)), pa.array(list(counts.values()))], names=["seg", "events"]
+        )
+
+
+def _projection(app: Any, proc: Any, df: Any, end: int, owner: str, records: list) -> int:
+    if proc.lanes > 1 or proc.sources:
+        raise InvalidInputError(
+            f"{proc.name!r}: Spark replays single-source processors without lanes"
+        )
+    db = app.db
+    with db.transaction() as conn:  # like a reset: reset handlers, tokens back to the start
+        ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
+        for handler in proc.handlers.reset_handlers:
+            handler(ctx)
+        for record in records:
+            app.tokens.store(proc.name, record.segment.id, Token(0), owner, conn=conn)
+    segments = [(r.segment.id, r.segment.mask) for r in records]
+    spec = _ProjectionSpec(proc.name, app.url, owner, proc.handlers, proc.policy, segments,
+                           app.tokens.claim_timeout, 5000)  # fmt: skip
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    n = len(segments)
+    schema = StructType([*df.schema.fields, StructField("seg", LongType())])
+    routed = df.mapInArrow(lambda it: _route(spec, it), schema)
+    ordered = routed.repartition(n, "seg").sortWithinPartitions("seg", "position")
+    counts = ordered.mapInArrow(lambda it: _handle(spec, it), "seg long, events long").collect()
+    with db.transaction() as conn:
+        for record in records:
+            app.tokens.store(proc.name, record.segment.id, Token(end), owner, conn=conn)
+    return sum(r["events"] for r in counts)
