@@ -76,6 +76,14 @@ def test_chaos_sigkill_workers_exactly_once(store_url: str) -> None:
             workers.append(_worker(env))
         loader.join()
         app.wait_until_caught_up(180)
+        # A SIGTERM that lands before a new worker has installed its handler would kill it
+        # (exit -15): wait until every worker is up.
+        wait_for(
+            lambda: all(
+                any(f":{p.pid}:" in n for n in app.tokens.live_nodes("recorder")) for p in workers
+            ),
+            timeout=60, what="every worker to be up",
+        )  # fmt: skip
     finally:
         _stop(workers)
     for p in workers:
