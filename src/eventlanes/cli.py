@@ -80,6 +80,11 @@ def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
 @click.option("--node-index", type=int, help="static mode: this node's index (0-based)")
 @click.option("--nodes", type=int, help="static mode: how many nodes share the segments")
 @click.option("--progress/--no-progress", default=None, help="progress bars (default: on a tty)")
+@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
+@click.option("--master", help="--engine spark: the Spark master (default local[2])")
+@click.option("--checkpoint", default="eventlanes-checkpoints", show_default=True,
+              help="--engine spark: the streaming checkpoint directory")  # fmt: skip
+@click.option("--trigger", default=1.0, show_default=True, help="--engine spark: seconds per batch")
 def run(
     app_spec: str,
     processes: int,
@@ -87,13 +92,22 @@ def run(
     node_index: int | None,
     nodes: int | None,
     progress: bool | None,
+    engine: str,
+    master: str | None,
+    checkpoint: str,
+    trigger: float,
 ) -> None:
     """Run the app's processors until SIGINT/SIGTERM (then finish batches, store tokens,
-    release claims)."""
+    release claims). --engine spark runs its aggregations as Spark streaming queries."""
     app = load_app(app_spec)
     names = list(processors) or list(app.processors)
     for name in names:
         app.get(name)
+    if engine == "spark":
+        from .spark.continuous import run as run_spark
+
+        run_spark(app, list(processors), checkpoint, master, trigger_seconds=trigger)
+        return
     if processes < 1:
         raise InvalidInputError("--processes must be >= 1")
     if processes > 1 and (node_index is not None or nodes is not None):

@@ -111,15 +111,19 @@ def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None)
     return ordered.drop("seg").mapInArrow(lambda it: fold_sorted(spec, it, load), STATE_SCHEMA)
 
 
-def fold_stages(spec: FoldSpec, folded: Any, partitions: int, load: Any = None) -> list[Any]:
-    """Plans folding each downstream stage's outputs, routed by the downstream key."""
+def fold_stages(spec: FoldSpec, folded: Any, partitions: int, loader_for: Any = None) -> list[Any]:
+    """Plans folding each downstream stage's outputs, routed by the downstream key.
+    ``loader_for(stage name)``: loads a stage's stored states (continuous mode)."""
     from pyspark.sql import functions as F
 
     plans = []
     for stage in spec.stages:
+        load = loader_for(stage.name) if loader_for else None
         outs = folded.where((F.col("kind") == "out") & (F.col("name") == stage.name))
         routed = outs.repartition(partitions, "key").sortWithinPartitions("key", "position")
-        plans.append(routed.mapInArrow(lambda it, s=stage: fold_stage(s, it, load), STATE_SCHEMA))
+        plans.append(
+            routed.mapInArrow(lambda it, s=stage, ld=load: fold_stage(s, it, ld), STATE_SCHEMA)
+        )
     return plans
 
 

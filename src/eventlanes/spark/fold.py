@@ -155,7 +155,9 @@ def fold_stage(
     from ..events import NewEvent
 
     names = STATE_SCHEMA.replace(",", "").split()[::2]
-    rows = [r for b in batches for r in _rows(b)]
+    rows = sorted(
+        (r for b in batches for r in _rows(b)), key=lambda r: (r[2], r[6], json.loads(r[7]))
+    )  # numeric path order: the JSON text would sort [10] before [9]
     stored = load(sorted({r[2] for r in rows})) if load else {}
     entries: dict[str, Entry] = {}
     for _kind, _name, key, _value, source, _dropped, position, path, data in rows:
