@@ -19,6 +19,7 @@ BENCHMARKS = {
     "processors": "benchmarks.bench_processors",
     "latency": "benchmarks.bench_latency",
     "acks": "benchmarks.bench_acks",
+    "spark": "benchmarks.bench_spark",
 }
 
 

@@ -107,7 +107,9 @@ def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None)
     routed = keyed.withColumn(
         "seg", F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
     )
-    ordered = routed.repartition(partitions, "seg").sortWithinPartitions("key", "position")
+    # By range, not by hash: hash partitioning re-hashes the segment number (Murmur3) and can
+    # put every segment in one partition; a range partitioner gives each its own.
+    ordered = routed.repartitionByRange(partitions, "seg").sortWithinPartitions("key", "position")
     return ordered.drop("seg").mapInArrow(lambda it: fold_sorted(spec, it, load), STATE_SCHEMA)
 
 
