@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EVENTS, KEYS = 2_000_000, 50_000
 
 
-def define(app: el.App) -> el.Aggregation:
+def define(app: el.App, name: str = "totals") -> el.Aggregation:
     agg = app.aggregation(
-        "totals", key=lambda e: e.data["k"], initial=lambda: {"sum": 0, "n": 0},
+        name, key=lambda e: e.data["k"], initial=lambda: {"sum": 0, "n": 0},
         segments=4, batch_size=5000, persist_every=2.0,
     )  # fmt: skip
     agg.on("Measured")(add)
@@ -81,7 +81,7 @@ def _plain_loop(url: str) -> float:
 
 def _local_engine(url: str) -> float:
     app = el.App(url)
-    define(app)
+    define(app, "totals-local")  # its own tokens: the replay moved those of "totals"
     start = time.perf_counter()
     app.start()
     app.wait_until_caught_up(3600)
@@ -96,27 +96,26 @@ def _continuous(url: str) -> tuple[float, float, float]:
     from eventlanes.spark.continuous import ContinuousAggregation
 
     app = el.App(url)
-    agg = define(app)
-    runner = ContinuousAggregation(app, "totals", str(DATA / f"ckpt-{time.time()}"),
+    define(app, "totals-stream")
+    runner = ContinuousAggregation(app, "totals-stream", str(DATA / f"ckpt-{time.time()}"),
                                    spark=get_session("local[2]"), trigger_seconds=0.2,
                                    max_rows=100_000)  # fmt: skip
     head = app.store.head()
     start = time.perf_counter()
     runner.start()
     try:
-        while min(s.position for s in app.status("totals").segments) < head:
+        while min(s.position for s in app.status("totals-stream").segments) < head:
             time.sleep(0.1)
         backlog = head / (time.perf_counter() - start)
         latencies = []
         for i in range(10):
             t0 = time.perf_counter()
             [pos] = app.store.append("late", [el.NewEvent("Measured", {"k": f"late{i}", "v": 1})])
-            while min(s.position for s in app.status("totals").segments) < pos:
+            while min(s.position for s in app.status("totals-stream").segments) < pos:
                 time.sleep(0.01)
             latencies.append(time.perf_counter() - t0)
     finally:
         runner.stop()
-    del agg
     latencies.sort()
     return backlog, latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.9)]
 
