@@ -30,6 +30,7 @@ from ..events import Event, NewEvent
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy
 from .chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
+from .handlers import FunctionsByType
 from .processor import Processor
 from .worker import Outcome, SegmentState, SegmentWorker, advanced, describe
 
@@ -112,32 +113,6 @@ class Entry:
     dropped: int = 0
 
 
-class _Folds:
-    """Fold functions by event type."""
-
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
-        self.by_type: dict[str, list[Fold]] = {}
-        self.any: list[Fold] = []
-
-    def on(self, *types: str) -> Callable[[Fold], Fold]:
-        if not types or not all(isinstance(t, str) and t for t in types):
-            raise InvalidInputError(f"{self.owner!r}: on() needs event type names")
-
-        def register(fold: Fold) -> Fold:
-            for t in types:
-                self.by_type.setdefault(t, []).append(fold)
-            return fold
-
-        return register
-
-    def for_type(self, event_type: str) -> list[Fold]:
-        return self.by_type.get(event_type, []) + self.any
-
-    def handles(self, event_type: str) -> bool:
-        return bool(self.any) or event_type in self.by_type
-
-
 def _check_callables(name: str, key: Any, initial: Any) -> None:
     if not callable(key):
         raise InvalidInputError(f"aggregation {name!r}: key must be a function of the event")
@@ -155,7 +130,7 @@ class Stage:
         self.name = name
         self.key = key
         self.initial = initial
-        self.folds = _Folds(name)
+        self.folds = FunctionsByType(name)
         self.on = self.folds.on
 
     def get(self, key: str) -> Any:
@@ -178,7 +153,7 @@ class Aggregation(Processor):
         **options: Any,
     ) -> None:
         _check_callables(name, key, initial)
-        self.folds = _Folds(name)
+        self.folds = FunctionsByType(name)
         self.key = key
         folds = self.folds
         # Route by the aggregation key so each key's state lives in exactly one segment; events

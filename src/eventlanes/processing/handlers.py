@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidInputError
+
 Handler = Callable[[Any, Any], Any]
 ResetHandler = Callable[[Any], Any]
 
@@ -50,3 +52,29 @@ class HandlerSet:
 
     def __bool__(self) -> bool:
         return bool(self._entries or self.batch_handlers)
+
+
+class FunctionsByType:
+    """Plain functions by event type (aggregation fns, republisher mappings)."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.by_type: dict[str, list[Handler]] = {}
+        self.any: list[Handler] = []
+
+    def on(self, *types: str) -> Callable[[Handler], Handler]:
+        if not types or not all(isinstance(t, str) and t for t in types):
+            raise InvalidInputError(f"{self.owner!r}: on() needs event type names")
+
+        def register(fn: Handler) -> Handler:
+            for t in types:
+                self.by_type.setdefault(t, []).append(fn)
+            return fn
+
+        return register
+
+    def for_type(self, event_type: str) -> list[Handler]:
+        return self.by_type.get(event_type, []) + self.any
+
+    def handles(self, event_type: str) -> bool:
+        return bool(self.any) or event_type in self.by_type

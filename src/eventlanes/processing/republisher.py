@@ -19,6 +19,7 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent
 from ..store import EventStore
 from .chains import CHAIN_KEY, extend_chain
+from .handlers import FunctionsByType
 from .processor import Processor
 from .worker import HandlerFailed, Outcome, SegmentState, SegmentWorker, advanced
 
@@ -43,18 +44,11 @@ class Republisher(Processor):
             raise InvalidInputError(f"republisher {name!r}: to_stream must be a name or function")
         self.to_stream = to_stream
         self.to_store = to_store
-        self.functions: dict[str, list[Republish]] = {}
+        self.functions = FunctionsByType(name)
 
     def on(self, *types: str) -> Callable[[Republish], Republish]:  # type: ignore[override]
-        if not types or not all(isinstance(t, str) and t for t in types):
-            raise InvalidInputError(f"republisher {self.name!r}: on() needs event type names")
-
-        def register(fn: Republish) -> Republish:
-            for t in types:
-                self.functions.setdefault(t, []).append(fn)
-            return fn
-
-        return register
+        """Decorator: ``fn(event)`` returns an ``el.NewEvent``, a list of them, or None."""
+        return self.functions.on(*types)
 
     def target(self) -> EventStore:
         if self.to_store is None:
@@ -78,7 +72,7 @@ class RepublishWorker(SegmentWorker):
         per_stream: dict[str, list[NewEvent]] = {}
         try:
             for event in events:
-                for fn in self.rep.functions.get(event.type, ()):
+                for fn in self.rep.functions.for_type(event.type):
                     try:
                         produced = fn(event)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
