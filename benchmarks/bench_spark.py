@@ -22,7 +22,7 @@ EVENTS, KEYS = 2_000_000, 50_000
 
 def define(app: el.App, name: str = "totals") -> el.Aggregation:
     agg = app.aggregation(
-        name, key=lambda e: e.data["k"], initial=lambda: {"sum": 0, "n": 0},
+        name, key="k", initial=lambda: {"sum": 0, "n": 0},
         segments=4, batch_size=5000, persist_every=2.0,
     )  # fmt: skip
     agg.on("Measured")(add)

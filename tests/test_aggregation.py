@@ -116,7 +116,7 @@ def test_republisher_flat_map_and_downstream_stage(store_url: str) -> None:
 def test_bad_aggregation_definitions(store_url: str) -> None:
     app = el.App(store_url)
     with pytest.raises(el.InvalidInputError, match="key must be a function"):
-        app.aggregation("a", key="robot", initial=dict)
+        app.aggregation("a", key=42, initial=dict)
     with pytest.raises(el.InvalidInputError, match="initial must be a function"):
         app.aggregation("a", key=lambda e: 1, initial={})
     with pytest.raises(el.InvalidInputError, match="persist_every"):

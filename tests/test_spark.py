@@ -13,9 +13,9 @@ from tests.processing_helpers import assert_exactly_once_in_order
 E = el.NewEvent
 
 
-def define(app: el.App, name: str) -> el.Aggregation:
+def define(app: el.App, name: str, key: object = "robot") -> el.Aggregation:
     agg = app.aggregation(
-        name, key=lambda e: e.data["robot"], initial=lambda: {"ok": 0, "n": 0, "last": None},
+        name, key=key, initial=lambda: {"ok": 0, "n": 0, "last": None},
         segments=4, batch_size=2000, persist_every=0.5,
     )  # fmt: skip
 
@@ -50,6 +50,8 @@ def states(app: el.App, name: str) -> dict:
 def test_replay_equals_the_local_engine_and_hands_off(spark, tmp_path) -> None:
     app = el.App(f"sqlite:///{tmp_path}/spark.db", claim_timeout=5)
     local, replayed = define(app, "local"), define(app, "replayed")
+    # A key function (Python on the executors) must give the same result as key="robot".
+    by_function = define(app, "by-function", key=lambda e: e.data["robot"])
     load(app.store, 100_000, seed=1)
     app.start(["local"])
     try:
@@ -59,13 +61,16 @@ def test_replay_equals_the_local_engine_and_hands_off(spark, tmp_path) -> None:
     result = el.spark.replay(app, "replayed", spark=spark)
     assert result.end == app.store.head() == 100_000
     assert states(app, "replayed") == states(app, "local")
+    el.spark.replay(app, "by-function", spark=spark)
+    assert states(app, "by-function") == states(app, "local")
+    del by_function
     assert replayed.dropped() == local.dropped() > 0
     assert all(s.position == result.end for s in app.status("replayed").segments)
     # The live processor continues from the replay's end: no gap, no double count.
     load(app.store, 3_000, seed=2)
-    app.start()
+    app.start(["local", "replayed"])
     try:
-        app.wait_until_caught_up(60)
+        app.wait_until_caught_up(60, ["local", "replayed"])
     finally:
         app.stop()
     assert states(app, "replayed") == states(app, "local")

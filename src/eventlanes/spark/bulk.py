@@ -103,14 +103,43 @@ def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None)
     """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition."""
     from pyspark.sql import functions as F
 
-    keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
-    routed = keyed.withColumn(
-        "seg", F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
-    )
-    # By range, not by hash: hash partitioning re-hashes the segment number (Murmur3) and can
-    # put every segment in one partition; a range partitioner gives each its own.
-    ordered = routed.repartitionByRange(partitions, "seg").sortWithinPartitions("key", "position")
-    return ordered.drop("seg").mapInArrow(lambda it: fold_sorted(spec, it, load), STATE_SCHEMA)
+    if spec.key_field is not None and not spec.any:
+        # All in the JVM: filter the folded types and extract the key from the JSON data.
+        keyed = (
+            df.where(F.col("type").isin(list(spec.by_type)))
+            .withColumn("key", F.get_json_object("data", f"$.{spec.key_field}"))
+            .where(F.col("key").isNotNull())
+        )
+    else:
+        keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
+    seg = F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
+    routed = keyed.withColumn("pk", _partition_of(df.sparkSession, partitions, seg))
+    ordered = routed.repartition(partitions, "pk").sortWithinPartitions("key", "position")
+    return ordered.drop("pk").mapInArrow(lambda it: fold_sorted(spec, it, load), STATE_SCHEMA)
+
+
+_PARTITION_KEYS: dict[int, list[int]] = {}
+
+
+def _partition_of(spark: Any, partitions: int, seg: Any) -> Any:
+    """A column that Spark's hash partitioner sends to partition ``seg``: partition i holds
+    exactly segment i (crc32 routing, as the local engine). Hash-partitioning the segment number
+    itself would re-hash it (Murmur3) and could put two segments in one partition; range
+    partitioning would run the whole input once more to sample it."""
+    from pyspark.sql import functions as F
+
+    if partitions not in _PARTITION_KEYS:
+        found: dict[int, int] = {}
+        rows = (
+            spark.range(0, 64 * partitions)
+            .select("id", F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
+            .collect()
+        )
+        for row in rows:
+            found.setdefault(row["p"], row["id"])
+        _PARTITION_KEYS[partitions] = [found[i] for i in range(partitions)]
+    keys = F.array(*[F.lit(k).cast("long") for k in _PARTITION_KEYS[partitions]])
+    return F.element_at(keys, (seg + 1).cast("int"))
 
 
 def fold_stages(spec: FoldSpec, folded: Any, partitions: int, loader_for: Any = None) -> list[Any]:

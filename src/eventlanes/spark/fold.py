@@ -36,6 +36,7 @@ class FoldSpec:
     any: list[Callable[..., Any]]
     source: str
     stages: list[FoldSpec] = field(default_factory=list)
+    key_field: str | None = None  # a data property: Spark extracts the key without Python
 
     def handles(self, event_type: str) -> bool:
         return bool(self.any) or event_type in self.by_type
@@ -50,7 +51,7 @@ def spec_of(agg: Aggregation, source: str) -> FoldSpec:
         for s in agg.stages
     ]
     return FoldSpec(agg.name, agg.key, agg.initial_state, dict(agg.folds.by_type),
-                    list(agg.folds.any), source, stages)  # fmt: skip
+                    list(agg.folds.any), source, stages, agg.key_field)  # fmt: skip
 
 
 def _rows(batch: Any) -> Iterator[tuple[Any, ...]]:
