@@ -82,6 +82,9 @@ def test_replay_refuses_while_running_and_reads_parquet(spark, store_url: str, t
     load(app.store, 2_000, seed=3)
     app.start()
     try:
+        from tests.processing_helpers import wait_for
+
+        wait_for(lambda: all(s.owner for s in app.status("screws").segments), what="claims")
         with pytest.raises(el.ProcessorBusyError, match="is running"):
             el.spark.replay(app, "screws", spark=spark)
         app.wait_until_caught_up(60)
