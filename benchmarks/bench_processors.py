@@ -17,14 +17,19 @@ STREAMS, PER_STREAM = 10_000, 10
 
 
 def _fill(url: str, streams: int) -> None:
+    """All events in one transaction: they become visible to the workers at once."""
     store = el.open_store(url)
-    for s in range(streams):
-        store.append(f"stream-{s}", [el.NewEvent("Counted", {"n": i}) for i in range(PER_STREAM)])
+    with store.db.transaction() as conn:
+        for s in range(streams):
+            events = [el.NewEvent("Counted", {"n": i}) for i in range(PER_STREAM)]
+            store.append(f"stream-{s}", events, conn=conn)
     store.close()
 
 
-def _run(url: str, handler: str, processes: int) -> float:
-    """Events/s from start until every segment has reached the head."""
+def _run(url: str, handler: str, processes: int, streams: int) -> float:
+    """Events/s from the moment the events appear until every segment has reached them. The
+    workers start on an empty store and share the segments first (process start, imports and
+    the initial balancing are not what is measured)."""
     os.environ["EVENTLANES_BENCH_URL"] = url
     os.environ["EVENTLANES_BENCH_HANDLER"] = handler
     from eventlanes.supervisor import Supervisor
@@ -34,23 +39,26 @@ def _run(url: str, handler: str, processes: int) -> float:
     from .bench_app import create_schema
 
     create_schema(watcher)
-    total = watcher.store.count()
     supervisor = Supervisor("benchmarks.bench_app:app", processes)
     done = threading.Event()
     started: list[float] = []
 
     def tick() -> None:
-        # The clock starts when every worker is up (process start and imports excluded).
-        if not started and len(watcher.tokens.live_nodes("counter")) >= processes:
+        if not started:
+            owners = [s.owner for s in watcher.status("counter").segments]
+            if None in owners or len(set(owners)) < processes:
+                return
+            _fill(url, streams)
             started.append(time.perf_counter())
-        if started and watcher.status("counter").caught_up:
+        elif watcher.status("counter").caught_up:
             done.set()
             supervisor.stop()
 
-    supervisor.run(tick, interval=0.1)
+    supervisor.run(tick, interval=0.05)
     seconds = time.perf_counter() - started[0]
+    total = watcher.store.count()
     counted = watcher.db.query(f"SELECT coalesce(sum(n), 0) FROM {watcher.db.table('counts')}")
-    assert done.is_set() and counted[0][0] == total, (counted, total)
+    assert done.is_set() and counted[0][0] == total == streams * PER_STREAM, (counted, total)
     watcher.close()
     return total / seconds
 
@@ -66,15 +74,11 @@ def run(backends: list[str], quick: bool = False) -> None:
                 target = new_url() if name == "postgres" else new_url().split("///")[1]
                 _, theirs = es.projection_rate(name, target.split("?")[0], streams, PER_STREAM)
             for handler, label in (("row", "one upsert per event"), ("batch", "on_batch upserts")):
-                url = new_url()
-                _fill(url, streams)
-                ours = _run(url, handler, 1)
+                ours = _run(new_url(), handler, 1, streams)
                 rows.append([name, label, 1, ours, theirs, ratio(ours, theirs)])
             cpu = {}
             for processes in (1, 2):
-                url = new_url()
-                _fill(url, streams)
-                cpu[processes] = _run(url, "cpu", processes)
+                cpu[processes] = _run(new_url(), "cpu", processes, streams)
                 scaling = f"{ratio(cpu[processes], cpu[1])} vs 1 process" if processes > 1 else ""
                 rows.append([name, "CPU-bound handler", processes, cpu[processes], None, scaling])
     print_table(
