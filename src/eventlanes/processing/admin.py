@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ClaimLostError, EventlanesError, InvalidInputError
+from ..errors import EventlanesError, InvalidInputError
 from ..segments import Segment
 from ..tokens import Token
 from ..tokens.base import resolve_initial
 from .context import Context
-from .handlers import runs_on_replay
 from .runner import node_name
 
 if TYPE_CHECKING:
@@ -86,7 +85,7 @@ def status(app: App, proc: Processor) -> ProcessorView:
     return ProcessorView(proc.name, head, views, app.tokens.live_nodes(proc.name), parked)
 
 
-def _claim_all(app: App, proc: Processor, owner: str, wait: bool, timeout: float | None) -> list:
+def claim_all(app: App, proc: Processor, owner: str, wait: bool, timeout: float | None) -> list:
     """Claim every segment of ``proc`` (the processor must be stopped everywhere)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     app._initialize(proc)
@@ -142,7 +141,7 @@ def reset(
         when = at[0].recorded_at if at else ("tail" if not to else "head")
     targets = {name: resolve_initial(when, app.source_store(t)) for name, t in proc.sources.items()}
     owner = f"reset:{node_name()}"
-    records = _claim_all(app, proc, owner, wait, timeout)
+    records = claim_all(app, proc, owner, wait, timeout)
     try:
         db = app.db
         with db.transaction() as conn:
@@ -260,14 +259,12 @@ def discard_dead_letters(app: App, proc: Processor) -> int:
 
 
 __all__ = [
-    "ClaimLostError",
     "ProcessorBusyError",
     "ProcessorView",
     "SegmentView",
     "discard_dead_letters",
     "reset",
     "retry_dead_letters",
-    "runs_on_replay",
     "status",
     "steer",
 ]

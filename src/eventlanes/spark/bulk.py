@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..processing.admin import _claim_all
+from ..processing.admin import claim_all
 from ..processing.aggregation import Aggregation, Entry
 from ..processing.context import Context
 from ..processing.runner import node_name
@@ -74,7 +74,7 @@ def replay(
     spark = spark or get_session(master)
     n = _pow2(partitions or spark.sparkContext.defaultParallelism)
     owner = f"spark-replay:{node_name()}"
-    records = _claim_all(app, proc, owner, wait, None)
+    records = claim_all(app, proc, owner, wait, None)
     stop = threading.Event()
 
     def heartbeat() -> None:

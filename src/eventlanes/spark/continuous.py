@@ -22,7 +22,7 @@ from typing import Any
 
 from ..db import open_database
 from ..errors import InvalidInputError
-from ..processing.admin import _claim_all
+from ..processing.admin import claim_all
 from ..processing.aggregation import Aggregation, Entry, StateTable
 from ..processing.runner import node_name
 from ..tokens import Token
@@ -88,7 +88,7 @@ class ContinuousAggregation:
     def start(self, available_now: bool = False) -> None:
         app, agg = self.app, self.agg
         # The local engine must not run this aggregation at the same time: hold every claim.
-        self._records = _claim_all(app, agg, self.owner, self.wait, None)
+        self._records = claim_all(app, agg, self.owner, self.wait, None)
         threading.Thread(target=self._heartbeat, daemon=True).start()
         start = min(r.token.position for r in self._records)
         reader = (
