@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import shutil
 import time
 import uuid
@@ -75,10 +74,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
-
-
-def cpu_note() -> str:
-    return f"{os.cpu_count()} cores"
 
 
 def baseline() -> Any:

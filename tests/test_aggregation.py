@@ -123,7 +123,6 @@ def test_bad_aggregation_definitions(store_url: str) -> None:
         app.aggregation("a", key=lambda e: 1, initial=dict, persist_every=-1)
     with pytest.raises(el.InvalidInputError, match="to_stream"):
         app.republisher("r", to_stream="")
-    wait_for(lambda: True)
 
 
 def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -> None:

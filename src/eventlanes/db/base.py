@@ -8,7 +8,7 @@ for standalone statements, ``param`` is the driver's placeholder (``?`` or ``%s`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -58,6 +58,3 @@ class Database(ABC):
         with self.connection() as conn:
             cur = conn.execute(sql, params)
             return cur.fetchall()
-
-    def query_iter(self, sql: str, params: Sequence[Any] = ()) -> Iterator[tuple[Any, ...]]:
-        yield from self.query(sql, params)

@@ -81,7 +81,7 @@ def status(app: App, proc: Processor) -> ProcessorView:
                 s.token,
             )
         )
-    parked = len(app.dead_letters.list(proc.name)) if proc.on_error == "dead_letter" else 0
+    parked = app.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0
     return ProcessorView(proc.name, head, views, app.tokens.live_nodes(proc.name), parked)
 
 

@@ -87,6 +87,10 @@ class DeadLetterStore:
             for row in self.db.query(sql, (processor,))
         ]
 
+    def count(self, processor: str) -> int:
+        sql = self.db.sql(f"SELECT count(*) FROM {self.table} WHERE processor = ?")
+        return int(self.db.query(sql, (processor,))[0][0])
+
     def delete(self, conn: Any, processor: str, positions: list[int]) -> None:
         sql = self.db.sql(f"DELETE FROM {self.table} WHERE processor = ? AND position = ?")
         for position in positions:

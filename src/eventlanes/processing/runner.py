@@ -81,8 +81,6 @@ class ProcessorRunner:
         self.heartbeat_interval = interval
         self.coordinate_interval = min(1.0, interval)
         self._next_coordinate = 0.0
-        self.batches = 0
-        self.events_handled = 0
         self.error: BaseException | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -163,6 +161,7 @@ class ProcessorRunner:
                 drop(st)
                 self.claimed.pop(seg_id, None)
         self._handle_requests(status, drop)
+        limit: int | None = None  # static mode takes its fixed segments, no fair-share cap
         if self.static is not None:
             index, nodes = self.static
             ids = sorted(status)
@@ -181,7 +180,7 @@ class ProcessorRunner:
         for seg_id in wanted:
             if seg_id in self.claimed:
                 continue
-            if self.static is None and len(self.claimed) >= self._limit(len(status)):
+            if limit is not None and len(self.claimed) >= limit:
                 break
             row = status[seg_id]
             if row.owner not in (None, self.owner) and (row.claim_expires_in or 0) > 0:
@@ -317,8 +316,6 @@ class ProcessorRunner:
                         self.worker.idle(st, upto)
                 for future in futures:
                     future.result()  # LOST and FAILED states are dropped by coordinate()
-                self.batches += 1
-                self.events_handled += sum(len(e) for e in shares.values())
         finally:
             pool.shutdown(wait=True)
             self._shutdown()
@@ -409,7 +406,6 @@ class ProcessorRunner:
             if mine:
                 if self.worker.process(st, mine, upto) is not Outcome.OK:
                     return
-                self.events_handled += len(mine)
             elif moved:
                 self.worker.idle(st, upto)
                 if time.monotonic() - st.persisted_at > 1.0:
