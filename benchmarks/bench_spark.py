@@ -34,33 +34,36 @@ def add(state: dict, event: el.Event) -> None:
     state["n"] += 1
 
 
-def fill(url: str, events: int, keys: int) -> None:
+def fill(url: str, events: int, keys: int, skewed: bool = False) -> None:
+    """Uniform keys (every key about events/keys times), or Pareto-skewed ones: then the
+    hottest key alone has about 40% of the events and a few thousand keys occur at all."""
     store = el.open_store(url)
     rng = random.Random(1)
+
+    def key() -> str:
+        return f"k{int(rng.paretovariate(0.8)) % keys if skewed else rng.randrange(keys)}"
+
     for i in range(events // 200):
-        batch = [
-            el.NewEvent("Measured", {"k": f"k{int(rng.paretovariate(0.8)) % keys}",
-                                     "v": rng.randrange(100)})
-            for _ in range(200)
-        ]  # fmt: skip
+        batch = [el.NewEvent("Measured", {"k": key(), "v": rng.randrange(100)}) for _ in range(200)]
         store.append(f"sensor-{i % 1000}", batch)
     store.close()
 
 
-def _replay_in_subprocess(url: str, master: str) -> float:
-    """Each master needs its own JVM: replay in a child process, return its events/s."""
+def _replay_in_subprocess(url: str, master: str, parquet: str | None = None) -> list[float]:
+    """Each master needs its own JVM: replay twice in a child process (the first run includes
+    the JVM's warm-up), return the events/s of both."""
     code = (
         "import sys, json; sys.path.insert(0, '.');"
         "import eventlanes as el; from eventlanes import spark as els;"
         "from benchmarks.bench_spark import define;"
         f"app = el.App({url!r}); define(app);"
-        f"s = els.get_session({master!r}); r = els.replay(app, 'totals', spark=s);"
-        "print(json.dumps({'events': r.events, 'seconds': r.seconds}))"
+        f"s = els.get_session({master!r});"
+        f"rs = [els.replay(app, 'totals', spark=s, parquet={parquet!r}) for _ in range(2)];"
+        "print(json.dumps([r.events / r.seconds for r in rs]))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)  # fmt: skip
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["events"] / result["seconds"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _plain_loop(url: str) -> float:
@@ -120,32 +123,100 @@ def _continuous(url: str) -> tuple[float, float, float]:
     return backlog, latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.9)]
 
 
+def _fresh_store(name: str, events: int, keys: int, skewed: bool = False) -> str:
+    db = DATA / name
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    url = f"sqlite:///{db}"
+    fill(url, events, keys, skewed)
+    return url
+
+
+def _export(url: str) -> tuple[str, float]:
+    import shutil
+
+    directory = DATA / "spark-bench-parquet"
+    shutil.rmtree(directory, ignore_errors=True)
+    store = el.open_store(url)
+    start = time.perf_counter()
+    from eventlanes.spark import export_parquet
+
+    export_parquet(store, str(directory))
+    seconds = time.perf_counter() - start
+    events = store.count()
+    store.close()
+    return str(directory), events / seconds
+
+
 def run(backends: list[str], quick: bool = False) -> None:
     events = 200_000 if quick else EVENTS
     keys = 5_000 if quick else KEYS
     DATA.mkdir(exist_ok=True)
-    db = DATA / "spark-bench.db"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    url = f"sqlite:///{db}"
-    fill(url, events, keys)
+    url = _fresh_store("spark-bench.db", events, keys)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    rows = []
     one = _replay_in_subprocess(url, "local[1]")
     two = _replay_in_subprocess(url, "local[2]")
+    parquet, export_eps = _export(url)
+    pq_one = _replay_in_subprocess(url, "local[1]", parquet)
+    pq_two = _replay_in_subprocess(url, "local[2]", parquet)
     local = _local_engine(url)
     loop = _plain_loop(url)
-    rows.append(["Spark replay local[1]", one, "1.0x"])
-    rows.append(["Spark replay local[2]", two, f"{two / one:.2f}x local[1]"])
-    rows.append(["local engine (1 process)", local, f"{two / local:.2f}x (Spark local[2] vs)"])
-    rows.append(["plain Python loop over SQLite", loop, f"{two / loop:.2f}x (Spark local[2] vs)"])
+    skewed_url = _fresh_store("spark-bench-skewed.db", events, keys, skewed=True)
+    skewed = _replay_in_subprocess(skewed_url, "local[2]")
+
+    def ratio(a: list[float], b: list[float]) -> str:
+        return f"{a[0] / b[0]:.2f}x / {a[1] / b[1]:.2f}x"
+
+    rows = [
+        ["Spark replay from the store, local[1]", *one, ""],
+        ["Spark replay from the store, local[2]", *two, f"{ratio(two, one)} local[1]"],
+        ["export to Parquet (one process)", export_eps, "", ""],
+        ["Spark replay from Parquet, local[1]", *pq_one, ""],
+        ["Spark replay from Parquet, local[2]", *pq_two, f"{ratio(pq_two, pq_one)} local[1]"],
+        ["local engine (1 process)", local, "", f"{two[1] / local:.2f}x (store local[2] warm)"],
+        ["plain Python loop over SQLite", loop, "", f"{two[1] / loop:.2f}x (store local[2] warm)"],
+        ["skewed keys: Spark replay from the store, local[2]", *skewed,
+         f"{ratio(skewed, two)} uniform"],
+    ]  # fmt: skip
     print_table(
-        f"replay of {events:,} events / {keys:,} keys, per-key fold (events/s)",
-        ["engine", "events/s", "ratio"], rows,
+        f"replay of {events:,} events / {keys:,} keys, per-key sum fold (events/s)",
+        ["engine", "events/s (Spark: first run)", "second run, warm JVM", "ratio (first / warm)"],
+        rows,
     )  # fmt: skip
-    backlog, p50, p90 = _continuous(url)
+    # Continuous: our foreachBatch runner against Spark's own stateful operator, each in a fresh
+    # JVM on the same store; smaller, as the operator is slow (its sums are checked).
+    c_events, c_keys = (events // 10, keys // 10)
+    c_url = _fresh_store("spark-bench-continuous.db", c_events, c_keys)
+    ours = _continuous_in_subprocess(c_url, "foreach")
+    theirs = _continuous_in_subprocess(c_url, "tws")
     print_table(
-        "Spark continuous aggregation (local[2], foreachBatch fold onto stored states)",
-        ["backlog events/s", "append -> state p50 (s)", "p90 (s)"],
-        [[backlog, f"{p50:.2f}", f"{p90:.2f}"]],
+        f"Spark continuous aggregation, local[2], {c_events:,} events / {c_keys:,} keys backlog, "
+        "then 10 single events",
+        ["runner", "backlog events/s", "append -> state p50 (s)", "p90 (s)"],
+        [
+            ["foreachBatch fold onto stored states (eventlanes)", ours[0], f"{ours[1]:.2f}",
+             f"{ours[2]:.2f}"],
+            ["transformWithStateInPandas (RocksDB state)", theirs[0], f"{theirs[1]:.2f}",
+             f"{theirs[2]:.2f}"],
+            ["ratio (eventlanes / transformWithState)", f"{ours[0] / theirs[0]:.1f}x", "", ""],
+        ],
+    )  # fmt: skip
+
+
+def _continuous_in_subprocess(url: str, runner: str) -> tuple[float, float, float]:
+    """A fresh JVM each: the first micro-batch of a JVM pays its warm-up, for both runners."""
+    call = (
+        "from benchmarks.bench_spark import _continuous; r = _continuous(url)"
+        if runner == "foreach"
+        else "from benchmarks.bench_spark_state import run_tws;"
+        "r = run_tws(url, str(DATA / f'ckpt-tws-{time.time()}'))[:3]"
     )
+    code = (
+        "import sys, json, time; sys.path.insert(0, '.');"
+        "from benchmarks.common import DATA;"
+        f"url = {url!r}; {call}; print(json.dumps(list(r)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    backlog, p50, p90 = json.loads(out.stdout.strip().splitlines()[-1])
+    return backlog, p50, p90

@@ -79,6 +79,7 @@ def test_replay_equals_the_local_engine_and_hands_off(spark, tmp_path) -> None:
 def test_replay_refuses_while_running_and_reads_parquet(spark, store_url: str, tmp_path) -> None:
     app = el.App(store_url, claim_timeout=5)
     define(app, "screws")
+    define(app, "check")  # never replayed: what the live engine alone computes
     load(app.store, 2_000, seed=3)
     app.start()
     try:
@@ -91,10 +92,19 @@ def test_replay_refuses_while_running_and_reads_parquet(spark, store_url: str, t
     finally:
         app.stop()
     live = states(app, "screws")
-    el.spark.export_parquet(app.store, str(tmp_path / "export"))
-    assert sorted(p.name for p in Path(tmp_path / "export").iterdir())[0].endswith(".parquet")
-    el.spark.replay(app, "screws", spark=spark, parquet=str(tmp_path / "export"))
+    export = tmp_path / "export"
+    end = el.spark.export_parquet(app.store, str(export))
+    assert sorted(p.name for p in export.iterdir())[-1].endswith(".parquet")
+    load(app.store, 500, seed=4)  # after the export: the live processor must fold these
+    result = el.spark.replay(app, "screws", spark=spark, parquet=str(export))
+    assert result.end == end == 2_000 < app.store.head()
     assert states(app, "screws") == live
+    app.start()
+    try:
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    assert states(app, "screws") == states(app, "check") != live
 
 
 def test_replay_of_a_transactional_projection(spark, tmp_path) -> None:

@@ -31,6 +31,11 @@ def test_append_and_read_round_trip(store: el.EventStore) -> None:
     assert event.recorded_at.tzinfo is not None
     assert before <= event.recorded_at <= datetime.now(UTC) + timedelta(seconds=1)
     assert event.idempotency_key == ("user-carlo", 1)
+    # Handlers share events: nothing on one can be changed.
+    for attr in ("position", "stream_id", "type", "data", "metadata", "source", "extra"):
+        with pytest.raises(AttributeError):
+            setattr(event, attr, "changed")
+    assert event.position == 1 and event.data == data
 
 
 def test_positions_and_versions(store: el.EventStore) -> None:

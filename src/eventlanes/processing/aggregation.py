@@ -84,13 +84,16 @@ class StateTable:
         return found
 
     def save(self, conn: Any, name: str, entries: dict[str, Entry]) -> None:
-        rows = [
-            (name, key, json.dumps(e.value), json.dumps(e.offsets), e.dropped)
-            for key, e in entries.items()
-        ]
+        dumps = json.dumps
+        rows = [(k, dumps(e.value), dumps(e.offsets), e.dropped) for k, e in entries.items()]
+        self.save_encoded(conn, name, rows)
+
+    def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
+        """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark)."""
+        params = [(name, *row) for row in rows]
         cur = conn.cursor()
         try:
-            cur.executemany(self._upsert, rows)
+            cur.executemany(self._upsert, params)
         finally:
             cur.close()
 

@@ -58,7 +58,7 @@ def read_merged(
         events, upto = store.read_upto(afters[name], limit, segments)
         if name:
             for event in events:
-                object.__setattr__(event, "source", name)
+                event._source = name  # which source: set by the reader, before anyone sees it
         parts.append((name, events, upto, len(events) == limit))
     full = [order(events[-1]) for _, events, _, is_full in parts if is_full]
     cut = min(full) if full else None

@@ -21,10 +21,11 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..processing.admin import claim_all
-from ..processing.aggregation import Aggregation, Entry
+from ..processing.aggregation import Aggregation
 from ..processing.context import Context
 from ..processing.runner import node_name
 from ..tokens import Token
+from .export import read_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session
 
@@ -85,7 +86,8 @@ def replay(
     beat.start()
     start = time.perf_counter()
     try:
-        end = app.store.head()
+        # From an export, its end: the live processor folds what came after it.
+        end = read_manifest(parquet, app.store)["end"] if parquet else app.store.head()
         df = _events(spark, app, end, n, parquet)
         if isinstance(proc, Aggregation):
             events, keys = _aggregation(app, proc, df, n, end, owner, records)
@@ -158,16 +160,23 @@ def fold_stages(spec: FoldSpec, folded: Any, partitions: int, loader_for: Any = 
     return plans
 
 
-def collect_states(df: Any) -> dict[str, dict[str, Entry]]:
-    """Rows of kind "state" -> {name: {key: Entry}} (to write on the driver)."""
-    import json
+Encoded = dict[str, dict[str, tuple[str, str, int]]]  # name -> key -> (value, offsets, dropped)
 
+
+def collect_states(df: Any) -> Encoded:
+    """Rows of kind "state", still JSON-encoded as the executors wrote them, to save on the
+    driver without decoding and encoding every state again."""
     table = df.where(df.kind == "state").toArrow()
-    states: dict[str, dict[str, Entry]] = {}
-    cols = {c: table.column(c).to_pylist() for c in ("name", "key", "value", "offsets", "dropped")}
-    for name, key, value, offsets, dropped in zip(*cols.values(), strict=True):
-        states.setdefault(name, {})[key] = Entry(json.loads(value), json.loads(offsets), dropped)
+    states: Encoded = {}
+    cols = [table.column(c).to_pylist() for c in ("name", "key", "value", "offsets", "dropped")]
+    for name, key, value, offsets, dropped in zip(*cols, strict=True):
+        states.setdefault(name, {})[key] = (value, offsets, dropped)
     return states
+
+
+def save_states(app: Any, conn: Any, name: str, states: Encoded) -> None:
+    rows = [(key, *encoded) for key, encoded in states.get(name, {}).items()]
+    app.aggregate_states.save_encoded(conn, name, rows)
 
 
 def _aggregation(
@@ -188,13 +197,12 @@ def _aggregation(
         for name in names:  # from scratch: what the replay did not produce does not exist
             conn.execute(db.sql(f"DELETE FROM {table.table} WHERE aggregation = ?"), (name,))
         for name in names:
-            table.save(conn, name, states.get(name, {}))
+            save_states(app, conn, name, states)
         for record in records:
             app.tokens.store(agg.name, record.segment.id, Token(end), owner, conn=conn)
-    events = app.store.count()
     if spec.stages:
         folded.unpersist()
-    return min(events, end), sum(len(v) for v in states.values())
+    return app.store.count(until=end), sum(len(v) for v in states.values())
 
 
 @dataclass

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from ..events import Event
 from ..processing.aggregation import Aggregation, Entry
-from ..processing.chains import CHAIN_KEY, coordinates, is_newer, record
+from ..processing.chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
 from .source import FIELDS, SCHEMA
 
 KEYED_SCHEMA = SCHEMA + ", key string"
@@ -22,6 +23,7 @@ STATE_SCHEMA = (
     "kind string, name string, key string, value string, offsets string, dropped long, "
     "position long, path string, data string"
 )
+STATE_NAMES = STATE_SCHEMA.replace(",", "").split()[::2]
 
 
 @dataclass
@@ -80,59 +82,113 @@ def fold_sorted(
 ) -> Iterator[Any]:
     """Fold rows sorted by (key, position); emit each key's state, and outputs for stages.
 
-    ``load``: states stored so far (continuous mode folds a micro-batch onto them)."""
-    import pyarrow as pa
+    ``load``: states stored so far (continuous mode folds a micro-batch onto them).
 
-    names = STATE_SCHEMA.replace(",", "").split()[::2]
+    Fast path: an event without a source chain is its own root, ``(store, "", (position,))``;
+    those are deduplicated against a per-key local and recorded in the offsets once per key.
+    Chained events take the general :mod:`chains` path (the local is written back first)."""
+
     out: list[tuple[Any, ...]] = []
 
     def flush_rows() -> Any:
-        cols = list(zip(*out, strict=True))
+        batch = state_batch(out)
         out.clear()
-        return pa.RecordBatch.from_arrays([pa.array(c) for c in cols], names=names)
+        return batch
 
-    rows: Iterator[tuple[Any, ...]] = (r for b in batches for r in _rows(b))
+    rows: Iterator[tuple[Any, ...]] = chain.from_iterable(map(_rows, batches))
     if load is not None:  # a micro-batch is small: read all, then load its keys in one go
         materialised = list(rows)
         stored = load(sorted({r[8] for r in materialised}))
         rows = iter(materialised)
     else:
         stored = {}
+    source = spec.source
+    folds_of: dict[str, list[Callable[..., Any]]] = {}
     current: str | None = None
-    entry: Entry | None = None
-    for row in rows:
-        key = row[8]
+    entry = Entry(None)
+    last: tuple[int, ...] | None = None  # the store's own path folded last for this key
+    dirty = False  # ``last`` is ahead of entry.offsets
+
+    for pos, stream_id, version, type_, data, meta, recorded_at, rhash, key in rows:
         if key != current:
-            if entry is not None and current is not None:
+            if current is not None:
+                if dirty:
+                    entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
                 out.append(_state_row(spec.name, current, entry))
             current = key
             entry = stored.get(key) or Entry(spec.initial())
-        assert entry is not None
-        event = Event(*row[:8])
-        coords = coordinates(event, spec.source)
-        if not is_newer(entry.offsets, coords):
-            entry.dropped += 1
-            continue
-        for fold in spec.folds(event.type):
+            last, dirty = _own_path(entry.offsets, source), False
+        event = Event(pos, stream_id, version, type_, data, meta, recorded_at, rhash)
+        if meta == "{}" or CHAIN_KEY not in meta:
+            coords: Coordinates = (source, "", (pos,))
+            if last is not None and coords[2] <= last:
+                entry.dropped += 1
+                continue
+            last, dirty = coords[2], True
+        else:
+            if dirty:
+                entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
+                dirty = False
+            coords = coordinates(event, source)
+            if not is_newer(entry.offsets, coords):
+                entry.dropped += 1
+                continue
+            record(entry.offsets, coords)
+            last = _own_path(entry.offsets, source)
+        folds = folds_of.get(type_)
+        if folds is None:
+            folds = folds_of[type_] = spec.folds(type_)
+        for fold in folds:
             produced = fold(entry.value, event)
             if produced is not None and spec.stages:
-                outs = produced if isinstance(produced, list) else [produced]
-                source = f"{spec.name}:{key}"
-                for i, o in enumerate(outs):
-                    path = (*coords[2], i)
-                    out_event = output_event(o, event.position, source, path)
-                    for stage in spec.stages:
-                        out.append(("out", stage.name, str(stage.key(out_event)), None, source,
-                                    0, event.position, json.dumps(path),
-                                    json.dumps({"type": o.type, "data": o.data,
-                                                "metadata": o.metadata})))  # fmt: skip
-        record(entry.offsets, coords)
+                _emit(spec, key, event, coords, produced, out)
         if len(out) >= 5000:
             yield flush_rows()
-    if entry is not None and current is not None:
+    if current is not None:
+        if dirty:
+            entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
         out.append(_state_row(spec.name, current, entry))
     if out:
         yield flush_rows()
+
+
+def _own_path(offsets: dict[str, list[Any]], source: str) -> tuple[int, ...] | None:
+    """The path last recorded for ``source`` in partition "" (None: anything is newer)."""
+    seen = offsets.get(source)
+    return tuple(seen[1]) if seen is not None and seen[0] == "" else None
+
+
+def _emit(
+    spec: FoldSpec,
+    key: str,
+    event: Event,
+    coords: Coordinates,
+    produced: Any,
+    out: list[tuple[Any, ...]],
+) -> None:
+    """Rows for the downstream stages: one per output and stage, routed by its key there."""
+    outs = produced if isinstance(produced, list) else [produced]
+    source = f"{spec.name}:{key}"
+    for i, o in enumerate(outs):
+        path = (*coords[2], i)
+        out_event = output_event(o, event.position, source, path)
+        for stage in spec.stages:
+            raw = json.dumps({"type": o.type, "data": o.data, "metadata": o.metadata})
+            out.append(("out", stage.name, str(stage.key(out_event)), None, source, 0,
+                        event.position, json.dumps(path), raw))  # fmt: skip
+
+
+_STATE_TYPES = ("string", "string", "string", "string", "string", "int64", "int64", "string",
+                "string")  # fmt: skip
+
+
+def state_batch(rows: list[tuple[Any, ...]]) -> Any:
+    """Rows of ``STATE_SCHEMA`` as an Arrow batch (declared types: inference costs 3x)."""
+    import pyarrow as pa
+
+    cols = zip(*rows, strict=True)
+    arrays = [pa.array(c, type=getattr(pa, t)()) for c, t in zip(cols, _STATE_TYPES, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, names=STATE_NAMES)
 
 
 def _state_row(name: str, key: str, entry: Entry) -> tuple[Any, ...]:
@@ -151,11 +207,9 @@ def fold_stage(
 ) -> Iterator[Any]:
     """Fold one stage's output rows (downstream key in ``key``, upstream source in
     ``offsets``), sorted by (key, position, path)."""
-    import pyarrow as pa
 
     from ..events import NewEvent
 
-    names = STATE_SCHEMA.replace(",", "").split()[::2]
     rows = sorted(
         (r for b in batches for r in _rows(b)), key=lambda r: (r[2], r[6], json.loads(r[7]))
     )  # numeric path order: the JSON text would sort [10] before [9]
@@ -177,5 +231,4 @@ def fold_stage(
         record(entry.offsets, coords)
     rows_out = [_state_row(stage.name, k, e) for k, e in entries.items()]
     if rows_out:
-        cols = list(zip(*rows_out, strict=True))
-        yield pa.RecordBatch.from_arrays([pa.array(c) for c in cols], names=names)
+        yield state_batch(rows_out)

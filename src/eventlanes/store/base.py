@@ -220,8 +220,12 @@ class EventStore(ABC):
     @abstractmethod
     def _position_at(self, when: datetime) -> int | None: ...
 
-    def count(self) -> int:
-        return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
+    def count(self, until: int | None = None) -> int:
+        """Events stored (with ``until``: those at or below that position)."""
+        if until is None:
+            return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
+        sql = self.db.sql(f"SELECT count(*) FROM {self.events_table} WHERE position <= ?")
+        return self.db.query(sql, (until,))[0][0]
 
     def close(self) -> None:
         self.db.close()

@@ -1,0 +1,168 @@
+"""The Spark fold's fast path (events without a source chain) against the general dedupe of
+the local engine (``chains.coordinates``/``is_newer``/``record``), on random event mixes.
+Pure Python on Arrow batches: no SparkSession."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eventlanes as el
+from eventlanes.events import Event
+from eventlanes.processing.aggregation import Entry
+from eventlanes.processing.chains import coordinates, is_newer, record
+from eventlanes.spark.fold import FoldSpec, fold_sorted
+
+pa = pytest.importorskip("pyarrow")
+
+STORE = "events"  # the store's own source name
+
+
+def _fold(state: dict, event: Event) -> None:
+    state["seen"].append(event.position)  # order-sensitive: the exact sequence folded
+
+
+SPEC = FoldSpec("agg", lambda e: e.data["k"], lambda: {"seen": []}, {"T": [_fold]}, [], STORE)
+
+chains = st.one_of(
+    st.just("{}"),
+    st.just('{"note": "source_chain"}'),  # the words, but no chain: still the event's own root
+    st.builds(
+        lambda source, partition, offset, out: json.dumps(
+            {
+                "source_chain": [
+                    {"source": source, "partition": partition, "offset": offset, "out": out}
+                ]
+            }  # fmt: skip
+        ),
+        st.sampled_from([STORE, "up"]),
+        st.sampled_from(["", "p1"]),
+        st.integers(0, 30),
+        st.integers(0, 1),
+    ),
+)
+stored_offsets = st.dictionaries(
+    st.sampled_from([STORE, "up"]),
+    st.tuples(st.sampled_from(["", "p1"]), st.lists(st.integers(0, 30), min_size=1, max_size=2)),
+    max_size=2,
+)
+
+
+def _reference(rows: list[tuple[Any, ...]], stored: dict[str, Entry]) -> dict[str, tuple]:
+    result: dict[str, Entry] = {}
+    for row in rows:
+        key = row[8]
+        if key not in result:
+            prior = stored.get(key)
+            result[key] = (
+                Entry(json.loads(json.dumps(prior.value)), json.loads(json.dumps(prior.offsets)))
+                if prior
+                else Entry(SPEC.initial())
+            )
+        entry = result[key]
+        event = Event(*row[:8])
+        coords = coordinates(event, STORE)
+        if not is_newer(entry.offsets, coords):
+            entry.dropped += 1
+            continue
+        _fold(entry.value, event)
+        record(entry.offsets, coords)
+    return {k: (e.value, e.offsets, e.dropped) for k, e in result.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    events=st.lists(st.tuples(st.sampled_from("abc"), chains), min_size=1, max_size=40),
+    prior=st.dictionaries(st.sampled_from("ab"), stored_offsets, max_size=2),
+    batch_size=st.integers(1, 7),
+)
+def test_fast_path_equals_the_general_dedupe(events, prior, batch_size) -> None:
+    rows = [
+        (pos, "s", pos, "T", json.dumps({"k": k}), meta, 0, 0, k)
+        for pos, (k, meta) in enumerate(events, start=1)
+    ]
+    # Replays and re-appended outputs: the same positions again, in the sorted input.
+    rows += [r for r in rows if r[0] % 3 == 0]
+    rows.sort(key=lambda r: (r[8], r[0]))
+    stored = {
+        k: Entry({"seen": [-1]}, {s: [p, path] for s, (p, path) in offs.items()})
+        for k, offs in prior.items()
+    }
+    names = ["position", "stream_id", "version", "type", "data", "metadata", "recorded_at",
+             "routing_hash", "key"]  # fmt: skip
+    chunks = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+    batches = [
+        pa.RecordBatch.from_arrays([pa.array(c) for c in zip(*chunk, strict=True)], names)
+        for chunk in chunks
+    ]
+
+    # ``load`` is handed fresh copies: the fold mutates the entries it is given.
+    def load(keys: list[str]) -> dict[str, Entry]:
+        return {k: Entry(json.loads(json.dumps(e.value)), json.loads(json.dumps(e.offsets)))
+                for k, e in stored.items() if k in keys}  # fmt: skip
+
+    out = pa.Table.from_batches(list(fold_sorted(SPEC, iter(batches), load))).to_pylist()
+    got = {
+        r["key"]: (json.loads(r["value"]), json.loads(r["offsets"]), r["dropped"])
+        for r in out
+        if r["kind"] == "state"
+    }
+    assert got == _reference(rows, stored)
+    assert len(out) == len(got)  # one state row per key
+
+
+@pytest.mark.parametrize("after", [0, 3])
+@pytest.mark.parametrize("partitions", [1, 2, 4, 8])
+def test_batch_read_partitions_cover_every_position_once(tmp_path, after, partitions) -> None:
+    """Batch reads split the positions into contiguous ranges: together they read exactly
+    the events of (after, until], whatever the count of partitions and events."""
+    from eventlanes.spark.source import StoreReader, read_slice
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    store = el.open_store(url)
+    store.append("s", [el.NewEvent("T", {"i": i}) for i in range(11)])
+    expected = [e.position for e in store.read(after=after, limit=100) if e.position <= 10]
+    store.close()
+    reader = StoreReader({"url": url, "after": str(after), "until": "10",
+                          "partitions": str(partitions)})  # fmt: skip
+    parts = reader.partitions()
+    assert len(parts) <= partitions
+    read = [p for part in parts for b in read_slice(url, part) for p in b.column(0).to_pylist()]
+    assert read == expected
+
+
+def test_export_overwrites_an_export_refuses_other_files_and_checks_the_store(tmp_path) -> None:
+    from eventlanes.spark.export import MANIFEST, export_parquet, read_manifest
+
+    store = el.open_store(f"sqlite:///{tmp_path}/a.db")
+    store.append("s", [el.NewEvent("T", {"i": i}) for i in range(25)])
+    out = tmp_path / "export"
+    assert export_parquet(store, str(out), rows_per_file=10) == 25
+    assert len(list(out.glob("*.parquet"))) == 3
+    # Again, fewer files: none of the first export's may remain (a replay would read them).
+    export_parquet(store, str(out), rows_per_file=100)
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "events-00000.parquet"]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out).column("position").to_pylist()
+    assert rows == list(range(1, 26))
+    assert read_manifest(str(out), store)["end"] == 25
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(el.InvalidInputError, match="notes.txt"):
+        export_parquet(store, str(mine))
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+    shorter = el.open_store(f"sqlite:///{tmp_path}/b.db")  # ends before the export's end
+    shorter.append("s", [el.NewEvent("T", {}) for _ in range(20)])
+    with pytest.raises(el.InvalidInputError, match="does not match this store"):
+        read_manifest(str(out), shorter)
+    (out / MANIFEST).unlink()
+    with pytest.raises(el.InvalidInputError, match="not a complete eventlanes export"):
+        read_manifest(str(out), store)
