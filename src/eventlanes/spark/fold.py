@@ -119,7 +119,7 @@ def fold_sorted(
             entry = stored.get(key) or Entry(spec.initial())
             last, dirty = _own_path(entry.offsets, source), False
         event = Event(pos, stream_id, version, type_, data, meta, recorded_at, rhash)
-        if meta == "{}" or CHAIN_KEY not in meta:
+        if meta is None or meta == "{}" or CHAIN_KEY not in meta:
             coords: Coordinates = (source, "", (pos,))
             if last is not None and coords[2] <= last:
                 entry.dropped += 1
@@ -172,8 +172,8 @@ def _emit(
     for i, o in enumerate(outs):
         path = (*coords[2], i)
         out_event = output_event(o, event.position, source, path)
+        raw = json.dumps({"type": o.type, "data": o.data, "metadata": o.metadata})
         for stage in spec.stages:
-            raw = json.dumps({"type": o.type, "data": o.data, "metadata": o.metadata})
             out.append(("out", stage.name, str(stage.key(out_event)), None, source, 0,
                         event.position, json.dumps(path), raw))  # fmt: skip
 
