@@ -59,3 +59,22 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
             return result
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def kill_again_and_again(
+    workers: list, spawn, busy, min_kills: int, pause: tuple[float, float], seed: int
+) -> int:
+    """SIGKILL a random worker process and start a new one, every ``pause`` seconds (random
+    within the range), while ``busy()`` or until ``min_kills``; returns the kills."""
+    import signal
+
+    rng = random.Random(seed)
+    kills = 0
+    while busy() or kills < min_kills:
+        time.sleep(rng.uniform(*pause))
+        victim = workers.pop(rng.randrange(len(workers)))
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        kills += 1
+        workers.append(spawn())
+    return kills

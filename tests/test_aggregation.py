@@ -7,7 +7,7 @@ import random
 import pytest
 
 import eventlanes as el
-from tests.processing_helpers import wait_for
+from tests.processing_helpers import kill_again_and_again, wait_for
 
 E = el.NewEvent
 
@@ -134,7 +134,6 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -
     import subprocess
     import sys
     import threading
-    import time
     from pathlib import Path
 
     from examples.screws import append_raw, build
@@ -155,16 +154,8 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -
     loader = threading.Thread(target=lambda: reference.update(append_raw(app.store, 1500, 9)))
     loader.start()
     workers = [worker(), worker()]
-    rng = random.Random(5)
-    kills = 0
     try:
-        while loader.is_alive() or kills < 8:
-            time.sleep(rng.uniform(0.3, 0.9))
-            victim = workers.pop(rng.randrange(len(workers)))
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            kills += 1
-            workers.append(worker())
+        kill_again_and_again(workers, worker, loader.is_alive, 8, pause=(0.3, 0.9), seed=5)
         loader.join()
         wait_for(lambda: app.status("normalise").caught_up, timeout=120, what="republisher")
         app.wait_until_caught_up(120)

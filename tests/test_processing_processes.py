@@ -15,7 +15,7 @@ import pytest
 
 import eventlanes as el
 from tests.apps.recorder import create_schema
-from tests.processing_helpers import assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import assert_exactly_once_in_order, kill_again_and_again, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.recorder:app"
@@ -64,16 +64,11 @@ def test_chaos_sigkill_workers_exactly_once(store_url: str) -> None:
     env = _env(store_url, batch="500")
     loader = _append_in_background(app.store, 200_000, streams=2000)
     workers = [_worker(env) for _ in range(3)]
-    rng = random.Random(7)
     kills = 0
     try:
-        while loader.is_alive() or kills < 6:
-            time.sleep(rng.uniform(0.8, 1.6))
-            victim = workers.pop(rng.randrange(len(workers)))
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            kills += 1
-            workers.append(_worker(env))
+        kills = kill_again_and_again(
+            workers, lambda: _worker(env), loader.is_alive, 6, pause=(0.8, 1.6), seed=7
+        )
         loader.join()
         app.wait_until_caught_up(180)
         # A SIGTERM that lands before a new worker has installed its handler would kill it

@@ -210,11 +210,13 @@ class App:
     # -- inspecting and steering ---------------------------------------------------------------
     def status(self, name: str) -> ProcessorView:
         proc = self.get(name)
-        self._initialize(proc)
+        self.initialize(name)
         return status(self, proc)
 
-    def _initialize(self, proc: Processor) -> None:
-        """Create the processor's token rows (once per app: it is a locking transaction)."""
+    def initialize(self, name: str) -> None:
+        """Create the processor's token rows if they do not exist yet (the runners, status and
+        admin commands do it themselves; once per app, as it is a locking transaction)."""
+        proc = self.get(name)
         done = self.__dict__.setdefault("_initialized", set())
         if proc.name not in done:
             self.tokens.initialize(

@@ -88,7 +88,7 @@ def status(app: App, proc: Processor) -> ProcessorView:
 def claim_all(app: App, proc: Processor, owner: str, wait: bool, timeout: float | None) -> list:
     """Claim every segment of ``proc`` (the processor must be stopped everywhere)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    app._initialize(proc)
+    app.initialize(proc.name)
     records = []
     try:
         while True:
