@@ -119,6 +119,15 @@ def _continuous(url: str) -> tuple[float, float, float]:
             latencies.append(time.perf_counter() - t0)
     finally:
         runner.stop()
+    from .bench_spark_state import plain_fold
+
+    sql = app.db.sql(f"SELECT key, value FROM {app.db.table('aggregates')} WHERE aggregation = ?")
+    got = {
+        k: tuple(json.loads(v)[f] for f in ("sum", "n"))
+        for k, v in app.db.query(sql, ("totals-stream",))
+    }
+    if got != plain_fold(url):
+        raise AssertionError("the foreachBatch runner's sums differ from a plain fold")
     latencies.sort()
     return backlog, latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.9)]
 

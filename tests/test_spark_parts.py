@@ -155,14 +155,28 @@ def test_export_overwrites_an_export_refuses_other_files_and_checks_the_store(tm
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(el.InvalidInputError, match="notes.txt"):
+    (mine / "events-2024-q1.parquet").write_text("a user's file, named like ours")
+    with pytest.raises(el.InvalidInputError, match="holds other files"):
         export_parquet(store, str(mine))
-    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in mine.iterdir()) == ["events-2024-q1.parquet", "notes.txt"]
 
     shorter = el.open_store(f"sqlite:///{tmp_path}/b.db")  # ends before the export's end
     shorter.append("s", [el.NewEvent("T", {}) for _ in range(20)])
     with pytest.raises(el.InvalidInputError, match="does not match this store"):
         read_manifest(str(out), shorter)
+    # A stray copy is not read: a replay reads exactly the files the manifest lists.
+    (out / "events-00000 (1).parquet").write_bytes((out / "events-00000.parquet").read_bytes())
+    assert read_manifest(str(out), store)["paths"] == [str(out / "events-00000.parquet")]
+    # A listed file lost or replaced by a shorter one: refused, or the replay would skip events.
+    export_parquet(store, str(tmp_path / "short"), rows_per_file=10)
+    (tmp_path / "short" / "events-00002.parquet").write_bytes(
+        (tmp_path / "short" / "events-00000.parquet").read_bytes()  # 10 rows, not 5
+    )
+    with pytest.raises(el.InvalidInputError, match="events-00002.parquet has 10 rows"):
+        read_manifest(str(tmp_path / "short"), store)
+    (tmp_path / "short" / "events-00001.parquet").unlink()
+    with pytest.raises(el.InvalidInputError, match="events-00001.parquet unreadable"):
+        read_manifest(str(tmp_path / "short"), store)
     (out / MANIFEST).unlink()
     with pytest.raises(el.InvalidInputError, match="not a complete eventlanes export"):
         read_manifest(str(out), store)

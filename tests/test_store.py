@@ -31,7 +31,7 @@ def test_append_and_read_round_trip(store: el.EventStore) -> None:
     assert event.recorded_at.tzinfo is not None
     assert before <= event.recorded_at <= datetime.now(UTC) + timedelta(seconds=1)
     assert event.idempotency_key == ("user-carlo", 1)
-    # Handlers share events: nothing on one can be changed.
+    # Handlers share events: their fields are read-only.
     for attr in ("position", "stream_id", "type", "data", "metadata", "source", "extra"):
         with pytest.raises(AttributeError):
             setattr(event, attr, "changed")

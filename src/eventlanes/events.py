@@ -40,7 +40,7 @@ def encode_object(value: Any, what: str) -> str:
 def _decode(raw: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
-    if raw == _EMPTY_JSON:
+    if not raw or raw == _EMPTY_JSON:  # None: a missing column value (e.g. from Parquet)
         return {}
     if _fast_loads is not None:
         try:
@@ -54,8 +54,9 @@ class Event:
     """A stored event. Immutable; ``data`` and ``metadata`` are decoded on first access.
 
     Decoding lazily keeps reads cheap for consumers that only route on ``stream_id``. The fields
-    are read-only properties over private slots: construction is plain slot stores, several
-    times cheaper than a ``__setattr__`` guard (bulk folds build one Event per row).
+    are read-only properties over private slots (private by convention): construction is plain
+    slot stores, several times cheaper than a ``__setattr__`` guard (bulk folds build one Event
+    per row). The decoded ``data``/``metadata`` dicts are shared: handlers must not mutate them.
     """
 
     __slots__ = (

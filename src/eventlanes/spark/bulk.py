@@ -39,11 +39,16 @@ class ReplayResult:
     seconds: float
 
 
-def _events(spark: Any, app: Any, end: int, partitions: int, parquet: str | None) -> Any:
+def _events(spark: Any, app: Any, end: int, partitions: int, files: list[str] | None) -> Any:
+    """The events up to ``end``: from the store, or exactly the files of a Parquet export."""
     from pyspark.sql import functions as F
 
-    if parquet:
-        return spark.read.parquet(parquet).where(F.col("position") <= end)
+    from .source import SCHEMA
+
+    if files is not None:
+        if not files:  # an export of an empty store
+            return spark.createDataFrame([], SCHEMA)
+        return spark.read.schema(SCHEMA).parquet(*files).where(F.col("position") <= end)
     return (
         spark.read.format("eventlanes")
         .option("url", app.url)
@@ -86,9 +91,12 @@ def replay(
     beat.start()
     start = time.perf_counter()
     try:
-        # From an export, its end: the live processor folds what came after it.
-        end = read_manifest(parquet, app.store)["end"] if parquet else app.store.head()
-        df = _events(spark, app, end, n, parquet)
+        if parquet:  # the export's end: the live processor folds what came after it
+            export = read_manifest(parquet, app.store)
+            end, files = export["end"], export["paths"]
+        else:
+            end, files = app.store.head(), None
+        df = _events(spark, app, end, n, files)
         if isinstance(proc, Aggregation):
             events, keys = _aggregation(app, proc, df, n, end, owner, records)
         else:
