@@ -22,11 +22,14 @@ pa = pytest.importorskip("pyarrow")
 STORE = "events"  # the store's own source name
 
 
-def _fold(state: dict, event: Event) -> None:
+def _fold(state: dict, event: Event) -> el.NewEvent:
     state["seen"].append(event.position)  # order-sensitive: the exact sequence folded
+    return el.NewEvent("Out", {"d": event.position % 2})  # an output for the downstream stage
 
 
-SPEC = FoldSpec("agg", lambda e: e.data["k"], lambda: {"seen": []}, {"T": [_fold]}, [], STORE)
+DOWN = FoldSpec("down", lambda e: e.data["d"], dict, {}, [], STORE)
+SPEC = FoldSpec("agg", lambda e: e.data["k"], lambda: {"seen": []}, {"T": [_fold]}, [], STORE,
+                [DOWN])  # fmt: skip
 
 chains = st.one_of(
     st.just("{}"),
@@ -52,7 +55,11 @@ stored_offsets = st.dictionaries(
 )
 
 
-def _reference(rows: list[tuple[Any, ...]], stored: dict[str, Entry]) -> dict[str, tuple]:
+def _reference(
+    rows: list[tuple[Any, ...]], stored: dict[str, Entry], outputs: list[tuple]
+) -> dict[str, tuple]:
+    """Per key (value, offsets, dropped) by the general dedupe; appends to ``outputs`` the
+    (upstream source, position, path) of each output the downstream stage receives."""
     result: dict[str, Entry] = {}
     for row in rows:
         key = row[8]
@@ -70,6 +77,7 @@ def _reference(rows: list[tuple[Any, ...]], stored: dict[str, Entry]) -> dict[st
             entry.dropped += 1
             continue
         _fold(entry.value, event)
+        outputs.append((f"agg:{key}", event.position, [*coords[2], 0]))
         record(entry.offsets, coords)
     return {k: (e.value, e.offsets, e.dropped) for k, e in result.items()}
 
@@ -105,14 +113,20 @@ def test_fast_path_equals_the_general_dedupe(events, prior, batch_size) -> None:
         return {k: Entry(json.loads(json.dumps(e.value)), json.loads(json.dumps(e.offsets)))
                 for k, e in stored.items() if k in keys}  # fmt: skip
 
-    out = pa.Table.from_batches(list(fold_sorted(SPEC, iter(batches), load))).to_pylist()
+    # Bulk replays fold without stored states (``load`` None); continuous mode loads them.
+    folded = fold_sorted(SPEC, iter(batches), load if prior else None)
+    out = pa.Table.from_batches(list(folded)).to_pylist()
     got = {
         r["key"]: (json.loads(r["value"]), json.loads(r["offsets"]), r["dropped"])
         for r in out
         if r["kind"] == "state"
     }
-    assert got == _reference(rows, stored)
-    assert len(out) == len(got)  # one state row per key
+    outputs: list[tuple] = []
+    assert got == _reference(rows, stored, outputs)
+    assert len([r for r in out if r["kind"] == "state"]) == len(got)  # one state row per key
+    emitted = [(r["offsets"], r["position"], json.loads(r["path"])) for r in out
+               if r["kind"] == "out"]  # fmt: skip
+    assert sorted(emitted) == sorted(outputs)
 
 
 @pytest.mark.parametrize("after", [0, 3])
