@@ -66,20 +66,29 @@ def _replay_in_subprocess(url: str, master: str, parquet: str | None = None) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _plain_loop(url: str) -> float:
+def plain_fold(url: str) -> dict[str, tuple[int, int]]:
+    """Sum and count per key by a plain Python loop over the store: the expected answer, and
+    the baseline the engines are timed against."""
     store = el.open_store(url)
-    start = time.perf_counter()
     totals: dict[str, list[int]] = {}
-    n = 0
-    for rows in store.scan(0, store.head(), chunk=50_000):
-        for row in rows:
-            data = json.loads(row[4])
-            t = totals.setdefault(data["k"], [0, 0])
-            t[0] += data["v"]
-            t[1] += 1
-            n += 1
-    store.close()
-    return n / (time.perf_counter() - start)
+    try:
+        for rows in store.scan(0, store.head(), chunk=50_000):
+            for row in rows:
+                if row[3] != "Measured":
+                    continue
+                data = json.loads(row[4])
+                t = totals.setdefault(str(data["k"]), [0, 0])
+                t[0] += data["v"]
+                t[1] += 1
+    finally:
+        store.close()
+    return {k: (s, n) for k, (s, n) in totals.items()}
+
+
+def _plain_loop(url: str) -> float:
+    start = time.perf_counter()
+    totals = plain_fold(url)
+    return sum(n for _, n in totals.values()) / (time.perf_counter() - start)
 
 
 def _local_engine(url: str) -> float:
@@ -119,8 +128,6 @@ def _continuous(url: str) -> tuple[float, float, float]:
             latencies.append(time.perf_counter() - t0)
     finally:
         runner.stop()
-    from .bench_spark_state import plain_fold
-
     sql = app.db.sql(f"SELECT key, value FROM {app.db.table('aggregates')} WHERE aggregation = ?")
     got = {
         k: tuple(json.loads(v)[f] for f in ("sum", "n"))
@@ -132,7 +139,7 @@ def _continuous(url: str) -> tuple[float, float, float]:
     return backlog, latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.9)]
 
 
-def _fresh_store(name: str, events: int, keys: int, skewed: bool = False) -> str:
+def fresh_store(name: str, events: int, keys: int, skewed: bool = False) -> str:
     db = DATA / name
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
@@ -161,7 +168,7 @@ def run(backends: list[str], quick: bool = False) -> None:
     events = 200_000 if quick else EVENTS
     keys = 5_000 if quick else KEYS
     DATA.mkdir(exist_ok=True)
-    url = _fresh_store("spark-bench.db", events, keys)
+    url = fresh_store("spark-bench.db", events, keys)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     one = _replay_in_subprocess(url, "local[1]")
     two = _replay_in_subprocess(url, "local[2]")
@@ -170,7 +177,7 @@ def run(backends: list[str], quick: bool = False) -> None:
     pq_two = _replay_in_subprocess(url, "local[2]", parquet)
     local = _local_engine(url)
     loop = _plain_loop(url)
-    skewed_url = _fresh_store("spark-bench-skewed.db", events, keys, skewed=True)
+    skewed_url = fresh_store("spark-bench-skewed.db", events, keys, skewed=True)
     skewed = _replay_in_subprocess(skewed_url, "local[2]")
 
     def ratio(a: list[float], b: list[float]) -> str:
@@ -195,7 +202,7 @@ def run(backends: list[str], quick: bool = False) -> None:
     # Continuous: our foreachBatch runner against Spark's own stateful operator, each in a fresh
     # JVM on the same store; smaller, as the operator is slow (its sums are checked).
     c_events, c_keys = (events // 10, keys // 10)
-    c_url = _fresh_store("spark-bench-continuous.db", c_events, c_keys)
+    c_url = fresh_store("spark-bench-continuous.db", c_events, c_keys)
     ours = _continuous_in_subprocess(c_url, "foreach")
     theirs = _continuous_in_subprocess(c_url, "tws")
     print_table(

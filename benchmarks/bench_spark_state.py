@@ -23,13 +23,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import eventlanes as el
 from eventlanes.db import open_database
 
-from .bench_spark import fill
+from .bench_spark import fresh_store, plain_fold
 from .common import DATA, print_table
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -54,10 +53,16 @@ def _processor(api: str) -> Any:
             last = position
         return total, n, last
 
-    class PandasSum(StatefulProcessor):
+    class Sum(StatefulProcessor):
+        """Per key {sum, n, position} in one value state; subclasses read their input form."""
+
         def init(self, handle: StatefulProcessorHandle) -> None:
             self.state = handle.getValueState("agg", STATE_SCHEMA)
 
+        def close(self) -> None:
+            pass
+
+    class PandasSum(Sum):
         def handleInputRows(  # type: ignore[override]
             self, key: Any, rows: Iterator[Any], timerValues: TimerValues
         ) -> Iterator[Any]:
@@ -72,13 +77,7 @@ def _processor(api: str) -> Any:
             self.state.update((total, n, last))
             yield pd.DataFrame({"key": [key[0]], "sum": [total], "n": [n], "position": [last]})
 
-        def close(self) -> None:
-            pass
-
-    class RowSum(StatefulProcessor):
-        def init(self, handle: StatefulProcessorHandle) -> None:
-            self.state = handle.getValueState("agg", STATE_SCHEMA)
-
+    class RowSum(Sum):
         def handleInputRows(  # type: ignore[override]
             self, key: Any, rows: Iterator[Any], timerValues: TimerValues
         ) -> Iterator[Any]:
@@ -90,9 +89,6 @@ def _processor(api: str) -> Any:
             total, n, last = fold(self.state.get(), positions, datas)
             self.state.update((total, n, last))
             yield Row(key=key[0], sum=total, n=n, position=last)
-
-        def close(self) -> None:
-            pass
 
     return PandasSum() if api == "pandas" else RowSum()
 
@@ -162,24 +158,6 @@ class Result:
     micro_batches: int  # written by the sink (empty micro-batches write nothing)
     backlog_seconds: float
     batch_ms: list[dict[str, int]]  # per micro-batch with input: Spark's durationMs
-
-
-def plain_fold(url: str) -> dict[str, tuple[int, int]]:
-    """Sum and count per key by a plain Python loop over the store: the expected answer."""
-    store = el.open_store(url)
-    totals: dict[str, list[int]] = {}
-    try:
-        for rows in store.scan(0, store.head(), chunk=50_000):
-            for row in rows:
-                if row[3] != "Measured":
-                    continue
-                data = json.loads(row[4])
-                t = totals.setdefault(str(data["k"]), [0, 0])
-                t[0] += data["v"]
-                t[1] += 1
-    finally:
-        store.close()
-    return {k: (s, n) for k, (s, n) in totals.items()}
 
 
 def _wait(sink: Sink, query: Any, position: int, poll: float, limit: float = 3600) -> None:
@@ -309,11 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     DATA.mkdir(exist_ok=True)
-    db = DATA / "spark-state-bench.db"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    url = f"sqlite:///{db}"
-    fill(url, args.events, args.keys)
+    url = fresh_store("spark-state-bench.db", args.events, args.keys)
     apis = ["pandas", "row"] if args.api == "both" else [args.api]
     rows = []
     for api in apis:

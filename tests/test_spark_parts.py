@@ -16,6 +16,7 @@ from eventlanes.events import Event
 from eventlanes.processing.aggregation import Entry
 from eventlanes.processing.chains import coordinates, is_newer, record
 from eventlanes.spark.fold import FoldSpec, fold_sorted
+from eventlanes.spark.source import FIELDS
 
 pa = pytest.importorskip("pyarrow")
 
@@ -55,6 +56,11 @@ stored_offsets = st.dictionaries(
 )
 
 
+def _copy(entry: Entry) -> Entry:
+    """A deep copy (folds mutate the entries they are given), as the state table would load."""
+    return Entry(json.loads(json.dumps(entry.value)), json.loads(json.dumps(entry.offsets)))
+
+
 def _reference(
     rows: list[tuple[Any, ...]], stored: dict[str, Entry], outputs: list[tuple]
 ) -> dict[str, tuple]:
@@ -65,11 +71,7 @@ def _reference(
         key = row[8]
         if key not in result:
             prior = stored.get(key)
-            result[key] = (
-                Entry(json.loads(json.dumps(prior.value)), json.loads(json.dumps(prior.offsets)))
-                if prior
-                else Entry(SPEC.initial())
-            )
+            result[key] = _copy(prior) if prior else Entry(SPEC.initial())
         entry = result[key]
         event = Event(*row[:8])
         coords = coordinates(event, STORE)
@@ -100,8 +102,7 @@ def test_fast_path_equals_the_general_dedupe(events, prior, batch_size) -> None:
         k: Entry({"seen": [-1]}, {s: [p, path] for s, (p, path) in offs.items()})
         for k, offs in prior.items()
     }
-    names = ["position", "stream_id", "version", "type", "data", "metadata", "recorded_at",
-             "routing_hash", "key"]  # fmt: skip
+    names = [*FIELDS, "key"]
     chunks = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
     batches = [
         pa.RecordBatch.from_arrays([pa.array(c) for c in zip(*chunk, strict=True)], names)
@@ -110,8 +111,7 @@ def test_fast_path_equals_the_general_dedupe(events, prior, batch_size) -> None:
 
     # ``load`` is handed fresh copies: the fold mutates the entries it is given.
     def load(keys: list[str]) -> dict[str, Entry]:
-        return {k: Entry(json.loads(json.dumps(e.value)), json.loads(json.dumps(e.offsets)))
-                for k, e in stored.items() if k in keys}  # fmt: skip
+        return {k: _copy(e) for k, e in stored.items() if k in keys}
 
     # Bulk replays fold without stored states (``load`` None); continuous mode loads them.
     folded = fold_sorted(SPEC, iter(batches), load if prior else None)
