@@ -7,12 +7,15 @@ RawScrews --normalise (republisher)--> ScrewsFastened --screws-per-robot (aggreg
 EVENTLANES_DEMO_PAUSE (seconds) makes the republisher pause after each append, standing in for
 a slow write to another system: it widens the window in which a crash leaves appended outputs
 without a committed token, so that a restart appends them again and the sums must drop them.
+EVENTLANES_DEMO_CRASH_AFTER=N makes a worker kill itself (SIGKILL) right after its N-th append,
+before the token commits: the crash window, forced, so the demo always has duplicates to drop.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 
 import eventlanes as el
@@ -20,6 +23,7 @@ import eventlanes as el
 env = os.environ.get
 URL = env("EVENTLANES_DEMO_URL", "sqlite:///demo-data/demo.db")
 PAUSE = float(env("EVENTLANES_DEMO_PAUSE", "0"))
+CRASH_AFTER = int(env("EVENTLANES_DEMO_CRASH_AFTER", "0"))
 app = el.App(URL, claim_timeout=1.5)
 
 
@@ -28,9 +32,13 @@ class _PausingStore:
 
     def __init__(self, store: el.EventStore) -> None:
         self._store = store
+        self._appends = 0
 
     def append(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         positions = self._store.append(*args, **kwargs)
+        self._appends += 1
+        if CRASH_AFTER and self._appends == CRASH_AFTER:
+            os.kill(os.getpid(), signal.SIGKILL)  # appended, token not committed
         time.sleep(PAUSE)
         return positions
 
@@ -101,7 +109,7 @@ def append_raw(store: el.EventStore, n: int, seed: int) -> dict:
 
 def install_pause() -> None:
     """Worker processes: make the republisher pause after appending."""
-    if PAUSE:
+    if PAUSE or CRASH_AFTER:
         worker_store = el.open_store(URL)
         normalise.to_store = _PausingStore(worker_store)  # type: ignore[assignment]
 

@@ -15,7 +15,9 @@ E = el.NewEvent
 
 def lanes_app(url: str, **options):  # type: ignore[no-untyped-def]
     app = el.App(url, claim_timeout=2)
-    proc = app.processor("lanes", segments=1, lanes=4, batch_size=200, **options)
+    proc = app.processor(
+        "lanes", guarantee="at-least-once", segments=1, lanes=4, batch_size=200, **options
+    )
     return app, proc
 
 
@@ -96,10 +98,17 @@ def test_a_hung_handler_times_out_instead_of_stalling(store_url: str) -> None:
 
 def test_lanes_need_retry_mode_and_refuse_transactions(store_url: str) -> None:
     app = el.App(store_url)
-    with pytest.raises(el.InvalidInputError, match="dead letters need lanes=1"):
-        app.processor("x", lanes=2, on_error="dead_letter")
+    with pytest.raises(el.InvalidInputError, match="declare guarantee='at-least-once'"):
+        app.processor("w", lanes=2)
+    with pytest.raises(el.InvalidInputError, match="needs guarantee='exactly-once'"):
+        app.processor("x", guarantee="at-least-once", lanes=2, on_error="dead_letter")
     with pytest.raises(el.InvalidInputError, match="lanes must be >= 1"):
         app.processor("y", lanes=0)
+    with pytest.raises(el.InvalidInputError, match="guarantee must be one of"):
+        app.processor("z", guarantee="exactly_once")
+    lanes = app.processor("v", guarantee="at-least-once", lanes=2)
+    with pytest.raises(el.InvalidInputError, match="on_batch handlers run in the token's"):
+        lanes.on_batch()(lambda events, ctx: None)
     app2, proc = lanes_app(store_url)
     errors: list[str] = []
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from .acks import BackpressureError, CommitTracker, HandlerTimeoutError
+from .acks import CommitTracker
 from .app import App
 from .errors import (
+    BackpressureError,
     ClaimLostError,
     ConcurrencyError,
     EventlanesError,
+    HandlerTimeoutError,
     InvalidInputError,
+    ProcessorBusyError,
+    StopTimeoutError,
     StoreConnectionError,
 )
 from .events import Event, NewEvent
 from .hashing import stable_hash
+from .observe import Observer
 from .policies import (
     SequencingPolicy,
     by_data,
@@ -21,12 +26,12 @@ from .policies import (
     per_stream,
     sequential,
 )
-from .processing.admin import ProcessorBusyError, ProcessorView, SegmentView
+from .processing.admin import ProcessorView, SegmentView
 from .processing.aggregation import Aggregation, Stage
 from .processing.context import Context
 from .processing.dead_letters import DeadLetter
 from .processing.handlers import disallow_replay
-from .processing.processor import Processor
+from .processing.processor import Guarantee, Processor
 from .processing.republisher import Republisher
 from .segments import Segment
 from .store import EventStore, open_store
@@ -53,9 +58,11 @@ __all__ = [
     "ClaimLostError",
     "Context",
     "DeadLetter",
+    "Guarantee",
     "Processor",
     "ProcessorBusyError",
     "ProcessorView",
+    "Observer",
     "SegmentView",
     "disallow_replay",
     "InMemoryTokenStore",
@@ -78,6 +85,7 @@ __all__ = [
     "EventlanesError",
     "InvalidInputError",
     "NewEvent",
+    "StopTimeoutError",
     "StoreConnectionError",
     "open_store",
     "stable_hash",

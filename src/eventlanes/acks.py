@@ -17,7 +17,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 
-from .errors import EventlanesError, InvalidInputError
+from .errors import BackpressureError, HandlerTimeoutError, InvalidInputError
 
 __all__ = ["BackpressureError", "CommitTracker", "HandlerTimeoutError"]
 
@@ -27,14 +27,6 @@ _BITS = 6
 
 # dispatch_async polls: done() may come from any thread, and an asyncio.Event is not thread-safe
 _POLL_SECONDS = 0.002
-
-
-class BackpressureError(EventlanesError):
-    """The in-flight window is full: the reader must stop reading until lanes catch up."""
-
-
-class HandlerTimeoutError(EventlanesError):
-    """A handler ran longer than the timeout; left alone it would stall commits forever."""
 
 
 class CommitTracker:

@@ -1,39 +1,35 @@
 """The App: an event store, its token store, and the processors that consume it.
 
 Nothing connects when an App is defined (modules that define one are imported by the CLI and by
-worker processes); the store is opened on first use.
+worker processes); the store is opened on first use. The App is the façade: it defines
+processors and builds the :class:`~eventlanes.processing.runtime.Runtime` that the runners,
+admin commands and the Spark pipeline work with.
 """
 
 from __future__ import annotations
 
-import logging
-import signal
 import threading
 import time
 from datetime import datetime
-from functools import cached_property
 from typing import Any
 
 from .db import Database
-from .errors import InvalidInputError
+from .errors import InvalidInputError, StopTimeoutError
 from .notify import Wakeup, wakeup_for
-from .processing.admin import (
-    ProcessorView,
-    discard_dead_letters,
-    reset,
-    retry_dead_letters,
-    status,
-    steer,
-)
-from .processing.aggregation import Aggregation, StateTable
+from .observe import Observer
+from .processing import admin
+from .processing.admin import ProcessorView
+from .processing.aggregation import Aggregation
+from .processing.claims import node_name
 from .processing.dead_letters import DeadLetter, DeadLetterStore
 from .processing.processor import Processor
 from .processing.republisher import Republisher
-from .processing.runner import ProcessorRunner, node_name
-from .store import EventStore, open_store
-from .tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
-
-log = logging.getLogger("eventlanes")
+from .processing.runner import ProcessorRunner
+from .processing.runtime import Runtime
+from .processing.states import StateTable
+from .signals import run_until_signal
+from .store import EventStore
+from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
 
 
 class App:
@@ -47,74 +43,78 @@ class App:
         token_store: str | TokenStore | None = None,
         claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
         poll_interval: float | None = None,
+        observer: Observer | None = None,
     ) -> None:
-        if not isinstance(url, str):
-            raise InvalidInputError(f"App needs a store URL, got {url!r}")
-        self.url = url
-        self._token_store_spec = token_store
-        self.claim_timeout = claim_timeout
-        self.poll_interval = poll_interval
+        self.runtime = Runtime(
+            url,
+            token_store=token_store,
+            claim_timeout=claim_timeout,
+            poll_interval=poll_interval,
+            observer=observer,
+        )
         self.processors: dict[str, Processor] = {}
         self._runners: list[ProcessorRunner] = []
         self._wakeup: Wakeup | None = None
         self._stop = threading.Event()
 
-    # -- resources, opened lazily --------------------------------------------------------------
-    @cached_property
+    # -- resources (opened by the runtime on first use) ----------------------------------------
+    @property
+    def url(self) -> str:
+        return self.runtime.url
+
+    @property
+    def claim_timeout(self) -> float:
+        return self.runtime.claim_timeout
+
+    @property
+    def poll_interval(self) -> float | None:
+        return self.runtime.poll_interval
+
+    @property
     def store(self) -> EventStore:
-        return open_store(self.url)
+        return self.runtime.store
 
     @property
     def db(self) -> Database:
-        return self.store.db
+        return self.runtime.db
 
-    @cached_property
+    @property
     def tokens(self) -> TokenStore:
-        spec = self._token_store_spec
-        if isinstance(spec, TokenStore):
-            return spec
-        if spec == "memory":
-            return InMemoryTokenStore(self.claim_timeout)
-        return open_token_store(spec or self.db, claim_timeout=self.claim_timeout)
+        return self.runtime.tokens
+
+    @property
+    def dead_letters(self) -> DeadLetterStore:
+        return self.runtime.dead_letters
+
+    @property
+    def aggregate_states(self) -> StateTable:
+        return self.runtime.states
 
     def source_store(self, target: str | EventStore) -> EventStore:
         """An extra source of a multi-source processor, opened once per app."""
-        if isinstance(target, EventStore):
-            return target
-        if target == self.url:
-            raise InvalidInputError(f"source {target!r} is the app's own store")
-        opened = self.__dict__.setdefault("_sources", {})
-        if target not in opened:
-            opened[target] = open_store(target)
-        return opened[target]
-
-    @cached_property
-    def dead_letters(self) -> DeadLetterStore:
-        return DeadLetterStore(self.db)
+        return self.runtime.source_store(target)
 
     # -- definition ----------------------------------------------------------------------------
     def processor(self, name: str, **options: Any) -> Processor:
-        """Define a processor; see :class:`eventlanes.processing.processor.Processor`."""
-        return self._add(Processor(self, name, **options))
+        """Define a processor; see :class:`eventlanes.processing.processor.Processor`.
+        ``guarantee="exactly-once"`` (default: handlers' writes commit with the token) or
+        ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O)."""
+        return self._add(Processor(self.runtime, name, **options))
 
     def aggregation(self, name: str, **options: Any) -> Aggregation:
         """An exactly-once aggregation (see ``eventlanes.processing.aggregation``)."""
-        return self._add(Aggregation(self, name, **options))
+        return self._add(Aggregation(self.runtime, name, **options))
 
     def republisher(self, name: str, **options: Any) -> Republisher:
         """A processor appending derived events with their source chain; see
         :class:`eventlanes.processing.republisher.Republisher`."""
-        return self._add(Republisher(self, name, **options))
+        return self._add(Republisher(self.runtime, name, **options))
 
     def _add(self, proc: Any) -> Any:
         if proc.name in self.processors:
             raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")
         self.processors[proc.name] = proc
         return proc
-
-    @cached_property
-    def aggregate_states(self) -> StateTable:
-        return StateTable(self.db)
 
     def get(self, name: str) -> Processor:
         try:
@@ -151,44 +151,45 @@ class App:
         self._wakeup = wakeup_for(self.store, self.poll_interval)
         owner = node_name()
         for proc in selected:
-            runner = ProcessorRunner(self, proc, owner, static, self._wakeup)
+            runner = ProcessorRunner(self.runtime, proc, owner, static, self._wakeup)
             runner.start()
             self._runners.append(runner)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish the batches in hand, store tokens, release claims."""
+        """Finish the batches in hand, store tokens, release claims; within ``timeout`` seconds
+        in all, else raise :class:`StopTimeoutError` (the claims of what still runs expire)."""
         self._stop.set()
         runners, self._runners = self._runners, []
         for runner in runners:
             runner.stopping.set()
-        for runner in runners:
-            runner.stop(timeout)
+        deadline = time.monotonic() + timeout
+        stuck = [r.name for r in runners if not r.stop(max(0.0, deadline - time.monotonic()))]
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
         errors = [r.error for r in runners if r.error is not None]
         if errors:
             raise errors[0]
+        if stuck:
+            raise StopTimeoutError(
+                f"processor(s) {', '.join(stuck)} did not stop within {timeout:g} s (a handler "
+                "still runs); their claims expire and another node continues"
+            )
 
     @property
     def running(self) -> bool:
         return bool(self._runners)
 
-    def run(self, processors: list[str] | None = None, **static: int | None) -> None:
-        """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly."""
+    def run(
+        self, processors: list[str] | None = None, *, grace: float = 30.0, **static: int | None
+    ) -> None:
+        """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly
+        within ``grace`` seconds; a runner that crashed stops the rest and its error is raised."""
         self.start(processors, **static)
-        previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, lambda *_: self._stop.set())
         try:
-            while not self._stop.wait(0.5):
-                if any(r.stopping.is_set() for r in self._runners):
-                    break  # a runner crashed: stop the rest and raise its error
+            run_until_signal(self._stop, lambda: any(r.stopping.is_set() for r in self._runners))
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self.stop()
+            self.stop(grace)
 
     def wait_until_caught_up(
         self, timeout: float = 60.0, processors: list[str] | None = None
@@ -209,20 +210,13 @@ class App:
 
     # -- inspecting and steering ---------------------------------------------------------------
     def status(self, name: str) -> ProcessorView:
-        proc = self.get(name)
-        self.initialize(name)
-        return status(self, proc)
+        """Where the processor is, per segment (reads only: nothing is created)."""
+        return admin.status(self.runtime, self.get(name))
 
     def initialize(self, name: str) -> None:
-        """Create the processor's token rows if they do not exist yet (the runners, status and
-        admin commands do it themselves; once per app, as it is a locking transaction)."""
-        proc = self.get(name)
-        done = self.__dict__.setdefault("_initialized", set())
-        if proc.name not in done:
-            self.tokens.initialize(
-                proc.name, segments=proc.segments, initial=proc.initial, store=self.store
-            )
-            done.add(proc.name)
+        """Create the processor's token rows if they do not exist yet (the runners and the
+        commands that change tokens do it themselves)."""
+        self.runtime.initialize(self.get(name))
 
     def reset(
         self,
@@ -235,30 +229,34 @@ class App:
     ) -> int:
         """Reset a stopped processor and replay from ``to`` ("tail", "head", a position or a
         time); refuses while a live node holds a segment unless ``wait``."""
-        return reset(self, self.get(name), to, wait, timeout, context)
+        return admin.reset(self.runtime, self.get(name), to, wait, timeout, context)
 
     def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
-        return steer(self, self.get(name), segment_id, "split", timeout)
+        return admin.steer(self.runtime, self.get(name), segment_id, "split", timeout)
 
     def merge(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
-        return steer(self, self.get(name), segment_id, "merge", timeout)
+        return admin.steer(self.runtime, self.get(name), segment_id, "merge", timeout)
 
     def release(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
-        return steer(self, self.get(name), segment_id, "release", timeout)
+        return admin.steer(self.runtime, self.get(name), segment_id, "release", timeout)
 
-    def dead_letter_list(self, name: str) -> list[DeadLetter]:
-        return self.dead_letters.list(self.get(name).name)
+    def dead_letter_list(
+        self, name: str, key: str | None = None, position: int | None = None
+    ) -> list[DeadLetter]:
+        return admin.list_dead_letters(self.runtime, self.get(name), key, position)
 
-    def retry_dead_letters(self, name: str) -> tuple[int, int]:
-        return retry_dead_letters(self, self.get(name))
+    def retry_dead_letters(
+        self, name: str, key: str | None = None, position: int | None = None
+    ) -> tuple[int, int]:
+        """Re-run parked events (all, one key's, or one position's); (handled, still parked)."""
+        return admin.retry_dead_letters(self.runtime, self.get(name), key, position)
 
-    def discard_dead_letters(self, name: str) -> int:
-        return discard_dead_letters(self, self.get(name))
+    def discard_dead_letters(
+        self, name: str, key: str | None = None, position: int | None = None
+    ) -> int:
+        return admin.discard_dead_letters(self.runtime, self.get(name), key, position)
 
     def close(self) -> None:
         if self._runners:
             self.stop()
-        for store in self.__dict__.get("_sources", {}).values():
-            store.close()
-        if "store" in self.__dict__:
-            self.store.close()
+        self.runtime.close()

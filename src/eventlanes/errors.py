@@ -29,3 +29,20 @@ class ConcurrencyError(EventlanesError):
 
 class ClaimLostError(EventlanesError):
     """A token write was refused because another owner holds (or stole) the claim."""
+
+
+class ProcessorBusyError(EventlanesError):
+    """The operation needs every segment, and a live node holds one."""
+
+
+class BackpressureError(EventlanesError):
+    """The in-flight window is full: the reader must stop reading until lanes catch up."""
+
+
+class HandlerTimeoutError(EventlanesError):
+    """A handler ran longer than the timeout; left alone it would stall commits forever."""
+
+
+class StopTimeoutError(EventlanesError):
+    """A processor did not stop within its grace period (a handler still runs); its claims are
+    left to expire, so another node continues from the stored tokens."""

@@ -1,26 +1,40 @@
-"""Inspecting and steering processors: status, reset/replay, split/merge/release, dead letters."""
+"""Inspecting and steering processors: status, reset/replay, split/merge/release, dead letters.
+
+Each function takes the runtime and the processor's definition. ``status`` only reads: before a
+processor's first run it shows the segments it would start with, and creates nothing.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import EventlanesError, InvalidInputError
+from ..errors import InvalidInputError, ProcessorBusyError
+from ..events import Event
 from ..segments import Segment
-from ..tokens import Token
+from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
+from .claims import claim_all, node_name, release_all
 from .context import Context
-from .runner import node_name
+from .dead_letters import DeadLetter
+from .dispatch import Dispatch, describe
+from .processor import Processor
+from .runtime import Runtime
 
-if TYPE_CHECKING:
-    from ..app import App
-    from .processor import Processor
-
-
-class ProcessorBusyError(EventlanesError):
-    """The operation needs every segment, and a live node holds one."""
+__all__ = [
+    "ProcessorBusyError",
+    "ProcessorView",
+    "SegmentView",
+    "discard_dead_letters",
+    "list_dead_letters",
+    "reset",
+    "retry_dead_letters",
+    "status",
+    "steer",
+]
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,8 @@ class ProcessorView:
     segments: list[SegmentView]
     live_nodes: list[str]
     dead_letters: int
+    guarantee: str = "exactly-once"
+    started: bool = True  # False: never run yet (the segments shown are the ones it would take)
 
     @property
     def position(self) -> int:
@@ -60,67 +76,70 @@ class ProcessorView:
         return max((s.lag for s in self.segments), default=0)
 
 
-def status(app: App, proc: Processor) -> ProcessorView:
-    head = app.store.head()
-    views = []
-    for s in app.tokens.status(proc.name):
-        position = s.token.position
-        views.append(
+def _segment_view(head: int, s: SegmentStatus) -> SegmentView:
+    position = s.token.position
+    return SegmentView(
+        s.segment,
+        position,
+        max(0, head - position),
+        s.owner,
+        s.claim_age,
+        position >= head,
+        s.token.replaying,
+        s.last_error,
+        s.errors,
+        s.retry_in,
+        s.request,
+        s.token,
+    )
+
+
+def status(rt: Runtime, proc: Processor) -> ProcessorView:
+    head = rt.store.head()
+    rows = rt.tokens.status(proc.name)
+    started = bool(rows)
+    if started:
+        views = [_segment_view(head, s) for s in rows]
+    else:  # not run yet: what it would start with, without writing anything
+        position = resolve_initial(proc.initial, rt.store)
+        views = [
             SegmentView(
-                s.segment,
+                seg,
                 position,
                 max(0, head - position),
-                s.owner,
-                s.claim_age,
+                None,
+                None,
                 position >= head,
-                s.token.replaying,
-                s.last_error,
-                s.errors,
-                s.retry_in,
-                s.request,
-                s.token,
-            )
-        )
-    parked = app.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0
-    return ProcessorView(proc.name, head, views, app.tokens.live_nodes(proc.name), parked)
+                False,
+                None,
+                0,
+                None,
+                None,
+                Token(position),
+            )  # fmt: skip
+            for seg in Segment.initial(proc.segments)
+        ]
+    parked = rt.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0
+    return ProcessorView(
+        proc.name,
+        head,
+        views,
+        rt.tokens.live_nodes(proc.name) if started else [],
+        parked,
+        proc.guarantee.value,
+        started,
+    )
 
 
-def claim_all(app: App, proc: Processor, owner: str, wait: bool, timeout: float | None) -> list:
-    """Claim every segment of ``proc`` (the processor must be stopped everywhere)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    app.initialize(proc.name)
-    records = []
-    try:
-        while True:
-            busy = []
-            for s in app.tokens.status(proc.name):
-                if any(r.segment.id == s.segment.id for r in records):
-                    continue
-                record = app.tokens.claim(proc.name, s.segment.id, owner, ignore_backoff=True)
-                if record is None:
-                    busy.append(s)
-                else:
-                    records.append(record)
-            if not busy:
-                return records
-            if not wait or (deadline is not None and time.monotonic() > deadline):
-                held = ", ".join(
-                    f"{s.segment} by {s.owner} (claim expires in {s.claim_expires_in or 0:.1f} s)"
-                    for s in busy
-                )
-                raise ProcessorBusyError(
-                    f"processor {proc.name!r} is running: {held}. Stop it everywhere first"
-                    + ("" if wait else " or wait for it (--wait)")
-                )
-            time.sleep(0.2)
-    except BaseException:
-        for r in records:
-            app.tokens.release(proc.name, r.segment.id, owner)
-        raise
+def _claim_every_segment(
+    rt: Runtime, proc: Processor, owner: str, wait: bool, timeout: float | None
+) -> list[Any]:
+    rt.initialize(proc)
+    return claim_all(rt.tokens, proc.name, owner, wait, timeout)
 
 
 def reset(
-    app: App,
+    rt: Runtime,
     proc: Processor,
     to: str | int | datetime = "tail",
     wait: bool = False,
@@ -132,39 +151,47 @@ def reset(
     Runs the ``on_reset`` handlers and writes replay tokens in one transaction: events up to
     where each segment had got are replays (``ctx.is_replay``; ``disallow_replay`` handlers
     skip them). Parked dead letters of the processor are dropped: the replay delivers them again.
+    A position beyond the store's head is refused: the events appended there later would never
+    be handled.
     """
-    target = resolve_initial(to, app.store)
+    target = resolve_initial(to, rt.store)
+    head = rt.store.head()
+    if target > head:
+        raise InvalidInputError(
+            f"cannot reset {proc.name!r} to position {target:,}: the store's head is {head:,} "
+            "(events appended later up to that position would never be handled)"
+        )
     # Other sources restart from the same moment: a position is turned into its time.
     when: Any = to
     if isinstance(to, int) and proc.sources:
-        at = app.store.read(after=max(0, to - 1), limit=1) if to else []
+        at = rt.store.read(after=max(0, to - 1), limit=1) if to else []
         when = at[0].recorded_at if at else ("tail" if not to else "head")
-    targets = {name: resolve_initial(when, app.source_store(t)) for name, t in proc.sources.items()}
+    targets = {name: resolve_initial(when, rt.source_store(t)) for name, t in proc.sources.items()}
     owner = f"reset:{node_name()}"
-    records = claim_all(app, proc, owner, wait, timeout)
+    records = _claim_every_segment(rt, proc, owner, wait, timeout)
     try:
-        db = app.db
+        db = rt.db
         with db.transaction() as conn:
             ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-            for handler in proc.handlers.reset_handlers:
-                handler(ctx)
+            Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
             for record in records:
                 token = Token.reset(record.token, target, context)
                 for name, position in targets.items():
                     before = record.token.source(name)
                     token = token.with_source(name, Token.reset(before, position, context))
-                app.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
-            app.dead_letters.clear(conn, proc.name)
+                rt.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
+            rt.dead_letters.clear(conn, proc.name)
     finally:
-        for record in records:
-            app.tokens.release(proc.name, record.segment.id, owner)
+        release_all(rt.tokens, proc.name, owner, records)
     return target
 
 
-def steer(app: App, proc: Processor, segment_id: int, what: str, timeout: float = 15.0) -> str:
+def steer(rt: Runtime, proc: Processor, segment_id: int, what: str, timeout: float = 15.0) -> str:
     """Split, merge or release a segment: directly when no live node holds what is needed,
     otherwise by asking the owner through the token store and waiting for it to act."""
-    rows = {s.segment.id: s for s in app.tokens.status(proc.name)}
+    tokens = rt.tokens
+    rt.initialize(proc)
+    rows = {s.segment.id: s for s in tokens.status(proc.name)}
     if segment_id not in rows:
         raise InvalidInputError(f"processor {proc.name!r} has no segment {segment_id}")
     before = {s.segment for s in rows.values()}
@@ -173,35 +200,45 @@ def steer(app: App, proc: Processor, segment_id: int, what: str, timeout: float 
     if what == "release":
         if rows[segment_id].owner is None:
             return f"{segment} is not claimed"
-        app.tokens.request(proc.name, segment_id, "release")
-        return _await(app, proc, timeout, lambda st: st[segment_id].owner is None or
-                      st[segment_id].owner != rows[segment_id].owner,
-                      f"released {segment}")  # fmt: skip
+        tokens.request(proc.name, segment_id, "release")
+        holder = rows[segment_id].owner
+        return _await(
+            rt, proc, timeout,
+            lambda st: st[segment_id].owner is None or st[segment_id].owner != holder,
+            f"released {segment}",
+        )  # fmt: skip
     needed = [segment_id]
     if what == "merge":
         if segment.mask == 0:
             raise InvalidInputError(f"segment {segment} is the root: nothing to merge")
-        needed.append(segment.sibling().id)
+        sibling = segment.sibling()
+        row = rows.get(sibling.id)
+        if row is None or row.segment != sibling:
+            raise InvalidInputError(
+                f"cannot merge {segment}: its sibling {sibling} is split further (merge those "
+                "first)"
+            )
+        needed.append(sibling.id)
     got = []
     for seg_id in needed:
-        if seg_id in rows and app.tokens.claim(proc.name, seg_id, owner) is not None:
+        if seg_id in rows and tokens.claim(proc.name, seg_id, owner) is not None:
             got.append(seg_id)
     try:
         if len(got) == len(needed):
             if what == "split":
-                a, b = app.tokens.split(proc.name, segment_id, owner)
+                a, b = tokens.split(proc.name, segment_id, owner)
                 return f"split {segment} into {a} and {b}"
-            merged = app.tokens.merge(proc.name, segment_id, owner)
+            merged = tokens.merge(proc.name, segment_id, owner)
             return f"merged {segment} and {segment.sibling()} into {merged}"
     finally:
         for seg_id in got:
-            if seg_id in {s.segment.id for s in app.tokens.status(proc.name)}:
-                app.tokens.release(proc.name, seg_id, owner)
+            if seg_id in {s.segment.id for s in tokens.status(proc.name)}:
+                tokens.release(proc.name, seg_id, owner)
     # A live node holds it: ask the owner.
     target = needed[0] if rows[needed[0]].owner else needed[-1]
-    app.tokens.request(proc.name, segment_id if what == "split" else target, what)
+    tokens.request(proc.name, segment_id if what == "split" else target, what)
     return _await(
-        app,
+        rt,
         proc,
         timeout,
         lambda st: {s.segment for s in st.values()} != before,
@@ -209,10 +246,16 @@ def steer(app: App, proc: Processor, segment_id: int, what: str, timeout: float 
     )
 
 
-def _await(app: App, proc: Processor, timeout: float, done: Any, message: str) -> str:
+def _await(
+    rt: Runtime,
+    proc: Processor,
+    timeout: float,
+    done: Callable[[dict[int, SegmentStatus]], bool],
+    message: str,
+) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = {s.segment.id: s for s in app.tokens.status(proc.name)}
+        rows = {s.segment.id: s for s in rt.tokens.status(proc.name)}
         if done(rows):
             return message
         time.sleep(0.2)
@@ -222,49 +265,72 @@ def _await(app: App, proc: Processor, timeout: float, done: Any, message: str) -
     )
 
 
-def retry_dead_letters(app: App, proc: Processor) -> tuple[int, int]:
-    """Re-run parked events, in order per key, each key in one transaction with the deletion of
-    its dead letters. Returns (events handled, events still parked)."""
-    letters = app.dead_letters.list(proc.name)
-    groups: dict[Any, list] = {}
+def list_dead_letters(
+    rt: Runtime, proc: Processor, key: str | None = None, position: int | None = None
+) -> list[DeadLetter]:
+    """Parked events of ``proc`` (of one key, or one position), in position order."""
+    letters = rt.dead_letters.list(proc.name)
+    if key is not None:
+        letters = [d for d in letters if d.seq_key == key]
+    if position is not None:
+        letters = [d for d in letters if d.position == position]
+    return letters
+
+
+def _read_events(rt: Runtime, positions: list[int]) -> list[Event]:
+    found = []
+    for position in positions:
+        events = rt.store.read(after=position - 1, limit=1)
+        if not events or events[0].position != position:
+            raise InvalidInputError(f"dead letter at position {position}: the event is gone")
+        found.append(events[0])
+    return found
+
+
+def retry_dead_letters(
+    rt: Runtime, proc: Processor, key: str | None = None, position: int | None = None
+) -> tuple[int, int]:
+    """Re-run parked events (all, one key's, or one position's), in order per key, each key in
+    one transaction with the deletion of its dead letters. Per-event and ``on_batch`` handlers
+    run as in the live processor. Returns (events handled, events of the selection still
+    parked). Retrying one position of a key with earlier parked events is refused: it would
+    overtake them."""
+    letters = list_dead_letters(rt, proc, key, position)
+    if position is not None and letters and letters[0].seq_key is not None:
+        earlier = [
+            d.position
+            for d in list_dead_letters(rt, proc, letters[0].seq_key)
+            if d.position < position
+        ]
+        if earlier:
+            raise InvalidInputError(
+                f"position {position} waits behind earlier parked events of key "
+                f"{letters[0].seq_key!r} ({', '.join(map(str, earlier[:5]))}): retry the key"
+            )
+    groups: dict[str, list[DeadLetter]] = {}
     for letter in letters:  # ordered by position
         groups.setdefault(letter.seq_key or f"#{letter.position}", []).append(letter)
     handled = 0
-    db = app.db
+    db = rt.db
+    dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
     for group in groups.values():
-        events = [app.store.read(after=d.position - 1, limit=1)[0] for d in group]
-        done: list[int] = []
+        events = _read_events(rt, [d.position for d in group])
         try:
             with db.transaction() as conn:
                 ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-                for event in events:
-                    for handler in proc.handlers.for_type(event.type):
-                        handler(event, ctx)
-                    done.append(event.position)
-                app.dead_letters.delete(conn, proc.name, done)
-            handled += len(done)
+                dispatch.run(events, ctx, False)
+                rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
+            handled += len(events)
         except Exception as exc:  # noqa: BLE001 - recorded on the dead letter, key stays parked
-            failed = events[len(done)] if len(done) < len(events) else events[-1]
-            app.dead_letters.record_failure(
-                proc.name, failed.position, f"{type(exc).__name__}: {exc}"
-            )
+            failed = getattr(exc, "event", None) or events[0]
+            rt.dead_letters.record_failure(proc.name, failed.position, describe(exc))
     return handled, len(letters) - handled
 
 
-def discard_dead_letters(app: App, proc: Processor) -> int:
-    letters = app.dead_letters.list(proc.name)
-    with app.db.transaction() as conn:
-        app.dead_letters.delete(conn, proc.name, [d.position for d in letters])
+def discard_dead_letters(
+    rt: Runtime, proc: Processor, key: str | None = None, position: int | None = None
+) -> int:
+    letters = list_dead_letters(rt, proc, key, position)
+    with rt.db.transaction() as conn:
+        rt.dead_letters.delete(conn, proc.name, [d.position for d in letters])
     return len(letters)
-
-
-__all__ = [
-    "ProcessorBusyError",
-    "ProcessorView",
-    "SegmentView",
-    "discard_dead_letters",
-    "reset",
-    "retry_dead_letters",
-    "status",
-    "steer",
-]

@@ -21,99 +21,27 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..db import Database
 from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy
 from .chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
+from .dispatch import describe
 from .handlers import FunctionsByType
 from .processor import Processor
-from .worker import Outcome, SegmentState, SegmentWorker, advanced, describe
+from .state import Outcome, SegmentState
+from .states import Entry, StateTable
+from .worker import SegmentWorker
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .runtime import Runtime
+
+__all__ = ["Aggregation", "AggregationWorker", "Entry", "Stage", "StateTable"]
 
 log = logging.getLogger("eventlanes.aggregation")
 Fold = Callable[[Any, Event], Any]
-
-
-class StateTable:
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self.table = t = db.table("aggregates")
-        db.run_ddl(
-            [
-                f"""CREATE TABLE IF NOT EXISTS {t} (
-                    aggregation TEXT NOT NULL,
-                    key TEXT NOT NULL,
-                    value TEXT NOT NULL,
-                    offsets TEXT NOT NULL,
-                    dropped BIGINT NOT NULL DEFAULT 0,
-                    updated_at BIGINT NOT NULL,
-                    PRIMARY KEY (aggregation, key))"""
-            ]
-        )
-        q = db.sql
-        self._upsert = q(
-            f"""INSERT INTO {t} (aggregation, key, value, offsets, dropped, updated_at)
-                VALUES (?, ?, ?, ?, ?, {db.now_ms})
-                ON CONFLICT (aggregation, key) DO UPDATE SET value = excluded.value,
-                    offsets = excluded.offsets, dropped = excluded.dropped,
-                    updated_at = excluded.updated_at"""
-        )
-
-    def load(self, conn: Any, name: str, keys: list[str], lock: bool = False) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        suffix = self.db.for_update if lock else ""
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            marks = ", ".join(self.db.param for _ in chunk)
-            rows = conn.execute(
-                self.db.sql(
-                    f"SELECT key, value, offsets, dropped FROM {self.table} "
-                    f"WHERE aggregation = ? AND key IN ({marks}){suffix}"
-                ),
-                (name, *chunk),
-            ).fetchall()
-            for key, value, offsets, dropped in rows:
-                found[key] = Entry(json.loads(value), json.loads(offsets), dropped)
-        return found
-
-    def save(self, conn: Any, name: str, entries: dict[str, Entry]) -> None:
-        dumps = json.dumps
-        rows = [(k, dumps(e.value), dumps(e.offsets), e.dropped) for k, e in entries.items()]
-        self.save_encoded(conn, name, rows)
-
-    def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
-        """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark)."""
-        params = [(name, *row) for row in rows]
-        cur = conn.cursor()
-        try:
-            cur.executemany(self._upsert, params)
-        finally:
-            cur.close()
-
-    def get(self, name: str, key: str) -> Any:
-        with self.db.connection() as conn:
-            entry = self.load(conn, name, [key]).get(key)
-        return None if entry is None else entry.value
-
-    def dropped(self, name: str) -> int:
-        sql = self.db.sql(
-            f"SELECT coalesce(sum(dropped), 0) FROM {self.table} WHERE aggregation = ?"
-        )
-        return int(self.db.query(sql, (name,))[0][0])
-
-
-@dataclass
-class Entry:
-    value: Any
-    offsets: dict[str, list[Any]] = field(default_factory=dict)
-    dropped: int = 0
 
 
 class _FieldKey:
@@ -159,7 +87,7 @@ class Aggregation(Processor):
 
     def __init__(
         self,
-        app: App,
+        runtime: Runtime,
         name: str,
         *,
         key: Callable[[Event], Any] | str,
@@ -170,28 +98,29 @@ class Aggregation(Processor):
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
-        if self.key_field is not None:
-            key = _FieldKey(self.key_field)
-        _check_callables(name, key, initial)
+        key_fn: Callable[[Event], Any] = _FieldKey(key) if isinstance(key, str) and key else key  # type: ignore[assignment]
+        _check_callables(name, key_fn, initial)
         self.folds = FunctionsByType(name)
-        self.key = key
+        self.key: Callable[[Event], Any] = key_fn
         folds = self.folds
         # Route by the aggregation key so each key's state lives in exactly one segment; events
         # no fold handles have no key (and are skipped).
         policy = SequencingPolicy(
-            lambda e: key(e) if folds.handles(e.type) else None, f"aggregation({name})"
+            lambda e: key_fn(e) if folds.handles(e.type) else None, f"aggregation({name})"
         )
-        super().__init__(app, name, policy=policy, **options)
+        if "guarantee" in options:
+            raise InvalidInputError(f"aggregation {name!r}: the guarantee is 'aggregation'")
+        super().__init__(runtime, name, policy=policy, guarantee="aggregation", **options)
         if not isinstance(persist_every, int | float) or persist_every < 0:
             raise InvalidInputError(f"aggregation {name!r}: persist_every must be >= 0 seconds")
         self.persist_every = float(persist_every)
         self.initial_state = initial
         self.stages: list[Stage] = []
 
-    def on(self, *types: str) -> Callable[[Fold], Fold]:  # type: ignore[override]
+    def on(self, *types: str) -> Callable[[Fold], Fold]:
         return self.folds.on(*types)
 
-    def on_any(self, fold: Fold) -> Fold:  # type: ignore[override]
+    def on_any(self, fold: Fold) -> Fold:
         self.folds.any.append(fold)
         return fold
 
@@ -203,7 +132,7 @@ class Aggregation(Processor):
 
     @property
     def states(self) -> StateTable:
-        return self.app.aggregate_states
+        return self.runtime.states
 
     def get(self, key: str) -> Any:
         """The persisted state of ``key`` (None if nothing was folded for it yet)."""
@@ -213,32 +142,34 @@ class Aggregation(Processor):
         """Inputs dropped because they were already folded in (duplicates)."""
         return self.states.dropped(self.name)
 
-    def make_worker(self, runner: Any) -> AggregationWorker:
-        return AggregationWorker(runner, self)
+    def make_worker(self, runtime: Runtime, owner: str) -> AggregationWorker:
+        return AggregationWorker(runtime, self, owner)
 
 
 class AggregationWorker(SegmentWorker):
-    def __init__(self, runner: Any, agg: Aggregation) -> None:
-        super().__init__(runner)
+    def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:
+        super().__init__(runtime, agg, owner)
         self.agg = agg
         self.table = agg.states
-        self.source = runner.store.events_table
+        self.source = runtime.store.events_table
         # Per segment id: states touched since the last write and when it was. The segment's
         # in-memory token runs ahead of the stored one until the next write (states + token).
         self.entries: dict[int, dict[str, Entry]] = {}
         self.flushed_at: dict[int, float] = {}
         self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
+        self.persist_every = agg.persist_every
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         seg = st.segment.id
         entries = self.entries.setdefault(seg, {})
         outputs = self.outputs.setdefault(seg, [])
         self.flushed_at.setdefault(seg, time.monotonic())
+        started = time.perf_counter()
         try:
             keyed = [(e, str(self.agg.key(e))) for e in events if self.agg.folds.handles(e.type)]
             missing = sorted({k for _, k in keyed} - entries.keys())
             if missing:
-                with self.runner.db.connection() as conn:
+                with self.runtime.db.connection() as conn:
                     entries.update(self.table.load(conn, self.name, missing))
             for event, key in keyed:
                 entry = entries.get(key)
@@ -260,9 +191,11 @@ class AggregationWorker(SegmentWorker):
                 record(entry.offsets, coords)
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
-            return self._back_off(st, exc)
-        st.token = advanced(st.token, upto)
-        st.dirty = True
+            return self.back_off(st, exc)
+        seconds = time.perf_counter() - started
+        self.observer.batch_handled(self.name, str(st.segment), len(events), seconds)
+        st.moved(upto)
+        st.dirty = True  # states changed: written with the token even if it did not move
         if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every:
             self.flush(st)
             if st.lost:
@@ -283,23 +216,25 @@ class AggregationWorker(SegmentWorker):
         seg = st.segment.id
         if not st.dirty:
             return
-        db = self.runner.db
+        db = self.runtime.db
+        started = time.perf_counter()
         try:
             self._flush_downstream(seg)
             with db.transaction() as conn:
                 self.table.save(conn, self.name, self.entries.get(seg, {}))
-                self.runner.tokens.store(self.name, seg, st.token, self.runner.owner, conn=conn)
+                self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
         except ClaimLostError:
-            st.lost = True
+            st.mark_lost()
             self._discard(seg)
             return
         except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
             log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
             self._discard(seg)
-            self._back_off(st, exc)
+            self.back_off(st, exc)
             return
-        st.dirty = False
-        st.persisted_at = self.flushed_at[seg] = time.monotonic()
+        self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
+        st.committed(st.token)
+        self.flushed_at[seg] = st.persisted_at
         self._discard(seg)  # memory is bounded by what arrives between two writes
 
     def _flush_downstream(self, seg: int) -> None:
@@ -308,7 +243,7 @@ class AggregationWorker(SegmentWorker):
         pending = self.outputs.get(seg)
         if not pending:
             return
-        db = self.runner.db
+        db = self.runtime.db
         with db.transaction() as conn:
             by_stage: dict[str, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
             for item in pending:

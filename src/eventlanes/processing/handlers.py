@@ -9,6 +9,7 @@ from ..errors import InvalidInputError
 
 Handler = Callable[[Any, Any], Any]
 ResetHandler = Callable[[Any], Any]
+Function = Callable[..., Any]  # aggregation folds take (state, event); republishers (event)
 
 _NO_REPLAY = "__eventlanes_disallow_replay__"
 
@@ -59,21 +60,21 @@ class FunctionsByType:
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
-        self.by_type: dict[str, list[Handler]] = {}
-        self.any: list[Handler] = []
+        self.by_type: dict[str, list[Function]] = {}
+        self.any: list[Function] = []
 
-    def on(self, *types: str) -> Callable[[Handler], Handler]:
+    def on(self, *types: str) -> Callable[[Function], Function]:
         if not types or not all(isinstance(t, str) and t for t in types):
             raise InvalidInputError(f"{self.owner!r}: on() needs event type names")
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: Function) -> Function:
             for t in types:
                 self.by_type.setdefault(t, []).append(fn)
             return fn
 
         return register
 
-    def for_type(self, event_type: str) -> list[Handler]:
+    def for_type(self, event_type: str) -> list[Function]:
         return self.by_type.get(event_type, []) + self.any
 
     def handles(self, event_type: str) -> bool:

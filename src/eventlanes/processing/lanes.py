@@ -1,11 +1,11 @@
-"""Parallel lanes within a segment: slow I/O handlers run concurrently, acked in order.
+"""The at-least-once executor: parallel lanes within a segment, acked in order.
 
-With ``lanes=K`` a claimed segment's events are spread over K asyncio lanes by the stable hash
-of their sequence key (same key, same lane, in order). Completions arrive out of order; the
-segment's token only advances through a :class:`~eventlanes.acks.CommitTracker`, to the highest
-position whose event and every earlier one are done, committed at most every N events or T
-seconds. This is the at-least-once path (no shared transaction). What the pattern assumes, and
-how each assumption is kept:
+With ``guarantee="at-least-once", lanes=K`` a claimed segment's events are spread over K asyncio
+lanes by the stable hash of their sequence key (same key, same lane, in order). Completions
+arrive out of order; the segment's token only advances through a
+:class:`~eventlanes.acks.CommitTracker`, to the highest position whose event and every earlier
+one are done, committed at most every N events or T seconds. This is the at-least-once path (no
+shared transaction). What the pattern assumes, and how each assumption is kept:
 
 * unique, increasing offsets: store positions; the tracker refuses anything else;
 * idempotent handlers: after a crash or a failure, events past the committed position run
@@ -22,30 +22,40 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..acks import CommitTracker, HandlerTimeoutError
-from ..errors import ClaimLostError
+from ..acks import CommitTracker
+from ..errors import ClaimLostError, HandlerTimeoutError
 from ..events import Event
 from ..hashing import stable_hash
 from .context import Context
-from .handlers import runs_on_replay
-from .worker import HandlerFailed, Outcome, SegmentState, SegmentWorker, advanced, is_replay
+from .dispatch import HandlerFailed, is_replay
+from .state import Outcome, SegmentState, advanced
+from .worker import SegmentWorker
+
+if TYPE_CHECKING:
+    from .processor import Processor
+    from .runtime import Runtime
 
 
 class LaneWorker(SegmentWorker):
-    def __init__(self, runner: Any, lanes: int, handler_timeout: float, window: int) -> None:
-        super().__init__(runner)
-        self.lanes = lanes
-        self.handler_timeout = handler_timeout
-        self.window = window
+    def __init__(self, runtime: Runtime, proc: Processor, owner: str) -> None:
+        super().__init__(runtime, proc, owner)
+        self.lanes = proc.lanes
+        self.handler_timeout = proc.handler_timeout
+        self.window = proc.lane_window
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
-        return asyncio.run(self._run(st, events, upto))
+        started = time.perf_counter()
+        outcome = asyncio.run(self._run(st, events, upto))
+        if outcome is Outcome.OK:
+            seconds = time.perf_counter() - started
+            self.observer.batch_handled(self.name, str(st.segment), len(events), seconds)
+        return outcome
 
     def _commit_token(self, st: SegmentState, position: int) -> None:
         token = st.token.advance(position)
-        self.runner.tokens.store(self.name, st.segment.id, token, self.runner.owner)
+        self.tokens.store(self.name, st.segment.id, token, self.owner)
         st.token = token
         st.persisted_at = time.monotonic()
 
@@ -54,9 +64,9 @@ class LaneWorker(SegmentWorker):
         queues: list[asyncio.Queue[tuple[int, Event] | None]] = [
             asyncio.Queue() for _ in range(self.lanes)
         ]
-        db = self.runner.db
+        db = self.runtime.db
         ctx = Context(self.name, st.segment, st.token, None, db.backend, db.param, db.prefix)
-        handlers = self.handlers
+        dispatch = self.dispatch
 
         async def lane(queue: asyncio.Queue[tuple[int, Event] | None]) -> None:
             stopped = False
@@ -66,9 +76,7 @@ class LaneWorker(SegmentWorker):
                     continue  # behind a failure of this lane: runs again after the back-off
                 replay = is_replay(st.token, event)
                 try:
-                    for handler in handlers.for_type(event.type):
-                        if replay and not runs_on_replay(handler):
-                            continue
+                    for handler in dispatch.for_event(event, replay):
                         result = handler(event, ctx)
                         if inspect.isawaitable(result):
                             await asyncio.wait_for(result, self.handler_timeout)
@@ -111,12 +119,11 @@ class LaneWorker(SegmentWorker):
             if tracker.failed:
                 return self._finish_failed(st, tracker, None)
             new_token = advanced(st.token, upto)
-            self.runner.tokens.store(self.name, st.segment.id, new_token, self.runner.owner)
-            st.token = new_token
-            st.dirty = False
+            self.tokens.store(self.name, st.segment.id, new_token, self.owner)
+            st.committed(new_token)
             return Outcome.OK
         except ClaimLostError:
-            st.lost = True
+            st.mark_lost()
             return Outcome.LOST
 
     def _finish_failed(self, st: SegmentState, tracker: CommitTracker, exc: Any) -> Outcome:
@@ -129,8 +136,8 @@ class LaneWorker(SegmentWorker):
             if exc is not None:
                 raise exc
         except ClaimLostError:
-            st.lost = True
+            st.mark_lost()
             return Outcome.LOST
         except Exception as error:  # noqa: BLE001
-            return self._back_off(st, error)
+            return self.back_off(st, error)
         return Outcome.OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
@@ -14,10 +15,32 @@ from .handlers import Handler, HandlerSet, ResetHandler
 from .sources import OrderKey, oldest_first, validate_sources
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .runtime import Runtime
+    from .worker import SegmentWorker
 
 MODES = ("pooled", "tracking")
 ERROR_MODES = ("retry", "dead_letter")
+
+
+class Guarantee(StrEnum):
+    """What a processor promises about its effects; shown by ``status``."""
+
+    #: handlers' writes (``ctx.execute``) and the token commit in one transaction
+    EXACTLY_ONCE = "exactly-once"
+    #: handlers run outside the token's transaction (lanes, side effects); after a crash the
+    #: events past the stored token run again, so effects must be idempotent
+    AT_LEAST_ONCE = "at-least-once"
+    #: folds deduplicated by source offsets, states written with the token (aggregations)
+    AGGREGATION = "aggregation"
+
+
+def _guarantee(name: str, value: object) -> Guarantee:
+    if isinstance(value, str) and value in {g.value for g in Guarantee}:
+        return Guarantee(value)
+    choices = f"{Guarantee.EXACTLY_ONCE.value!r}, {Guarantee.AT_LEAST_ONCE.value!r}"
+    raise InvalidInputError(
+        f"processor {name!r}: guarantee must be one of {choices}, got {value!r}"
+    )
 
 
 class Processor:
@@ -25,9 +48,10 @@ class Processor:
 
     def __init__(
         self,
-        app: App,
+        runtime: Runtime,
         name: str,
         *,
+        guarantee: str = "exactly-once",
         segments: int = 1,
         policy: SequencingPolicy | KeyFunction | None = None,
         batch_size: int = 500,
@@ -42,8 +66,13 @@ class Processor:
         handler_timeout: float = 30.0,
         lane_window: int = 1000,
     ) -> None:
-        self.app = app
+        self.runtime = runtime
         self.name = validate_processor_name(name)
+        self.guarantee = _guarantee(name, guarantee)
+        if self.guarantee is Guarantee.AGGREGATION and type(self) is Processor:
+            raise InvalidInputError(
+                f"processor {name!r}: guarantee 'aggregation' is for app.aggregation(...)"
+            )
         try:
             Segment.initial(segments)
         except ValueError as exc:
@@ -79,9 +108,15 @@ class Processor:
         self.order = order or oldest_first
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise InvalidInputError(f"processor {name!r}: lanes must be >= 1, got {lanes!r}")
-        if lanes > 1 and on_error == "dead_letter":
+        if lanes > 1 and self.guarantee is Guarantee.EXACTLY_ONCE:
             raise InvalidInputError(
-                f"processor {name!r}: lanes > 1 retries failures; dead letters need lanes=1"
+                f"processor {name!r}: lanes={lanes} run handlers outside the token's "
+                "transaction; declare guarantee='at-least-once' (and make effects idempotent)"
+            )
+        if self.guarantee is Guarantee.AT_LEAST_ONCE and on_error == "dead_letter":
+            raise InvalidInputError(
+                f"processor {name!r}: dead letters are parked in the token's transaction; "
+                "on_error='dead_letter' needs guarantee='exactly-once'"
             )
         if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
             raise InvalidInputError(f"processor {name!r}: handler_timeout must be > 0 seconds")
@@ -115,6 +150,11 @@ class Processor:
         dead-letter mode: no single event can be blamed)."""
         if not all(isinstance(t, str) and t for t in types):
             raise InvalidInputError(f"processor {self.name!r}: on_batch() takes event type names")
+        if self.guarantee is not Guarantee.EXACTLY_ONCE:
+            raise InvalidInputError(
+                f"processor {self.name!r} is {self.guarantee.value}: on_batch handlers run in "
+                "the token's transaction, which only exactly-once processors have"
+            )
 
         def register(handler: Handler) -> Handler:
             self.handlers.add_batch(frozenset(types) if types else None, handler)
@@ -129,19 +169,20 @@ class Processor:
         self.handlers.reset_handlers.append(handler)
         return handler
 
-    def make_worker(self, runner: Any) -> Any:
-        """The object that handles this processor's segment batches in a runner."""
-        if self.lanes > 1:
+    def make_worker(self, runtime: Runtime, owner: str) -> SegmentWorker:
+        """The executor of this processor's segment batches, chosen by its guarantee."""
+        if self.guarantee is Guarantee.AT_LEAST_ONCE:
             from .lanes import LaneWorker
 
-            return LaneWorker(runner, self.lanes, self.handler_timeout, self.lane_window)
+            return LaneWorker(runtime, self, owner)
         from .worker import SegmentWorker
 
-        return SegmentWorker(runner)
+        return SegmentWorker(runtime, self, owner)
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "guarantee": self.guarantee.value,
             "mode": self.mode,
             "segments": self.segments,
             "policy": self.policy.name,
@@ -150,4 +191,5 @@ class Processor:
         }
 
     def __repr__(self) -> str:
-        return f"<Processor {self.name} ({self.mode}, {self.segments} segments)>"
+        how = f"{self.guarantee.value}, {self.mode}, {self.segments} segments"
+        return f"<{type(self).__name__} {self.name} ({how})>"

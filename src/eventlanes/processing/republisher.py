@@ -19,12 +19,14 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent
 from ..store import EventStore
 from .chains import CHAIN_KEY, extend_chain
+from .dispatch import HandlerFailed
 from .handlers import FunctionsByType
 from .processor import Processor
-from .worker import HandlerFailed, Outcome, SegmentState, SegmentWorker, advanced
+from .state import Outcome, SegmentState, advanced
+from .worker import SegmentWorker
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .runtime import Runtime
 
 Republish = Callable[[Event], Any]
 
@@ -32,14 +34,19 @@ Republish = Callable[[Event], Any]
 class Republisher(Processor):
     def __init__(
         self,
-        app: App,
+        runtime: Runtime,
         name: str,
         *,
         to_stream: str | Callable[[Event], str],
         to_store: str | EventStore | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(app, name, **options)
+        if "guarantee" in options:
+            raise InvalidInputError(
+                f"republisher {name!r}: the guarantee is 'at-least-once' (outputs are appended "
+                "before the token; source chains let aggregations drop the repeats)"
+            )
+        super().__init__(runtime, name, guarantee="at-least-once", **options)
         if not (isinstance(to_stream, str) and to_stream) and not callable(to_stream):
             raise InvalidInputError(f"republisher {name!r}: to_stream must be a name or function")
         self.to_stream = to_stream
@@ -52,21 +59,21 @@ class Republisher(Processor):
 
     def target(self) -> EventStore:
         if self.to_store is None:
-            return self.app.store
+            return self.runtime.store
         if isinstance(self.to_store, str):
-            return self.app.source_store(self.to_store)
+            return self.runtime.source_store(self.to_store)
         return self.to_store  # an EventStore, or anything with its append()
 
-    def make_worker(self, runner: Any) -> RepublishWorker:
-        return RepublishWorker(runner, self)
+    def make_worker(self, runtime: Runtime, owner: str) -> RepublishWorker:
+        return RepublishWorker(runtime, self, owner)
 
 
 class RepublishWorker(SegmentWorker):
-    def __init__(self, runner: Any, rep: Republisher) -> None:
-        super().__init__(runner)
+    def __init__(self, runtime: Runtime, rep: Republisher, owner: str) -> None:
+        super().__init__(runtime, rep, owner)
         self.rep = rep
         self.target = rep.target()
-        self.source = runner.store.events_table
+        self.source = runtime.store.events_table
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         per_stream: dict[str, list[NewEvent]] = {}
@@ -94,14 +101,13 @@ class RepublishWorker(SegmentWorker):
             for stream, outs in per_stream.items():
                 self.target.append(stream, outs)  # its own transaction: at-least-once
             new_token = advanced(st.token, upto)
-            self.runner.tokens.store(self.name, st.segment.id, new_token, self.runner.owner)
+            self.tokens.store(self.name, st.segment.id, new_token, self.owner)
         except ClaimLostError:
-            st.lost = True
+            st.mark_lost()
             return Outcome.LOST
         except Exception as exc:  # noqa: BLE001
-            return self._back_off(st, exc)
-        st.token = new_token
-        st.dirty = False
+            return self.back_off(st, exc)
+        st.committed(new_token)
         return Outcome.OK
 
     def _stream(self, event: Event) -> str:

@@ -1,140 +1,117 @@
-"""Handling one segment's batch: handlers and token in one transaction, fenced by the claim."""
+"""The exactly-once executor: a segment's batch, its handlers' writes and its token commit in
+one transaction, fenced by the claim."""
 
 from __future__ import annotations
 
 import logging
 import time
-import traceback
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError
 from ..events import Event
-from ..segments import Segment
-from ..tokens import Token
 from .context import Context, lazy
-from .handlers import runs_on_replay
+from .dispatch import (
+    BatchHandlerFailed,
+    Dispatch,
+    HandlerFailed,
+    Parking,
+    describe,
+    is_replay,
+)
+from .state import Outcome, SegmentState, advanced
 
 if TYPE_CHECKING:
-    from .runner import ProcessorRunner
+    from .processor import Processor
+    from .runtime import Runtime
 
 log = logging.getLogger("eventlanes.processing")
 
-
-class Outcome(Enum):
-    OK = "ok"
-    LOST = "lost"  # the claim was stolen: nothing was committed
-    FAILED = "failed"  # a handler failed: nothing was committed, the segment backs off
-
-
-@dataclass(eq=False)
-class SegmentState:
-    """What this process knows about a segment it holds."""
-
-    segment: Segment
-    token: Token
-    parked: set[str] = field(default_factory=set)  # keys with events in the dead-letter table
-    dirty: bool = False  # token advanced in memory (no events of ours), not yet persisted
-    persisted_at: float = field(default_factory=time.monotonic)
-    lost: bool = False
-    stop: bool = False  # tracking mode: asks the segment's thread to leave its loop
-
-
-def is_replay(token: Token, event: Event) -> bool:
-    return token.source(event.source).is_replay(event.position)
-
-
-def advanced(token: Token, upto: int | dict[str, int]) -> Token:
-    """``token`` moved on to ``upto`` (a position, or a position per source)."""
-    if isinstance(upto, int):
-        return token.advance(upto)
-    for name, position in upto.items():
-        token = token.with_source(name, token.source(name).advance(position))
-    return token
-
-
-class HandlerFailed(Exception):
-    def __init__(self, event: Event, key: str | None, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.event = event
-        self.key = key
-        self.error = error
-        self.text = (
-            f"event {event.position} ({event.type}, {event.stream_id} v{event.version}): "
-            + "".join(traceback.format_exception_only(type(error), error)).strip()
-        )
-
-
-class BatchHandlerFailed(Exception):
-    def __init__(self, handler: object, error: BaseException) -> None:
-        name = getattr(handler, "__name__", repr(handler))
-        self.text = (
-            f"batch handler {name}: "
-            + "".join(traceback.format_exception_only(type(error), error)).strip()
-        )
-        super().__init__(self.text)
-
-
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, HandlerFailed | BatchHandlerFailed):
-        return exc.text
-    return f"{type(exc).__name__}: {exc}"
+__all__ = [
+    "BatchHandlerFailed",
+    "HandlerFailed",
+    "Outcome",
+    "SegmentState",
+    "SegmentWorker",
+    "advanced",
+    "describe",
+    "is_replay",
+]
 
 
 class SegmentWorker:
-    """Runs a processor's handlers on batches of one segment's events."""
+    """Runs a processor's handlers on batches of one segment's events. Executors of other
+    guarantees (lanes, aggregations, republishers) subclass it; the runner only calls
+    ``process``, ``idle`` and ``persist``."""
 
-    def __init__(self, runner: ProcessorRunner) -> None:
-        self.runner = runner
-        proc = runner.processor
+    def __init__(self, runtime: Runtime, proc: Processor, owner: str) -> None:
+        self.runtime = runtime
+        self.tokens = runtime.tokens
+        self.owner = owner
+        self.proc = proc
         self.name = proc.name
         self.policy = proc.policy
-        self.handlers = proc.handlers
+        self.dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
         self.dead_letter = proc.on_error == "dead_letter"
+        self.observer = runtime.observer
+        #: seconds a token that moved in memory (no events of ours) may wait to be stored
+        self.persist_every = 1.0
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         """Handle ``events`` (already filtered for the segment) and move its token to ``upto``
         (per source for multi-source processors)."""
         new_token = advanced(st.token, upto)
-        park_keys: dict[str, int] = {}  # key -> position of its first failed event
-        park_events: dict[int, str] = {}
+        if self.dead_letter:
+            self._recheck_parked(st, events)
+        parking = Parking(st.parked) if self.dead_letter else None
+        parked_now: list[int] = []
         while True:
+            parked_now.clear()
+            started = time.perf_counter()
             try:
-                self._commit(st, events, new_token, park_keys, park_events)
+                self._commit(st, events, new_token, parking, parked_now)
             except ClaimLostError as exc:
                 log.info("%s %s: claim lost, batch rolled back (%s)", self.name, st.segment, exc)
-                st.lost = True
+                st.mark_lost()
                 return Outcome.LOST
             except HandlerFailed as exc:
-                if not self.dead_letter:
-                    return self._back_off(st, exc)
+                if parking is None:
+                    return self.back_off(st, exc)
                 # Park the failed event and every later one of its key, then redo the batch
                 # (the failed attempt was rolled back as a whole).
-                park_events[exc.event.position] = exc.text
-                if exc.key is not None:
-                    park_keys.setdefault(exc.key, exc.event.position)
+                parking.failed(exc)
                 log.warning("%s %s: parking %s", self.name, st.segment, exc.text)
                 continue
             except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
-                return self._back_off(st, exc)
-            st.token = new_token
-            st.dirty = False
-            st.persisted_at = time.monotonic()
-            st.parked.update(park_keys)
+                return self.back_off(st, exc)
+            seconds = time.perf_counter() - started
+            self.observer.batch_handled(self.name, str(st.segment), len(events), seconds)
+            if parked_now:
+                self.observer.parked(self.name, str(st.segment), len(parked_now))
+            st.committed(new_token)
+            if parking is not None:
+                st.parked.update(parking.keys)
             return Outcome.OK
+
+    def _recheck_parked(self, st: SegmentState, events: list[Event]) -> None:
+        """A key parked when the set was last read may have been retried since (its dead
+        letters deleted): read the set again before parking one of its new events."""
+        if not st.parked:
+            return
+        key = self.policy.key
+        if any(key(e) in st.parked for e in events):
+            parked = self.runtime.dead_letters.parked_keys(self.name)
+            st.parked = {k for k, h in parked if st.segment.matches(h)}
 
     def _commit(
         self,
         st: SegmentState,
         events: list[Event],
-        new_token: Token,
-        park_keys: dict[str, int],
-        park_events: dict[int, str],
+        new_token: Any,
+        parking: Parking | None,
+        parked_now: list[int],
     ) -> None:
-        runner = self.runner
-        db = runner.db
+        db = self.runtime.db
         with ExitStack() as stack:
             opened: list[Any] = []
 
@@ -143,71 +120,52 @@ class SegmentWorker:
                     opened.append(stack.enter_context(db.transaction()))
                 return opened[0]
 
+            def park(event: Event, key: str | None, reason: str) -> None:
+                self.runtime.dead_letters.park(
+                    begin(), self.name, event, key, self.policy.routing_hash(event), reason
+                )
+                parked_now.append(event.position)
+
             ctx = Context(
                 self.name, st.segment, st.token, lazy(begin), db.backend, db.param, db.prefix
             )
-            token = st.token
-            parked = st.parked
-            check_parking = bool(parked or park_keys or park_events)
-            batch_handlers = self.handlers.batch_handlers
-            handled: list[Event] = []
-            for event in events:
-                if check_parking:
-                    key = self.policy.key(event)
-                    reason = park_events.get(event.position)
-                    if (
-                        reason is None
-                        and key is not None
-                        and (
-                            key in parked or park_keys.get(key, event.position + 1) < event.position
-                        )
-                    ):
-                        reason = "waiting behind an earlier failed event of the same key"
-                    if reason is not None:
-                        runner.dead_letters.park(
-                            begin(), self.name, event, key, self.policy.routing_hash(event), reason
-                        )
-                        continue
-                replay = is_replay(token, event)
-                ctx.is_replay = replay
-                for handler in self.handlers.for_type(event.type):
-                    if replay and not runs_on_replay(handler):
-                        continue
-                    try:
-                        handler(event, ctx)
-                    except Exception as exc:  # noqa: BLE001 - reported with the event
-                        raise HandlerFailed(event, self.policy.key(event), exc) from exc
-                if batch_handlers:
-                    handled.append(event)
-            for types, handler in batch_handlers:
-                chosen = [
-                    e for e in handled
-                    if (types is None or e.type in types)
-                    and (runs_on_replay(handler) or not is_replay(token, e))
-                ]  # fmt: skip
-                if chosen:
-                    ctx.is_replay = False
-                    try:
-                        handler(chosen, ctx)
-                    except Exception as exc:  # noqa: BLE001
-                        raise BatchHandlerFailed(handler, exc) from exc
-            runner.tokens.store(self.name, st.segment.id, new_token, runner.owner, conn=begin())
+            try:
+                self.dispatch.run(events, ctx, st.token, parking, park, st.watch)
+            finally:
+                st.idle_now()
+            if st.lost:  # given up on as stuck (or stolen) while the handlers ran: roll back
+                raise ClaimLostError(f"{self.name} {st.segment}: the claim was given up")
+            started = time.perf_counter()
+            self.tokens.store(self.name, st.segment.id, new_token, self.owner, conn=begin())
+        self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
-        """A read moved past ``upto`` without events for this segment: move the token on (in
-        memory; the runner persists it when idle or before letting the segment go)."""
-        token = advanced(st.token, upto)
-        if token != st.token:
-            st.token = token
-            st.dirty = True
+        """A read moved past ``upto`` without events for this segment."""
+        st.moved(upto)
 
     def flush(self, st: SegmentState) -> None:
         """Write what is held in memory for the segment (nothing here; aggregations do)."""
 
-    def _back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
-        text = describe(exc)
+    def persist(self, st: SegmentState) -> None:
+        """Store the segment's token if it moved in memory (with what is held for it)."""
+        if st.lost:
+            return
+        self.flush(st)
+        if not st.dirty or st.lost:
+            return
         try:
-            delay = self.runner.tokens.fail(self.name, st.segment.id, self.runner.owner, text)
+            self.tokens.store(self.name, st.segment.id, st.token, self.owner)
+            st.committed(st.token)
+        except ClaimLostError:
+            st.mark_lost()
+
+    def back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
+        """Record the failure (the segment is retried with back-off, on any node) and let the
+        segment go."""
+        text = describe(exc)
+        self.observer.failed(self.name, str(st.segment), text)
+        try:
+            delay = self.tokens.fail(self.name, st.segment.id, self.owner, text)
             log.error(
                 "%s %s failed, retrying in %.0f s on any node: %s",
                 self.name,
@@ -217,5 +175,8 @@ class SegmentWorker:
             )
         except ClaimLostError:
             pass
-        st.lost = True
+        except Exception as error:  # noqa: BLE001 - the database is down too: the claim expires
+            log.error("%s %s failed (%s); recording it failed too: %s", self.name, st.segment,
+                      text, error)  # fmt: skip
+        st.mark_lost()
         return Outcome.FAILED

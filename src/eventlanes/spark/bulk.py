@@ -15,15 +15,14 @@ order (sorted by position within each key) and folds with the user's own code on
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..processing.admin import claim_all
 from ..processing.aggregation import Aggregation
+from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
-from ..processing.runner import node_name
+from ..processing.dispatch import Dispatch
 from ..tokens import Token
 from .export import read_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
@@ -80,15 +79,9 @@ def replay(
     spark = spark or get_session(master)
     n = _pow2(partitions or spark.sparkContext.defaultParallelism)
     owner = f"spark-replay:{node_name()}"
-    records = claim_all(app, proc, owner, wait, None)
-    stop = threading.Event()
-
-    def heartbeat() -> None:
-        while not stop.wait(app.tokens.claim_timeout / 3):
-            app.tokens.extend_all(proc.name, owner)
-
-    beat = threading.Thread(target=heartbeat, daemon=True)
-    beat.start()
+    app.initialize(name)
+    records = claim_all(app.tokens, proc.name, owner, wait, None)
+    beat = Heartbeat(app.tokens, proc.name, owner, announce=False).start()
     start = time.perf_counter()
     try:
         if parquet:  # the export's end: the live processor folds what came after it
@@ -102,10 +95,8 @@ def replay(
         else:
             events, keys = _projection(app, proc, df, end, owner, records), 0
     finally:
-        stop.set()
-        beat.join()
-        for record in records:
-            app.tokens.release(proc.name, record.segment.id, owner)
+        beat.stop()
+        release_all(app.tokens, proc.name, owner, records)
     return ReplayResult(name, end, events, keys, time.perf_counter() - start)
 
 
@@ -218,7 +209,7 @@ class _ProjectionSpec:
     name: str
     url: str
     owner: str
-    handlers: Any
+    dispatch: Dispatch
     policy: Any
     segments: list[tuple[int, int]]
     claim_timeout: float
@@ -251,7 +242,6 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
 
     from ..db import open_database
     from ..events import Event
-    from ..processing.handlers import runs_on_replay
     from ..segments import Segment
     from ..tokens import SQLTokenStore
 
@@ -266,11 +256,7 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
         with db.transaction() as conn:
             ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), None, conn, db.backend,
                           db.param, db.prefix)  # fmt: skip
-            ctx.is_replay = True
-            for event in pending:
-                for handler in spec.handlers.for_type(event.type):
-                    if runs_on_replay(handler):
-                        handler(event, ctx)
+            spec.dispatch.run(pending, ctx, True)  # per-event and on_batch handlers, as live
             tokens.store(spec.name, seg_id, Token(pending[-1].position), spec.owner, conn=conn)
         counts[seg_id] = counts.get(seg_id, 0) + len(pending)
         pending.clear()
@@ -297,19 +283,20 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
 
 
 def _projection(app: Any, proc: Any, df: Any, end: int, owner: str, records: list) -> int:
-    if proc.lanes > 1 or proc.sources:
+    if proc.guarantee.value != "exactly-once" or proc.sources:
         raise InvalidInputError(
-            f"{proc.name!r}: Spark replays single-source processors without lanes"
+            f"{proc.name!r}: Spark replays single-source exactly-once processors (this one is "
+            f"{proc.guarantee.value}" + (", with several sources)" if proc.sources else ")")
         )
+    dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
     db = app.db
     with db.transaction() as conn:  # like a reset: reset handlers, tokens back to the start
         ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-        for handler in proc.handlers.reset_handlers:
-            handler(ctx)
+        dispatch.reset(ctx)
         for record in records:
             app.tokens.store(proc.name, record.segment.id, Token(0), owner, conn=conn)
     segments = [(r.segment.id, r.segment.mask) for r in records]
-    spec = _ProjectionSpec(proc.name, app.url, owner, proc.handlers, proc.policy, segments,
+    spec = _ProjectionSpec(proc.name, app.url, owner, dispatch, proc.policy, segments,
                            app.tokens.claim_timeout, 5000)  # fmt: skip
     from pyspark.sql.types import LongType, StructField, StructType
 

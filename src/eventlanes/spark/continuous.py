@@ -16,16 +16,15 @@ Table ``{prefix}spark_batches``: (aggregation, batch_id) of every micro-batch wr
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from ..db import open_database
 from ..errors import InvalidInputError
-from ..processing.admin import claim_all
 from ..processing.aggregation import Aggregation, Entry, StateTable
-from ..processing.runner import node_name
+from ..processing.claims import Heartbeat, claim_all, node_name, release_all
+from ..signals import run_until_signal
 from ..tokens import Token
 from .bulk import _pow2, collect_states, fold_aggregation, fold_stages, save_states
 from .fold import spec_of
@@ -84,13 +83,15 @@ class ContinuousAggregation:
         )  # fmt: skip
         self.query: Any = None
         self._records: list = []
+        self._beat: Heartbeat | None = None
         self._stop = threading.Event()
 
     def start(self, available_now: bool = False) -> None:
         app, agg = self.app, self.agg
         # The local engine must not run this aggregation at the same time: hold every claim.
-        self._records = claim_all(app, agg, self.owner, self.wait, None)
-        threading.Thread(target=self._heartbeat, daemon=True).start()
+        app.initialize(agg.name)
+        self._records = claim_all(app.tokens, agg.name, self.owner, self.wait, None)
+        self._beat = Heartbeat(app.tokens, agg.name, self.owner, announce=False).start()
         start = min(r.token.position for r in self._records)
         reader = (
             self.spark.readStream.format("eventlanes")
@@ -111,10 +112,6 @@ class ContinuousAggregation:
             else {"processingTime": f"{self.trigger_seconds} seconds"}
         )
         self.query = writer.trigger(**trigger).start()
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self.app.tokens.claim_timeout / 3):
-            self.app.tokens.extend_all(self.agg.name, self.owner)
 
     def _sink(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -156,8 +153,9 @@ class ContinuousAggregation:
         self._stop.set()
         if self.query is not None:
             self.query.stop()
-        for record in self._records:
-            self.app.tokens.release(self.agg.name, record.segment.id, self.owner)
+        if self._beat is not None:
+            self._beat.stop()
+        release_all(self.app.tokens, self.agg.name, self.owner, self._records)
         self._records = []
 
 
@@ -172,17 +170,17 @@ def run(
     runners = [
         ContinuousAggregation(app, n, f"{checkpoint}/{n}", spark=spark, **options) for n in names
     ]
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def failed() -> bool:
+        for runner in runners:
+            if runner.query is not None and runner.query.exception() is not None:
+                raise RuntimeError(f"{runner.agg.name}: {runner.query.exception()}")
+        return False
+
     try:
         for runner in runners:
             runner.start()
-        while not stop.wait(0.5):
-            for runner in runners:
-                if runner.query is not None and runner.query.exception() is not None:
-                    raise RuntimeError(f"{runner.agg.name}: {runner.query.exception()}")
+        run_until_signal(threading.Event(), failed)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         for runner in runners:
             runner.stop()

@@ -1,0 +1,244 @@
+"""Which segments this process holds: claims and fair share, static assignment, and the
+split / merge / release requests other nodes leave in the token store.
+
+Only the thread that processes the segments calls :meth:`Coordinator.coordinate`, between
+batches, so a segment never changes under a batch in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import ClaimLostError, InvalidInputError
+from ..segments import Segment
+from ..tokens import SegmentStatus, Token
+from .dead_letters import DeadLetterStore
+from .processor import Processor
+from .state import SegmentState
+from .worker import SegmentWorker
+
+log = logging.getLogger("eventlanes.processing")
+
+Drop = Callable[[SegmentState], None]
+
+
+def _nothing(st: SegmentState) -> None:
+    return None
+
+
+class Coordinator:
+    def __init__(
+        self,
+        proc: Processor,
+        worker: SegmentWorker,
+        dead_letters: DeadLetterStore,
+        owner: str,
+        static: tuple[int, int] | None,
+        interval: float,
+    ) -> None:
+        if static is not None:
+            index, nodes = static
+            if not (isinstance(nodes, int) and nodes >= 1 and 0 <= index < nodes):
+                raise InvalidInputError(f"static mode needs 0 <= node index < nodes, got {static}")
+        self.proc = proc
+        self.name = proc.name
+        self.worker = worker
+        self.tokens = worker.tokens
+        self.dead_letters = dead_letters
+        self.owner = owner
+        self.static = static
+        self.interval = interval
+        self.claimed: dict[int, SegmentState] = {}
+        self.lock = threading.Lock()  # guards ``claimed`` against the heartbeat's reads
+        self._next = 0.0
+
+    # -- what the heartbeat learns -------------------------------------------------------------
+    def held(self, held: set[int]) -> None:
+        """Segments whose claim could not be extended are lost: nothing of theirs commits.
+        A segment whose handler has run past ``handler_timeout`` is given up the same way and
+        recorded as failed (retried with back-off, on any node); its transaction rolls back."""
+        now = time.monotonic()
+        timeout = self.proc.handler_timeout
+        stuck = []
+        with self.lock:
+            for seg_id, st in self.claimed.items():
+                if seg_id not in held:
+                    st.mark_lost()
+                elif not st.lost and st.stuck_for(now) > timeout:
+                    st.mark_lost()  # first: its batch must not commit once we let go
+                    stuck.append(st)
+        for st in stuck:
+            text = (
+                f"handler did not finish within {timeout:g} s (handler_timeout): stuck for "
+                f"{st.stuck_for(now):.0f} s at {st.describe_running()}"
+            )
+            self.worker.observer.failed(self.name, str(st.segment), text)
+            try:
+                delay = self.tokens.fail(self.name, st.segment.id, self.owner, text)
+                log.error("%s %s: %s; released, retrying in %.0f s", self.name, st.segment,
+                          text, delay)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the claim expires by itself
+                log.error("%s %s: %s; recording it failed: %s", self.name, st.segment, text, exc)
+
+    def force_next(self) -> None:
+        """The next ``coordinate`` runs at once (after a database outage, say)."""
+        self._next = 0.0
+
+    # -- one round -----------------------------------------------------------------------------
+    def coordinate(self, drop: Drop = _nothing, force: bool = False) -> bool:
+        """Claim, release, split and merge (at most every ``interval`` seconds); ``drop(st)``
+        is called before a held segment changes or goes (tracking mode stops its thread)."""
+        now = time.monotonic()
+        if now < self._next and not force:
+            return False
+        self._next = now + self.interval
+        status = {s.segment.id: s for s in self.tokens.status(self.name)}
+        for seg_id, st in list(self.claimed.items()):
+            row = status.get(seg_id)
+            if st.lost or row is None or row.owner != self.owner or row.segment != st.segment:
+                drop(st)
+                self._forget(seg_id)
+        self._handle_requests(status, drop)
+        self._claim(status, drop)
+        self._notify_claims()
+        return True
+
+    def _claim(self, status: dict[int, SegmentStatus], drop: Drop) -> None:
+        limit: int | None = None  # static mode takes its fixed segments, no fair-share cap
+        if self.static is not None:
+            index, nodes = self.static
+            ids = sorted(status)
+            wanted = [ids[i] for i in range(index, len(ids), nodes)]
+            for seg_id in list(self.claimed):
+                if seg_id not in wanted:
+                    self.release(self.claimed[seg_id], drop, hold_off=0.0)
+        else:
+            wanted = sorted(status)
+            limit = self._limit(len(status))
+            while len(self.claimed) > limit:  # give the surplus to nodes that are waiting
+                surplus = self.claimed[max(self.claimed)]
+                self.release(surplus, drop, hold_off=self.interval * 3)
+            if len(self.claimed) >= limit:
+                wanted = []
+        for seg_id in wanted:
+            if seg_id in self.claimed:
+                continue
+            if limit is not None and len(self.claimed) >= limit:
+                break
+            row = status[seg_id]
+            if row.owner not in (None, self.owner) and (row.claim_expires_in or 0) > 0:
+                continue
+            if row.retry_in:
+                continue
+            record = self.tokens.claim(self.name, seg_id, self.owner)
+            if record is not None:
+                self.acquire(record.segment, record.token)
+
+    def _limit(self, total: int) -> int:
+        """How many segments this node may hold: its fair share among live nodes."""
+        live = max(1, len(self.tokens.live_nodes(self.name)))
+        fair = math.ceil(total / live)
+        if self.proc.max_segments is not None:
+            fair = min(fair, self.proc.max_segments)
+        return fair
+
+    def parked_keys(self) -> list[tuple[str, int]] | None:
+        """Keys with parked events (dead-letter mode). Read on the thread that processes the
+        segments, between batches, so a key it just parked is always in the table already."""
+        if self.proc.on_error != "dead_letter":
+            return None
+        return self.dead_letters.parked_keys(self.name)
+
+    def refresh_parked(self, states: list[SegmentState]) -> None:
+        parked = self.parked_keys()
+        if parked is None:
+            return
+        for st in states:
+            st.parked = {k for k, h in parked if st.segment.matches(h)}
+
+    def _notify_claims(self) -> None:
+        self.worker.observer.claims(self.name, len(self.claimed))
+
+    # -- holding and letting go ----------------------------------------------------------------
+    def acquire(self, segment: Segment, token: Token) -> SegmentState:
+        st = SegmentState(segment, token)
+        self.refresh_parked([st])
+        with self.lock:
+            self.claimed[segment.id] = st
+        log.info("%s: %s claimed %s at %s", self.name, self.owner, segment, token)
+        return st
+
+    def _forget(self, seg_id: int) -> None:
+        with self.lock:
+            self.claimed.pop(seg_id, None)
+
+    def release(self, st: SegmentState, drop: Drop, hold_off: float) -> None:
+        drop(st)
+        self.worker.persist(st)
+        self.tokens.release(self.name, st.segment.id, self.owner, hold_off=hold_off)
+        self._forget(st.segment.id)
+
+    def release_all(self) -> None:
+        """On shutdown, after the last batch: persist tokens, release, leave. A database that is
+        down does not stop the shutdown: unreleased claims expire by themselves."""
+        try:
+            for seg_id, st in list(self.claimed.items()):
+                self.worker.persist(st)
+                self.tokens.release(self.name, seg_id, self.owner)
+            self.tokens.leave(self.name, self.owner)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("%s: could not release claims on shutdown (%s); they expire", self.name,
+                        exc)  # fmt: skip
+        with self.lock:
+            self.claimed.clear()
+
+    # -- requests from other nodes -------------------------------------------------------------
+    def _handle_requests(self, status: dict[int, SegmentStatus], drop: Drop) -> None:
+        for seg_id, st in list(self.claimed.items()):
+            request = status[seg_id].request if seg_id in status else None
+            if request is None:
+                continue
+            try:
+                if request == "release":
+                    self.tokens.request(self.name, seg_id, None)
+                    self.release(st, drop, hold_off=self.tokens.claim_timeout)
+                elif request == "split":
+                    drop(st)
+                    self.worker.persist(st)
+                    keep, new = self.tokens.split(self.name, seg_id, self.owner)
+                    st.segment = keep
+                    st.token = st.token.for_segment(keep)
+                    log.info("%s: split %s into %s and %s", self.name, seg_id, keep, new)
+                elif request == "merge":
+                    self._merge(st, status, drop)
+            except (ClaimLostError, InvalidInputError) as exc:
+                log.warning("%s: %s request on %s refused: %s", self.name, request, seg_id, exc)
+                self.tokens.request(self.name, seg_id, None)
+
+    def _merge(self, st: SegmentState, status: dict[int, SegmentStatus], drop: Drop) -> None:
+        sibling = st.segment.sibling()
+        row = status.get(sibling.id)
+        if row is None or row.segment != sibling:
+            raise InvalidInputError(f"sibling {sibling} of {st.segment} is split further")
+        if sibling.id not in self.claimed:
+            record = self.tokens.claim(self.name, sibling.id, self.owner)
+            if record is None:
+                # Ask the sibling's owner to let go; merge on a later round.
+                self.tokens.request(self.name, sibling.id, "release")
+                return
+            self.acquire(record.segment, record.token)
+        other = self.claimed[sibling.id]
+        for s in (st, other):
+            drop(s)
+            self.worker.persist(s)
+        merged = self.tokens.merge(self.name, st.segment.id, self.owner)
+        self._forget(st.segment.id)
+        self._forget(sibling.id)
+        token = self.tokens.token(self.name, merged.id)
+        assert token is not None
+        self.acquire(merged, token)
+        log.info("%s: merged %s and %s into %s", self.name, st.segment, sibling, merged)

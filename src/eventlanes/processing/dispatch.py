@@ -1,0 +1,174 @@
+"""The one place that calls a processor's handlers for a batch of events.
+
+Every executor uses it: the pooled and tracking runners, parallel lanes, dead-letter retry and
+the Spark replay of projections. It runs, in this order, the per-event handlers of each event
+(skipping ``disallow_replay`` handlers for replayed events), parking an event instead when its
+key has an earlier failure (dead-letter mode), and then the ``on_batch`` handlers with the
+events they asked for. Reset handlers run through :meth:`Dispatch.reset`.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..events import Event
+from ..policies import SequencingPolicy
+from ..tokens import Token
+from .handlers import Handler, HandlerSet, runs_on_replay
+
+WAITING = "waiting behind an earlier failed event of the same key"
+
+
+class HandlerFailed(Exception):
+    """A per-event handler raised: the event (and its key) are named, for parking."""
+
+    def __init__(self, event: Event, key: str | None, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.event = event
+        self.key = key
+        self.error = error
+        self.text = (
+            f"event {event.position} ({event.type}, {event.stream_id} v{event.version}): "
+            + "".join(traceback.format_exception_only(type(error), error)).strip()
+        )
+
+
+class BatchHandlerFailed(Exception):
+    """An ``on_batch`` handler raised: no single event can be blamed, the batch is retried."""
+
+    def __init__(self, handler: object, error: BaseException) -> None:
+        name = getattr(handler, "__name__", repr(handler))
+        self.text = (
+            f"batch handler {name}: "
+            + "".join(traceback.format_exception_only(type(error), error)).strip()
+        )
+        super().__init__(self.text)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, HandlerFailed | BatchHandlerFailed):
+        return exc.text
+    return f"{type(exc).__name__}: {exc}"
+
+
+def is_replay(token: Token, event: Event) -> bool:
+    return token.source(event.source).is_replay(event.position)
+
+
+class Parking:
+    """Dead-letter parking for one segment batch: keys already parked in the table, and the
+    failures of this batch's earlier attempts (each attempt is rolled back as a whole)."""
+
+    def __init__(self, parked: set[str]) -> None:
+        self.parked = parked
+        self.keys: dict[str, int] = {}  # key -> position of its first failed event
+        self.events: dict[int, str] = {}  # position -> why it failed
+
+    def failed(self, exc: HandlerFailed) -> None:
+        self.events[exc.event.position] = exc.text
+        if exc.key is not None:
+            self.keys.setdefault(exc.key, exc.event.position)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.parked or self.keys or self.events)
+
+    def reason(self, event: Event, key: str | None) -> str | None:
+        """Why ``event`` is parked instead of handled, or None to handle it."""
+        reason = self.events.get(event.position)
+        if (
+            reason is None
+            and key is not None
+            and (key in self.parked or self.keys.get(key, event.position + 1) < event.position)
+        ):
+            reason = WAITING
+        return reason
+
+
+Park = Callable[[Event, "str | None", str], None]
+Watch = Callable[[Any], None]  # told each event (or batch handler) before its handlers run
+
+
+class Dispatch:
+    """A processor's handlers, called the same way by every executor."""
+
+    def __init__(self, name: str, handlers: HandlerSet, policy: SequencingPolicy) -> None:
+        self.name = name
+        self.handlers = handlers
+        self.policy = policy
+
+    def for_event(self, event: Event, replay: bool) -> Sequence[Handler]:
+        """The per-event handlers to call for ``event``."""
+        found = self.handlers.for_type(event.type)
+        if replay:
+            return [h for h in found if runs_on_replay(h)]
+        return found
+
+    def run(
+        self,
+        events: Sequence[Event],
+        ctx: Any,
+        token: Token | bool,
+        parking: Parking | None = None,
+        park: Park | None = None,
+        watch: Watch | None = None,
+    ) -> list[Event]:
+        """Handle ``events`` in order; returns those handled (not parked). ``token``: the
+        segment's token when the batch started, which says which events are replays, or
+        True / False when all are (a bulk replay) or none are (a dead-letter retry).
+        Raises :class:`HandlerFailed` or :class:`BatchHandlerFailed`; the caller rolls back."""
+        check = parking is not None and parking.active
+        key_of = self.policy.key
+        handled: list[Event] = []
+        for event in events:
+            if check:
+                assert parking is not None and park is not None
+                key = key_of(event)
+                reason = parking.reason(event, key)
+                if reason is not None:
+                    park(event, key, reason)
+                    continue
+            replay = token if isinstance(token, bool) else is_replay(token, event)
+            ctx.is_replay = replay
+            if watch is not None:
+                watch(event)
+            for handler in self.for_event(event, replay):
+                try:
+                    handler(event, ctx)
+                except Exception as exc:  # noqa: BLE001 - reported with the event
+                    raise HandlerFailed(event, key_of(event), exc) from exc
+            handled.append(event)
+        self.run_batch(handled, ctx, token, watch)
+        return handled
+
+    def run_batch(
+        self, handled: Sequence[Event], ctx: Any, token: Token | bool, watch: Watch | None = None
+    ) -> None:
+        """The ``on_batch`` handlers, each with the handled events of its types."""
+
+        def replayed(e: Event) -> bool:
+            return token if isinstance(token, bool) else is_replay(token, e)
+
+        for types, handler in self.handlers.batch_handlers:
+            replay_ok = runs_on_replay(handler)
+            chosen = [
+                e
+                for e in handled
+                if (types is None or e.type in types) and (replay_ok or not replayed(e))
+            ]
+            if not chosen:
+                continue
+            ctx.is_replay = all(replayed(e) for e in chosen)
+            if watch is not None:
+                watch(handler)
+            try:
+                handler(chosen, ctx)
+            except Exception as exc:  # noqa: BLE001
+                raise BatchHandlerFailed(handler, exc) from exc
+
+    def reset(self, ctx: Any) -> None:
+        """The ``on_reset`` handlers, in the reset's (or replay's) transaction."""
+        for handler in self.handlers.reset_handlers:
+            handler(ctx)

@@ -1,0 +1,226 @@
+"""The two ways a runner reads: pooled (one reader for every held segment) and tracking (one
+reader thread per held segment)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from ..notify import Wakeup
+from .coordinator import Coordinator
+from .reader import BatchReader
+from .state import Outcome, SegmentState
+from .weather import Backoff, is_transient
+from .worker import SegmentWorker
+
+log = logging.getLogger("eventlanes.processing")
+
+
+def weather(
+    coordinator: Coordinator, exc: BaseException, backoff: Backoff, stopping: threading.Event
+) -> None:
+    """Log a passing database failure and wait before the next try; the next round checks
+    every claim again (one may have expired meanwhile: fencing keeps that exact)."""
+    delay = backoff.next()
+    log.warning(
+        "%s: database unavailable (%s: %s); retrying in %.0f s (failure %d in a row)",
+        coordinator.name, type(exc).__name__, exc, delay, backoff.failures,
+    )  # fmt: skip
+    coordinator.force_next()
+    stopping.wait(delay)
+
+
+class PooledLoop:
+    """One reader thread reads the store once, from the lowest held token, and hands each held
+    segment's share of a batch to a worker pool; the next batch starts when the segments of
+    this one have committed. Segments change only between batches, on this thread."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        reader: BatchReader,
+        worker: SegmentWorker,
+        wakeup: Wakeup,
+        stopping: threading.Event,
+        threads: int,
+    ) -> None:
+        self.coordinator = coordinator
+        self.reader = reader
+        self.worker = worker
+        self.wakeup = wakeup
+        self.stopping = stopping
+        self.threads = threads
+        self.abandoned = 0  # handler threads given up on as stuck
+
+    def run(self) -> None:
+        name = self.coordinator.name
+        self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"el-{name}")
+        backoff = Backoff()
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self._round()
+                    backoff.reset()
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    weather(self.coordinator, exc, backoff, self.stopping)
+        finally:
+            self.pool.shutdown(wait=not self.abandoned)
+            self.coordinator.release_all()
+
+    def _round(self) -> None:
+        """One batch: coordinate, read, hand the segments' shares to the pool, wait."""
+        coordinator, worker = self.coordinator, self.worker
+        if coordinator.coordinate():
+            states = [st for st in coordinator.claimed.values() if not st.lost]
+            coordinator.refresh_parked(states)
+            for st in states:
+                if st.persist_due(worker.persist_every):
+                    worker.persist(st)
+        states = [st for st in coordinator.claimed.values() if not st.lost]
+        if not states:
+            self.wakeup.wait(self.wakeup.generation, coordinator.interval)
+            return
+        seen = self.wakeup.generation
+        events, upto, moved = self.reader.read(states)
+        if not events and not moved:
+            for st in states:  # idle: a good moment to persist advanced tokens
+                worker.persist(st)
+            self.wakeup.wait(seen)
+            return
+        shares = self.reader.share(states, events)
+        futures = {
+            self.pool.submit(worker.process, st, evs, upto): st for st, evs in shares.items() if evs
+        }
+        for st, evs in shares.items():
+            if not evs:
+                worker.idle(st, upto)
+        if self._wait(futures):
+            # A stuck handler keeps its thread: leave it, and go on with a fresh pool.
+            self.pool.shutdown(wait=False)
+            self.pool = ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix=f"el-{coordinator.name}"
+            )
+
+    def _wait(self, futures: dict[Future[Outcome], SegmentState]) -> bool:
+        """Wait for the batch's segments; True when one was given up as stuck (its thread is
+        left behind: Python cannot stop it) so the loop can go on with the others."""
+        pending = set(futures)
+        abandoned = False
+        while pending:
+            done, pending = wait(pending, timeout=self.coordinator.interval)
+            for future in done:
+                future.result()  # LOST and FAILED states are dropped by coordinate()
+            stuck = {f for f in pending if futures[f].lost and futures[f].running is not None}
+            if stuck:
+                for future in stuck:
+                    log.error("%s %s: left a stuck handler thread behind", self.coordinator.name,
+                              futures[future].segment)  # fmt: skip
+                self.abandoned += len(stuck)
+                pending -= stuck
+                abandoned = True
+        return abandoned
+
+
+class TrackingLoop:
+    """One thread per held segment, each reading with its own (SQL-filtered) cursor; this
+    thread only coordinates, stopping a segment's thread before the segment changes."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        reader: BatchReader,
+        worker: SegmentWorker,
+        wakeup: Wakeup,
+        stopping: threading.Event,
+        guard: Callable[[Callable[[], None]], Callable[[], None]],
+    ) -> None:
+        self.coordinator = coordinator
+        self.reader = reader
+        self.worker = worker
+        self.wakeup = wakeup
+        self.stopping = stopping
+        self.guard = guard
+        self.threads: dict[int, threading.Thread] = {}
+
+    def run(self) -> None:
+        coordinator = self.coordinator
+        backoff = Backoff()
+        try:
+            while not self.stopping.is_set():
+                try:
+                    coordinator.coordinate(drop=self._stop_thread)
+                    backoff.reset()
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    weather(coordinator, exc, backoff, self.stopping)
+                    continue
+                for seg_id, st in list(coordinator.claimed.items()):
+                    thread = self.threads.get(seg_id)
+                    if thread is None or not thread.is_alive():
+                        if st.lost:
+                            coordinator.claimed.pop(seg_id, None)
+                            continue
+                        thread = threading.Thread(
+                            target=self.guard(lambda st=st: self._segment(st)),  # type: ignore[misc]
+                            name=f"eventlanes-{coordinator.name}-{st.segment}",
+                            daemon=True,
+                        )
+                        self.threads[seg_id] = thread
+                        thread.start()
+                self.stopping.wait(coordinator.interval)
+        finally:
+            for st in list(coordinator.claimed.values()):
+                self._stop_thread(st)
+            coordinator.release_all()
+
+    def _stop_thread(self, st: SegmentState) -> None:
+        thread = self.threads.pop(st.segment.id, None)
+        if thread is not None:
+            st.stop = True
+            self.wakeup.notify()
+            while thread.is_alive():
+                thread.join(self.coordinator.interval)
+                if st.lost and st.running is not None:
+                    log.error("%s %s: left a stuck handler thread behind", self.coordinator.name,
+                              st.segment)  # fmt: skip
+                    break
+            st.stop = False
+
+    def _segment(self, st: SegmentState) -> None:
+        backoff = Backoff()
+        while not self.stopping.is_set() and not st.stop and not st.lost:
+            try:
+                self._segment_rounds(st)
+                backoff.reset()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                weather(self.coordinator, exc, backoff, self.stopping)
+        self.worker.persist(st)
+
+    def _segment_rounds(self, st: SegmentState) -> None:
+        worker, coordinator = self.worker, self.coordinator
+        refresh_at = time.monotonic() + coordinator.interval
+        while not self.stopping.is_set() and not st.stop and not st.lost:
+            seen = self.wakeup.generation
+            events, upto, moved = self.reader.read([st])
+            mine = self.reader.share([st], events)[st] if events else []
+            if mine:
+                if worker.process(st, mine, upto) is not Outcome.OK:
+                    return
+            elif moved:
+                worker.idle(st, upto)
+                if st.persist_due(worker.persist_every):
+                    worker.persist(st)
+            else:
+                worker.persist(st)
+                self.wakeup.wait(seen)
+            if time.monotonic() > refresh_at:
+                refresh_at = time.monotonic() + coordinator.interval
+                coordinator.refresh_parked([st])

@@ -1,0 +1,60 @@
+"""Reading a processor's next batch and sharing it out among the segments it holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..events import Event
+from ..store import EventStore
+from .processor import Processor
+from .sources import read_merged
+from .state import SegmentState
+
+Upto = int | dict[str, int]
+
+
+class BatchReader:
+    """The processor's sources (the app's store first, named ""), read from the lowest token
+    of the segments asked for."""
+
+    def __init__(self, proc: Processor, sources: list[tuple[str, EventStore]]) -> None:
+        self.proc = proc
+        self.sources = sources
+        self.by_stream = proc.policy.by_stream
+        self.routing_hash = proc.policy.routing_hash
+
+    def read(self, states: Sequence[SegmentState]) -> tuple[list[Event], Upto, bool]:
+        """The next batch for ``states``: events, how far it is complete, and whether it moves
+        any token (a read past events of other segments does). Per-stream routing filters by
+        segment in SQL; other policies need the event, so they filter here."""
+        proc = self.proc
+        segs = [(st.segment.id, st.segment.mask) for st in states] if self.by_stream else None
+        if len(self.sources) == 1:
+            after = min(st.token.position for st in states)
+            events, upto = self.sources[0][1].read_upto(after, proc.batch_size, segs)
+            return events, upto, upto > after
+        afters = {
+            name: min(st.token.source(name).position for st in states) for name, _ in self.sources
+        }
+        events, uptos = read_merged(self.sources, afters, proc.batch_size, segs, proc.order)
+        return events, uptos, any(uptos[n] > afters[n] for n in uptos)
+
+    def share(
+        self, states: Sequence[SegmentState], events: list[Event]
+    ) -> dict[SegmentState, list[Event]]:
+        """Each event to the held segment that owns it, unless that segment has seen it."""
+        shares: dict[SegmentState, list[Event]] = {st: [] for st in states}
+        by_mask: dict[int, dict[int, SegmentState]] = {}
+        for st in states:
+            by_mask.setdefault(st.segment.mask, {})[st.segment.id] = st
+        masks = list(by_mask.items())
+        routing_hash = self.routing_hash
+        for event in events:
+            h = routing_hash(event)
+            for mask, ids in masks:
+                owner = ids.get(h & mask)
+                if owner is not None:
+                    if owner.wants(event, h):
+                        shares[owner].append(event)
+                    break
+        return shares

@@ -1,0 +1,104 @@
+"""The runtime: what processing needs from the outside, built once by the ``App``.
+
+Runners, workers, admin commands and the Spark executors depend on this narrow object (the
+store, the token store, dead letters, aggregation states, other sources, the observer), never
+on the ``App``. Everything is opened on first use: modules that define an app are imported by
+the CLI and by worker processes, and must not connect on import.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from ..db import Database
+from ..errors import InvalidInputError
+from ..observe import NO_OBSERVER, Observer
+from ..store import EventStore, open_store
+from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
+from .dead_letters import DeadLetterStore
+from .states import StateTable
+
+if TYPE_CHECKING:
+    from .processor import Processor
+
+
+class Runtime:
+    """``url``: the store; ``token_store``: a URL, "memory", a TokenStore, or None for the
+    store's own database (so ``ctx.execute`` writes commit together with the tokens)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token_store: str | TokenStore | None = None,
+        claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
+        poll_interval: float | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        if not isinstance(url, str):
+            raise InvalidInputError(f"App needs a store URL, got {url!r}")
+        if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
+            raise InvalidInputError(f"claim_timeout must be > 0 seconds, got {claim_timeout!r}")
+        self.url = url
+        self._token_store_spec = token_store
+        self.claim_timeout = float(claim_timeout)
+        self.poll_interval = poll_interval
+        self.observer = observer or NO_OBSERVER
+        self._sources: dict[str, EventStore] = {}
+        self._initialized: set[str] = set()
+        self._lock = threading.Lock()
+
+    @cached_property
+    def store(self) -> EventStore:
+        return open_store(self.url)
+
+    @property
+    def db(self) -> Database:
+        return self.store.db
+
+    @cached_property
+    def tokens(self) -> TokenStore:
+        spec = self._token_store_spec
+        if isinstance(spec, TokenStore):
+            return spec
+        if spec == "memory":
+            return InMemoryTokenStore(self.claim_timeout)
+        return open_token_store(spec or self.db, claim_timeout=self.claim_timeout)
+
+    @cached_property
+    def dead_letters(self) -> DeadLetterStore:
+        return DeadLetterStore(self.db)
+
+    @cached_property
+    def states(self) -> StateTable:
+        return StateTable(self.db)
+
+    def source_store(self, target: str | EventStore) -> EventStore:
+        """An extra source of a multi-source processor, opened once per runtime."""
+        if isinstance(target, EventStore):
+            return target
+        if target == self.url:
+            raise InvalidInputError(f"source {target!r} is the app's own store")
+        with self._lock:
+            if target not in self._sources:
+                self._sources[target] = open_store(target)
+            return self._sources[target]
+
+    def initialize(self, proc: Processor) -> None:
+        """Create the processor's token rows if missing (once per runtime: it is a locking
+        transaction). Only runners and commands that change tokens call this; status reads."""
+        if proc.name in self._initialized:
+            return
+        self.tokens.initialize(
+            proc.name, segments=proc.segments, initial=proc.initial, store=self.store
+        )
+        self._initialized.add(proc.name)
+
+    def close(self) -> None:
+        for store in self._sources.values():
+            store.close()
+        self._sources.clear()
+        if "store" in self.__dict__:
+            self.store.close()

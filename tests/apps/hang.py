@@ -1,0 +1,24 @@
+"""A test app whose handler hangs at one position until a file appears (a hung handler).
+
+EVENTLANES_TEST_APP_URL: the store; EVENTLANES_TEST_HANG_AT: the position that hangs;
+EVENTLANES_TEST_HANG_UNTIL: the file whose existence lets it finish.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import eventlanes as el
+
+env = os.environ.get
+app = el.App(env("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db"), claim_timeout=2)
+proc = app.processor("hang", handler_timeout=float(env("EVENTLANES_TEST_HANG_TIMEOUT", "60")))
+
+
+@proc.on_any
+def maybe_hang(event: el.Event, ctx: el.Context) -> None:
+    if event.position == int(env("EVENTLANES_TEST_HANG_AT", "0")):
+        until = env("EVENTLANES_TEST_HANG_UNTIL", "")
+        while not (until and os.path.exists(until)):
+            time.sleep(0.05)

@@ -1,0 +1,229 @@
+"""The runtime's behaviour off the happy path: named guarantees, read-only status, resets
+beyond the head, the dead-letter race, hung handlers, a heartbeat through database errors,
+worker restarts and shutdown within a grace period."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import eventlanes as el
+from eventlanes.processing.claims import Heartbeat
+from eventlanes.supervisor import Supervisor
+from tests.apps.recorder import create_schema
+from tests.processing_helpers import append_load, assert_exactly_once_in_order, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_guarantee_is_named_and_shown_in_status(store_url: str) -> None:
+    app = el.App(store_url)
+    exact = app.processor("exact")
+    side = app.processor("side", guarantee="at-least-once", lanes=2)
+    agg = app.aggregation("agg", key="k", initial=dict)
+    rep = app.republisher("rep", to_stream="out")
+    assert exact.guarantee is el.Guarantee.EXACTLY_ONCE
+    assert [app.status(p).guarantee for p in ("exact", "side", "agg", "rep")] == [
+        "exactly-once", "at-least-once", "aggregation", "at-least-once",
+    ]  # fmt: skip
+    assert agg.guarantee is el.Guarantee.AGGREGATION and rep.guarantee.value == "at-least-once"
+    assert side.describe()["guarantee"] == "at-least-once"
+    app.close()
+
+
+def test_status_reads_without_creating_token_rows(store_url: str) -> None:
+    app = el.App(store_url)
+    app.processor("late", initial="head", segments=2)
+    app.store.append("a", [el.NewEvent("E")] * 5)
+    view = app.status("late")
+    assert not view.started and [s.position for s in view.segments] == [5, 5]
+    assert app.tokens.status("late") == []  # nothing written: "head" is not fixed yet
+    app.store.append("a", [el.NewEvent("E")] * 3)
+    app.initialize("late")  # the first run fixes the head, now 8
+    assert {s.position for s in app.status("late").segments} == {8}
+    app.close()
+
+
+def test_reset_beyond_the_head_is_refused(store_url: str) -> None:
+    app = el.App(store_url)
+    proc = app.processor("p")
+    seen: list[int] = []
+    proc.on_any(lambda e, ctx: seen.append(e.position))
+    with pytest.raises(el.InvalidInputError, match="head is 0"):
+        app.reset("p", to=1000)
+    app.store.append("s", [el.NewEvent("E")] * 50)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert seen == list(range(1, 51))  # nothing skipped: the refused reset moved no token
+    assert app.reset("p", to=50) == 50
+    app.close()
+
+
+def test_new_event_of_a_retried_key_is_not_parked_again(store_url: str) -> None:
+    app = el.App(store_url, claim_timeout=3)
+    proc = app.processor("dl", on_error="dead_letter")
+    broken = {"yes": True}
+    handled: list[int] = []
+
+    @proc.on_any
+    def handle(event: el.Event, ctx: el.Context) -> None:
+        if broken["yes"] and event.data.get("bad"):
+            raise RuntimeError("bad event")
+        handled.append(event.position)
+
+    app.start()
+    try:
+        for attempt in range(5):
+            key = f"k-{attempt}"
+            broken["yes"] = True
+            app.store.append(key, [el.NewEvent("E", {"bad": True})])
+            wait_for(lambda k=key: app.dead_letter_list("dl", key=k), what="the event parked")
+            broken["yes"] = False
+            assert app.retry_dead_letters("dl", key=key) == (1, 0)
+            [position] = app.store.append(key, [el.NewEvent("E")])
+            wait_for(lambda p=position: p in handled, timeout=10, what=f"try {attempt}: handled")
+            assert app.dead_letter_list("dl") == []
+    finally:
+        app.stop()
+        app.close()
+
+
+def test_a_hung_handler_is_visible_bounded_and_rolled_back(store_url: str, tmp_path) -> None:
+    app = el.App(store_url, claim_timeout=1.5)
+    proc = app.processor("hung", handler_timeout=1.0)
+    table = create_schema(app)
+    release = threading.Event()
+
+    @proc.on_any
+    def record(event: el.Event, ctx: el.Context) -> None:
+        p = ctx.param
+        ctx.execute(
+            f"INSERT INTO {table} (stream_id, version, position) VALUES ({p}, {p}, {p})",
+            (event.stream_id, event.version, event.position),
+        )
+        if event.position == 3 and not release.is_set():
+            release.wait(30)  # hangs inside the transaction
+
+    app.store.append("s", [el.NewEvent("E")] * 5)
+    app.start()
+    try:
+        failing = wait_for(
+            lambda: next((s for s in app.status("hung").segments if s.last_error), None),
+            timeout=15,
+            what="the stuck handler in status",
+        )
+        assert "did not finish within 1 s" in failing.last_error
+        assert "event 3 (E, s v3)" in failing.last_error and failing.position == 0
+        release.set()  # the abandoned batch wakes up, and must not commit
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert_exactly_once_in_order(app, table)
+    app.close()
+
+
+def test_heartbeat_carries_on_through_database_errors(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/tokens.db?busy_timeout=100"
+    tokens = el.open_token_store(url, claim_timeout=5)
+    tokens.initialize("p", segments=1)
+    assert tokens.claim("p", 0, "me") is not None
+    held: list[set[int]] = []
+    beat = Heartbeat(tokens, "p", "me", interval=0.05, on_held=held.append)
+    locker = sqlite3.connect(f"{tmp_path}/tokens.db", isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")  # every write now fails with "database is locked"
+    beat.start()
+    try:
+        wait_for(lambda: beat.failures >= 2, timeout=10, what="failed beats")
+        assert beat._thread.is_alive() and not held
+        locker.execute("ROLLBACK")
+        wait_for(lambda: held and held[-1] == {0}, timeout=10, what="a beat after the lock")
+        assert beat.failures == 0
+    finally:
+        beat.stop()
+        locker.close()
+        tokens.db.close()
+
+
+def _env(url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"EVENTLANES_TEST_APP_URL": url, "EVENTLANES_TEST_APP_CLAIM_TIMEOUT": "1.5"})
+    return env
+
+
+def test_supervisor_replaces_a_killed_worker(store_url: str, monkeypatch) -> None:
+    for key, value in _env(store_url).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+    app = el.App(store_url)
+    app.processor("recorder", segments=4)
+    table = create_schema(app)
+    append_load(app.store, streams=40, events=3000)
+    supervisor = Supervisor("tests.apps.recorder:app", 2, max_restarts=3)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(supervisor.run(interval=0.1)))
+    thread.start()
+    try:
+        wait_for(lambda: all(c.pid for c in supervisor.children), what="two workers")
+        victim = supervisor.children[0]
+        wait_for(lambda: victim.is_alive(), what="the victim up")
+        time.sleep(1.0)
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(
+            lambda: supervisor.children[0] is not victim and supervisor.children[0].is_alive(),
+            timeout=20,
+            what="a replacement worker",
+        )
+        assert supervisor.restarts == 1
+        wait_for(lambda: app.status("recorder").caught_up, timeout=60, what="caught up")
+    finally:
+        supervisor.stop()
+        thread.join(60)
+    assert codes == [0]  # the replaced worker does not fail the run
+    assert_exactly_once_in_order(app, table)
+    app.close()
+
+
+def test_sigterm_stops_within_the_grace_even_with_a_hung_handler(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/events.db"
+    store = el.open_store(url)
+    store.append("s", [el.NewEvent("E")] * 3)
+    store.close()
+    env = _env(url)
+    env.update({"EVENTLANES_TEST_HANG_AT": "2", "EVENTLANES_TEST_HANG_UNTIL": str(tmp_path / "x")})
+    # As the CLI does: a stop that timed out leaves a thread behind that would block the exit.
+    code = (
+        "import os, sys\n"
+        "from tests.apps.hang import app\n"
+        "try:\n    app.run(grace=2.0)\n"
+        "except Exception as exc:\n    print(f'error: {exc}', file=sys.stderr, flush=True)\n"
+        "    os._exit(1)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        app = el.App(url)
+        app.processor("hang")
+        wait_for(lambda: app.status("hang").segments[0].owner, timeout=20, what="the claim")
+        time.sleep(0.5)  # in the handler now
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        assert time.monotonic() - started < 8
+        assert proc.returncode != 0
+        assert "did not stop within 2 s" in (proc.stderr.read() if proc.stderr else "")
+        app.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
