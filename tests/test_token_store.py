@@ -54,13 +54,38 @@ def test_processor_names_are_validated(make_token_store, name) -> None:
 
 def test_bad_arguments(make_token_store) -> None:
     ts = make_token_store()
-    with pytest.raises(el.InvalidInputError, match="power of two"):
-        ts.initialize(P, segments=3)
+    for bad in (0, -1, 4097, 2.5, "3"):
+        with pytest.raises(el.InvalidInputError, match="from 1 to 4096"):
+            ts.initialize(P, segments=bad)
     with pytest.raises(el.InvalidInputError, match="owner"):
         ts.claim(P, 0, "")
     with pytest.raises(el.InvalidInputError, match="claim_timeout"):
         el.InMemoryTokenStore(claim_timeout=0)
     assert ts.processors() == []
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12])
+def test_initialize_any_segment_count_as_a_balanced_tree(make_token_store, n) -> None:
+    ts = make_token_store()
+    assert ts.initialize(P, segments=n) is True
+    assert ts.segments(P) == Segment.initial(n)
+    assert len(ts.segments(P)) == n
+
+
+def test_split_and_merge_on_an_uneven_tree(make_token_store) -> None:
+    ts = make_token_store()
+    ts.initialize(P, segments=3)  # 0/1, 1/3, 3/3
+    for seg in ts.segments(P):
+        ts.claim(P, seg.id, "node-a")
+    with pytest.raises(el.InvalidInputError, match="sibling 1/1 is split further"):
+        ts.merge(P, 0, "node-a")
+    assert ts.segments(P) == Segment.initial(3)  # refused: nothing changed
+    assert ts.split(P, 0, "node-a") == (Segment(0, 3), Segment(2, 3))
+    ts.claim(P, 2, "node-a")
+    assert ts.merge(P, 3, "node-a") == Segment(1, 1)
+    assert ts.segments(P) == [Segment(0, 3), Segment(1, 1), Segment(2, 3)]
+    assert ts.merge(P, 2, "node-a") == Segment(0, 1)
+    assert ts.merge(P, 0, "node-a") == Segment.root()
 
 
 def test_claim_extend_store_release(make_token_store) -> None:
