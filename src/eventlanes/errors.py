@@ -29,3 +29,7 @@ class ConcurrencyError(EventlanesError):
 
 class ClaimLostError(EventlanesError):
     """A token write was refused because another owner holds (or stole) the claim."""
+
+
+class ProcessorPausedError(ClaimLostError):
+    """The processor is paused: its owners must let their claims go until it is resumed."""
