@@ -5,6 +5,7 @@ contract (tests/test_token_store_contract.py)."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import uuid
 
 import pytest
@@ -82,6 +83,34 @@ def test_a_database_of_the_previous_version_opens_and_gains_the_new_parts(store_
     assert ts.claim(P, 0, "node-a") is None and ts.status(P)[0].paused
     ts.resume(P)
     assert ts.claim(P, 0, "node-a") is not None
+    ts.db.close()
+
+
+def test_many_openers_of_an_old_database_at_once_all_succeed(store_url) -> None:
+    db = open_database(store_url)
+    db.run_ddl([OLD_TOKENS.format(t=db.prefix), OLD_NODES.format(t=db.prefix)])
+    db.close()
+    barrier = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            barrier.wait()
+            ts = el.open_token_store(store_url)
+            ts.pause(f"p{threading.get_ident()}")
+            ts.db.close()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    ts = el.open_token_store(store_url)
+    ts.initialize(P)
+    assert ts.refuse(P, 0, "nothing pending") is False  # the refused column is there
     ts.db.close()
 
 
