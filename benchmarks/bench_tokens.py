@@ -1,5 +1,6 @@
-"""Token store: claims, extends and stores per second on SQLite and PostgreSQL, for a single
-owner and for 4 processes competing for the same 16 segments."""
+"""Token store: claims, extends, stores and status reads per second on SQLite and PostgreSQL,
+for a single owner and for 4 processes competing for the same 16 segments; and how fast a
+paused processor refuses claims (every one must be refused)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,19 @@ def _single(url: str, n: int) -> dict[str, float]:
     for i in range(n):
         ts.store(P, i % 16, el.Token(i), "solo")
     rates["store"] = n / (time.perf_counter() - start)
+    last = {i % 16: i for i in range(n)}  # the last position stored to each segment
+    assert [ts.token(P, s) for s in range(16)] == [el.Token(last[s]) for s in range(16)]
+    reads = max(1, n // 10)
+    start = time.perf_counter()
+    for _ in range(reads):
+        assert len(ts.status(P)) == 16
+    rates["status (16 rows)"] = reads / (time.perf_counter() - start)
+    ts.release_all(P, "solo")
+    ts.pause(P)
+    start = time.perf_counter()
+    refused = sum(ts.claim(P, i % 16, "solo") is None for i in range(n))
+    rates["claim refused (paused)"] = n / (time.perf_counter() - start)
+    assert refused == n, f"{n - refused} claims succeeded on a paused processor"
     ts.db.close()
     return rates
 

@@ -42,8 +42,10 @@ def test_split_merge_and_sibling() -> None:
         (lambda: Segment(1, 3).merge(Segment(1, 7)), "only siblings"),
         (lambda: Segment.root().sibling(), "root"),
         (lambda: Segment.root().merge(Segment.root()), "only siblings"),
-        (lambda: Segment.initial(3), "power of two"),
-        (lambda: Segment.initial(0), "power of two"),
+        (lambda: Segment.initial(0), "from 1 to 4096, got 0"),
+        (lambda: Segment.initial(4097), "from 1 to 4096, got 4097"),
+        (lambda: Segment.initial(2.0), "whole number"),
+        (lambda: Segment.initial(True), "whole number"),
         (lambda: Segment(0, 2**32 - 1).split(), "cannot be split"),
     ],
 )
@@ -52,10 +54,41 @@ def test_invalid_segments_are_clear_value_errors(make, match) -> None:
         make()
 
 
+def test_initial_counts_that_are_not_powers_of_two_split_breadth_first() -> None:
+    assert Segment.initial(3) == [Segment(0, 1), Segment(1, 3), Segment(3, 3)]
+    assert Segment.initial(5) == [
+        Segment(0, 3), Segment(1, 3), Segment(2, 3), Segment(3, 7), Segment(7, 7),
+    ]  # fmt: skip
+    assert Segment.initial(6) == [
+        Segment(0, 3), Segment(1, 3), Segment(2, 7), Segment(3, 7), Segment(6, 7), Segment(7, 7),
+    ]  # fmt: skip
+    assert Segment.initial(7) == [Segment(0, 3)] + [Segment(i, 7) for i in (1, 2, 3, 5, 6, 7)]
+    assert Segment.initial(2) == [Segment(0, 1), Segment(1, 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4096), st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=30))
+def test_initial_segments_partition_the_hash_space_in_a_balanced_tree(n, hashes) -> None:
+    segments = Segment.initial(n)
+    assert len(segments) == n == len(set(segments))
+    assert segments == sorted(segments)
+    for h in hashes + [0, 2**32 - 1]:
+        assert sum(s.matches(h) for s in segments) == 1
+    assert sum(2**32 // s.size for s in segments) == 2**32
+    # Balanced: at most two sizes, one twice the other.
+    assert max(s.size for s in segments) <= 2 * min(s.size for s in segments)
+    # A tree of splits: every segment's sibling is there or split once more, never coarser.
+    present = set(segments)
+    for s in segments:
+        if s.mask:
+            sib = s.sibling()
+            assert sib in present or set(sib.split()) <= present
+
+
 @st.composite
 def reachable_partitions(draw: st.DrawFn) -> list[Segment]:
     """Any set of segments reachable from the root by random splits and merges."""
-    segments = [Segment.root()]
+    segments = Segment.initial(draw(st.integers(1, 12)))
     for _ in range(draw(st.integers(0, 40))):
         if draw(st.booleans()) or len(segments) == 1:
             seg = draw(st.sampled_from(segments))

@@ -145,7 +145,7 @@ def _claimer(url: str, owner: str, rounds: int, barrier, out) -> None:
 
 def test_concurrent_split_merge_and_claims_keep_a_partition(ts_url) -> None:
     ts = el.open_token_store(ts_url)
-    ts.initialize(P, segments=2)
+    ts.initialize(P, segments=3)  # an uneven tree: 0/1, 1/3, 3/3
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_splitter, args=(ts_url, 150, barrier, out))]
@@ -172,7 +172,7 @@ def _initializer(url: str, n: int, barrier, out) -> None:
 
 
 def test_initialize_from_many_processes_at_once(ts_url) -> None:
-    counts = [random.choice([2, 4, 8]) for _ in range(PROCS)]
+    counts = [random.choice([2, 3, 4, 6, 8]) for _ in range(PROCS)]
     procs, out = _start(_initializer, [(ts_url, n) for n in counts])
     results = _finish(procs, out, PROCS)
     created = [n for n, was_created in results if was_created]

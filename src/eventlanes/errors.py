@@ -46,3 +46,7 @@ class HandlerTimeoutError(EventlanesError):
 class StopTimeoutError(EventlanesError):
     """A processor did not stop within its grace period (a handler still runs); its claims are
     left to expire, so another node continues from the stored tokens."""
+
+
+class ProcessorPausedError(ClaimLostError):
+    """The processor is paused: its owners must let their claims go until it is resumed."""

@@ -4,6 +4,9 @@ An event belongs to the segment whose ``id == hash & mask``. A mask is ``2^k - 1
 doubles the mask and yields ids ``id`` and ``id + mask + 1``; only siblings (same mask, ids that
 differ in the mask's top bit) merge back. The mask is stored with every token row, never
 inferred from the set of ids.
+
+A set of segments need not share one mask: ``Segment.initial(3)`` is ``0/1, 1/3, 3/3`` (half,
+quarter, quarter), a balanced tree of splits, so any count of segments can be started with.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_MASK = 0xFFFFFFFF
+#: Most segments a processor may be initialised with (each is a token row and a claim).
+MAX_INITIAL_SEGMENTS = 4096
 
 
 def _is_valid_mask(mask: int) -> bool:
@@ -45,10 +50,24 @@ class Segment:
 
     @classmethod
     def initial(cls, n: int) -> list[Segment]:
-        """A balanced split of the root into ``n`` segments (n = 1, 2, 4, ...)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1) or n > 2**32:
-            raise ValueError(f"segment count must be a power of two (1, 2, 4, ...), got {n!r}")
-        return [cls(i, n - 1) for i in range(n)]
+        """A balanced tree of splits of the root into ``n`` segments (1 <= n <= 4096), by id.
+
+        Split breadth-first until there are ``n``: with ``2^k <= n < 2^(k+1)``, the
+        ``n - 2^k`` highest ids of mask ``2^k - 1`` are split once more. So 3 gives
+        ``0/1, 1/3, 3/3``; 6 gives ``0/3, 1/3, 2/7, 3/7, 6/7, 7/7``; powers of two share one mask.
+        No segment is more than twice the size of another.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_INITIAL_SEGMENTS:
+            raise ValueError(
+                f"segment count must be a whole number from 1 to {MAX_INITIAL_SEGMENTS}, got {n!r}"
+            )
+        level = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+        extra = n - level  # how many of that level's segments are split once more
+        segments: list[Segment] = []
+        for seg_id in range(level):
+            seg = cls(seg_id, level - 1)
+            segments.extend(seg.split() if seg_id >= level - extra else (seg,))
+        return sorted(segments)
 
     @property
     def size(self) -> int:

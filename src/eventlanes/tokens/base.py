@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInputError
+from ..errors import ClaimLostError, InvalidInputError, ProcessorPausedError
 from ..names import validate_owner, validate_processor_name
 from ..segments import Segment
 from .token import Token
@@ -19,6 +19,7 @@ DEFAULT_CLAIM_TIMEOUT = 10.0
 MAX_BACKOFF = 60.0
 Initial = str | int | datetime
 REQUESTS = ("split", "merge", "release")
+MAX_REASON = 4000  # characters kept of an error or a refusal reason
 
 
 def backoff(errors: int) -> float:
@@ -49,6 +50,8 @@ class SegmentStatus:
     updated_at: float  # epoch seconds of the last token write
     errors: int = 0  # consecutive failed attempts
     retry_in: float | None = None  # seconds until a failing segment may be retried
+    paused: bool = False  # the processor is paused: nobody may claim the segment
+    request_refused: str | None = None  # why the owner refused the last request (until the next)
 
     @property
     def position(self) -> int:
@@ -68,9 +71,9 @@ def resolve_initial(initial: Initial, store: EventStore | None) -> int:
     if initial == "head" or isinstance(initial, datetime):
         if store is None:
             raise InvalidInputError(f"initial={initial!r} needs the event store: pass store=")
-        if initial == "head":
+        if not isinstance(initial, datetime):
             return store.head()
-        first = store.position_at(initial)  # type: ignore[arg-type]
+        first = store.position_at(initial)
         return store.head() if first is None else first - 1
     raise InvalidInputError(
         f"invalid initial token {initial!r}: use 'tail', 'head', a position or a datetime"
@@ -110,35 +113,57 @@ class TokenStore(ABC):
         return self._initialize(processor, segs, position)
 
     def claim(
-        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool = False
+        self,
+        processor: str,
+        segment_id: int,
+        owner: str,
+        ignore_backoff: bool = False,
+        *,
+        ignore_pause: bool = False,
     ) -> TokenRecord | None:
         """Claim a segment: succeeds if unclaimed, already ours, or its claim expired (steal),
-        and it is not backing off after errors (``ignore_backoff``: for resets)."""
+        it is not backing off after errors (``ignore_backoff``: for resets) and the processor
+        is not paused (``ignore_pause``: for admin work on a paused processor, e.g. reset).
+        Returns None otherwise, also to the current owner while the processor is paused."""
         return self._claim(
-            validate_processor_name(processor), segment_id, validate_owner(owner), ignore_backoff
+            validate_processor_name(processor),
+            _segment_id(segment_id),
+            validate_owner(owner),
+            bool(ignore_backoff),
+            bool(ignore_pause),
         )
 
     def extend(self, processor: str, segment_id: int, owner: str) -> None:
-        """Push the claim's deadline out; raises ClaimLostError if ``owner`` lost it."""
-        self._extend(validate_processor_name(processor), segment_id, validate_owner(owner))
+        """Push the claim's deadline out; raises ClaimLostError if ``owner`` lost it, and
+        ProcessorPausedError (a ClaimLostError) while the processor is paused."""
+        self._extend(
+            validate_processor_name(processor), _segment_id(segment_id), validate_owner(owner)
+        )
 
     def extend_all(self, processor: str, owner: str) -> list[int]:
-        """Extend every claim ``owner`` holds on ``processor``; returns their segment ids."""
+        """Extend every claim ``owner`` holds on ``processor``; returns their segment ids.
+
+        While the processor is paused nothing is extended and the list is empty: the owner
+        must persist its tokens and release (its claims expire otherwise)."""
         return self._extend_all(validate_processor_name(processor), validate_owner(owner))
 
     def release(self, processor: str, segment_id: int, owner: str, hold_off: float = 0.0) -> bool:
         """Give a claim up. ``hold_off`` seconds: ``owner`` will not get it back before then
         (others may claim it at once)."""
-        if hold_off < 0:
+        if isinstance(hold_off, bool) or not isinstance(hold_off, int | float) or not hold_off >= 0:
             raise InvalidInputError(f"hold_off must be >= 0 seconds, got {hold_off!r}")
         return self._release(
-            validate_processor_name(processor), segment_id, validate_owner(owner), hold_off
+            validate_processor_name(processor),
+            _segment_id(segment_id),
+            validate_owner(owner),
+            float(hold_off),
         )
 
     def release_all(self, processor: str, owner: str) -> int:
-        return sum(
-            self._release(processor, s, owner, 0.0) for s in self.extend_all(processor, owner)
-        )
+        """Release every claim ``owner`` holds (also while paused); returns how many."""
+        validate_owner(owner)
+        held = [s.segment.id for s in self.status(processor) if s.owner == owner]
+        return sum(self._release(processor, seg_id, owner, 0.0) for seg_id in held)
 
     def store(
         self, processor: str, segment_id: int, token: Token | int, owner: str, conn: Any = None
@@ -150,21 +175,55 @@ class TokenStore(ABC):
         if not isinstance(tok, Token) or tok.position < 0:
             raise InvalidInputError(f"invalid token {token!r}")
         self._store(
-            validate_processor_name(processor), segment_id, tok, validate_owner(owner), conn
-        )
+            validate_processor_name(processor), _segment_id(segment_id), tok, validate_owner(owner),
+            conn,
+        )  # fmt: skip
 
     def fail(self, processor: str, segment_id: int, owner: str, error: str) -> float:
         """Record a failed attempt and release the claim; the segment may be claimed again
         (by any node) after the back-off, which is returned in seconds."""
+        if not isinstance(error, str):
+            raise InvalidInputError(f"error must be text, got {error!r}")
         return self._fail(
-            validate_processor_name(processor), segment_id, validate_owner(owner), error
-        )
+            validate_processor_name(processor), _segment_id(segment_id), validate_owner(owner),
+            error[:MAX_REASON],
+        )  # fmt: skip
 
     def request(self, processor: str, segment_id: int, what: str | None) -> bool:
-        """Ask the segment's owner to ``split``, ``merge`` or ``release`` it (None: withdraw)."""
+        """Ask the segment's owner to ``split``, ``merge`` or ``release`` it (None: withdraw).
+
+        A new request clears the reason of an earlier refusal; withdrawing keeps it. False if
+        the processor has no such segment."""
         if what is not None and what not in REQUESTS:
             raise InvalidInputError(f"unknown request {what!r}: use one of {', '.join(REQUESTS)}")
-        return self._request(validate_processor_name(processor), segment_id, what)
+        return self._request(validate_processor_name(processor), _segment_id(segment_id), what)
+
+    def refuse(self, processor: str, segment_id: int, reason: str, what: str | None = None) -> bool:
+        """The owner will not carry out the pending request: clear it and record ``reason``
+        (``SegmentStatus.request_refused``) so that whoever asked can stop waiting and say why.
+
+        ``what``: refuse only if the pending request is that one (a newer, different request
+        stays). False if there was no (such) request pending or no such segment."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInputError(f"a refusal needs a reason (non-empty text), got {reason!r}")
+        if what is not None and what not in REQUESTS:
+            raise InvalidInputError(f"unknown request {what!r}: use one of {', '.join(REQUESTS)}")
+        return self._refuse(
+            validate_processor_name(processor), _segment_id(segment_id), reason[:MAX_REASON], what
+        )
+
+    def pause(self, processor: str) -> bool:
+        """Pause a processor everywhere: from now on nobody can claim its segments (owners see
+        ``extend_all`` return nothing and let go). Persisted; works before the processor's
+        rows exist. True if this call paused it, False if it was paused already."""
+        return self._set_paused(validate_processor_name(processor), True)
+
+    def resume(self, processor: str) -> bool:
+        """Undo ``pause``; True if the processor was paused."""
+        return self._set_paused(validate_processor_name(processor), False)
+
+    def is_paused(self, processor: str) -> bool:
+        return self._is_paused(validate_processor_name(processor))
 
     def heartbeat(self, processor: str, node: str) -> None:
         """Record that ``node`` is alive and working for ``processor`` (for fair shares)."""
@@ -179,16 +238,22 @@ class TokenStore(ABC):
 
     def split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
         """Split a segment ``owner`` holds; both halves get its token, the new half is unclaimed."""
-        return self._split(validate_processor_name(processor), segment_id, validate_owner(owner))
+        return self._split(
+            validate_processor_name(processor), _segment_id(segment_id), validate_owner(owner)
+        )
 
     def merge(self, processor: str, segment_id: int, owner: str) -> Segment:
-        """Merge a segment with its sibling; ``owner`` must hold both claims."""
-        return self._merge(validate_processor_name(processor), segment_id, validate_owner(owner))
+        """Merge a segment with its sibling; ``owner`` must hold both claims. Refused
+        (InvalidInputError) when the sibling is split further."""
+        return self._merge(
+            validate_processor_name(processor), _segment_id(segment_id), validate_owner(owner)
+        )
 
     def segments(self, processor: str) -> list[Segment]:
         return [s.segment for s in self.status(processor)]
 
     def status(self, processor: str) -> list[SegmentStatus]:
+        """One row per segment, by id; empty for a processor without rows. Never writes."""
         return self._status(validate_processor_name(processor))
 
     def token(self, processor: str, segment_id: int) -> Token | None:
@@ -205,7 +270,7 @@ class TokenStore(ABC):
 
     @abstractmethod
     def _claim(
-        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool
     ) -> TokenRecord | None: ...
 
     @abstractmethod
@@ -229,6 +294,15 @@ class TokenStore(ABC):
     def _request(self, processor: str, segment_id: int, what: str | None) -> bool: ...
 
     @abstractmethod
+    def _refuse(self, processor: str, segment_id: int, reason: str, what: str | None) -> bool: ...
+
+    @abstractmethod
+    def _set_paused(self, processor: str, paused: bool) -> bool: ...
+
+    @abstractmethod
+    def _is_paused(self, processor: str) -> bool: ...
+
+    @abstractmethod
     def _heartbeat(self, processor: str, node: str, leave: bool) -> None: ...
 
     @abstractmethod
@@ -247,6 +321,18 @@ class TokenStore(ABC):
         pass
 
 
+def _segment_id(segment_id: object) -> int:
+    if isinstance(segment_id, bool) or not isinstance(segment_id, int) or segment_id < 0:
+        raise InvalidInputError(f"invalid segment id {segment_id!r}: a whole number >= 0")
+    return segment_id
+
+
+def paused_error(processor: str) -> ProcessorPausedError:
+    return ProcessorPausedError(
+        f"processor {processor!r} is paused: its claims must be released until it is resumed"
+    )
+
+
 def _initial_segments(n: int) -> list[Segment]:
     try:
         return Segment.initial(n)
@@ -258,8 +344,6 @@ def split_checked(
     processor: str, segment_id: int, row: tuple[int, str | None] | None, owner: str
 ) -> tuple[Segment, Segment]:
     """Checks shared by the backends' split: returns the two halves."""
-    from ..errors import ClaimLostError
-
     if row is None:
         raise InvalidInputError(f"processor {processor!r} has no segment {segment_id}")
     mask, seg_owner = row
@@ -278,8 +362,6 @@ def merge_rows(
     processor: str, rows: dict[int, tuple[int, Token, str | None]], segment_id: int, owner: str
 ) -> tuple[Segment, Segment, Token]:
     """Checks shared by the backends' merge: returns (kept, removed, merged token)."""
-    from ..errors import ClaimLostError
-
     if segment_id not in rows:
         raise InvalidInputError(f"processor {processor!r} has no segment {segment_id}")
     mask, tok, seg_owner = rows[segment_id]

@@ -20,6 +20,7 @@ from .base import (
     TokenStore,
     backoff,
     merge_rows,
+    paused_error,
     split_checked,
 )
 from .token import Token
@@ -35,6 +36,7 @@ class _Row:
     released_by: str | None = None
     release_until: float = 0.0
     request: str | None = None
+    refused: str | None = None
     last_error: str | None = None
     updated_at: float = 0.0
     errors: int = 0
@@ -46,6 +48,7 @@ class InMemoryTokenStore(TokenStore):
         super().__init__(claim_timeout)
         self._rows: dict[str, dict[int, _Row]] = {}
         self._nodes: dict[str, dict[str, float]] = {}
+        self._paused: set[str] = set()
         self._lock = threading.Lock()
 
     def _row(self, processor: str, segment_id: int) -> _Row | None:
@@ -62,12 +65,14 @@ class InMemoryTokenStore(TokenStore):
             return True
 
     def _claim(
-        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool
     ) -> TokenRecord | None:
         with self._lock:
             row = self._row(processor, segment_id)
             now = time.time()
             if row is None:
+                return None
+            if processor in self._paused and not ignore_pause:
                 return None
             if row.owner not in (None, owner) and (row.deadline or 0) >= now:
                 return None
@@ -94,10 +99,15 @@ class InMemoryTokenStore(TokenStore):
 
     def _extend(self, processor: str, segment_id: int, owner: str) -> None:
         with self._lock:
-            self._owned(processor, segment_id, owner).deadline = time.time() + self.claim_timeout
+            row = self._owned(processor, segment_id, owner)
+            if processor in self._paused:
+                raise paused_error(processor)
+            row.deadline = time.time() + self.claim_timeout
 
     def _extend_all(self, processor: str, owner: str) -> list[int]:
         with self._lock:
+            if processor in self._paused:
+                return []
             ids = []
             for seg_id, row in self._rows.get(processor, {}).items():
                 if row.owner == owner:
@@ -126,8 +136,10 @@ class InMemoryTokenStore(TokenStore):
     def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
         with self._lock:
             row = self._row(processor, segment_id)
-            keep, new = split_checked(processor, segment_id, row and (row.mask, row.owner), owner)
-            assert row is not None
+            keep, new = split_checked(
+                processor, segment_id, None if row is None else (row.mask, row.owner), owner
+            )
+            assert row is not None  # split_checked raised otherwise
             token = row.token
             row.mask, row.token, row.request = keep.mask, token.for_segment(keep), None
             self._rows[processor][new.id] = _Row(
@@ -149,6 +161,7 @@ class InMemoryTokenStore(TokenStore):
     def _status(self, processor: str) -> list[SegmentStatus]:
         with self._lock:
             now = time.time()
+            paused = processor in self._paused
             return [
                 SegmentStatus(
                     processor,
@@ -162,6 +175,8 @@ class InMemoryTokenStore(TokenStore):
                     r.updated_at,
                     r.errors,
                     r.retry_at - now if r.retry_at > now else None,
+                    paused,
+                    r.refused,
                 )
                 for seg_id, r in sorted(self._rows.get(processor, {}).items())
             ]
@@ -181,7 +196,30 @@ class InMemoryTokenStore(TokenStore):
             if row is None:
                 return False
             row.request = what
+            if what is not None:
+                row.refused = None
             return True
+
+    def _refuse(self, processor: str, segment_id: int, reason: str, what: str | None) -> bool:
+        with self._lock:
+            row = self._row(processor, segment_id)
+            if row is None or row.request is None or what not in (None, row.request):
+                return False
+            row.request, row.refused = None, reason
+            return True
+
+    def _set_paused(self, processor: str, paused: bool) -> bool:
+        with self._lock:
+            was = processor in self._paused
+            if paused:
+                self._paused.add(processor)
+            else:
+                self._paused.discard(processor)
+            return was != paused
+
+    def _is_paused(self, processor: str) -> bool:
+        with self._lock:
+            return processor in self._paused
 
     def _heartbeat(self, processor: str, node: str, leave: bool) -> None:
         with self._lock:

@@ -11,12 +11,21 @@ Table ``{prefix}tokens``, one row per (processor, segment):
 | token_detail | JSON for merged tokens (positions of halves that were ahead), else NULL |
 | owner, claimed_since, claim_deadline | the claim; times are epoch ms on the database's clock |
 | released_by, release_until | a released claim its last owner will not take back before then |
-| request | a split or merge asked for by another node, for the owner to carry out |
 | last_error, errors, retry_at | the last processing error, consecutive failures, and when the
   segment may be claimed again (back-off) |
 | updated_at | when the token was last written |
 
+| request | a split or merge asked for by another node, for the owner to carry out |
+| refused | why the owner refused the last request (cleared by the next request) |
+
 Table ``{prefix}nodes``: (processor, node, last_seen) heartbeats, for fair shares and status.
+
+Table ``{prefix}paused``: one row per paused processor (processor, paused_at). A table of its
+own, so that a processor can be paused before its token rows exist.
+
+The schema is created when missing and brought up to date in place (databases of earlier
+versions lack ``refused`` and ``{prefix}paused``). Opening a current schema only reads, so
+read-only work (``status``) never writes.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from .base import (
     TokenStore,
     backoff,
     merge_rows,
+    paused_error,
     split_checked,
 )
 from .token import Token
@@ -43,35 +53,12 @@ class SQLTokenStore(TokenStore):
         super().__init__(claim_timeout)
         self.db = db
         self.table = t = db.table("tokens")
-        db.run_ddl(
-            [
-                f"""CREATE TABLE IF NOT EXISTS {t} (
-                    processor TEXT NOT NULL,
-                    segment_id BIGINT NOT NULL,
-                    mask BIGINT NOT NULL,
-                    position BIGINT NOT NULL,
-                    token_detail TEXT,
-                    owner TEXT,
-                    claimed_since BIGINT,
-                    claim_deadline BIGINT,
-                    released_by TEXT,
-                    release_until BIGINT,
-                    request TEXT,
-                    last_error TEXT,
-                    errors INTEGER NOT NULL DEFAULT 0,
-                    retry_at BIGINT,
-                    updated_at BIGINT NOT NULL,
-                    PRIMARY KEY (processor, segment_id))""",
-                f"""CREATE TABLE IF NOT EXISTS {db.table("nodes")} (
-                    processor TEXT NOT NULL,
-                    node TEXT NOT NULL,
-                    last_seen BIGINT NOT NULL,
-                    PRIMARY KEY (processor, node))""",
-            ]
-        )
         self.nodes_table = db.table("nodes")
+        self.paused_table = pz = db.table("paused")
+        self._ensure_schema()
         now = db.now_ms
         q = db.sql
+        not_paused = f"NOT EXISTS (SELECT 1 FROM {pz} WHERE processor = ?)"
         self._claim_sql = q(
             f"""UPDATE {t} SET owner = ?, claim_deadline = {now} + ?,
                     claimed_since = CASE WHEN owner = ? THEN claimed_since ELSE {now} END
@@ -79,15 +66,16 @@ class SQLTokenStore(TokenStore):
                   AND (owner IS NULL OR owner = ? OR claim_deadline < {now})
                   AND NOT (coalesce(released_by, '') = ? AND coalesce(release_until, 0) > {now})
                   AND (? OR coalesce(retry_at, 0) <= {now})
+                  AND (? OR {not_paused})
                 RETURNING mask, position, token_detail"""
         )
         self._extend_sql = q(
             f"UPDATE {t} SET claim_deadline = {now} + ? "
-            "WHERE processor = ? AND segment_id = ? AND owner = ?"
+            f"WHERE processor = ? AND segment_id = ? AND owner = ? AND {not_paused}"
         )
         self._extend_all_sql = q(
             f"UPDATE {t} SET claim_deadline = {now} + ? WHERE processor = ? AND owner = ? "
-            "RETURNING segment_id"
+            f"AND {not_paused} RETURNING segment_id"
         )
         self._release_sql = q(
             f"""UPDATE {t} SET owner = NULL, claim_deadline = NULL, claimed_since = NULL,
@@ -106,9 +94,88 @@ class SQLTokenStore(TokenStore):
         )
         self._status_sql = q(
             f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
-                    claim_deadline, request, last_error, updated_at, errors, retry_at, {now}
+                    claim_deadline, request, last_error, updated_at, errors, retry_at, {now},
+                    refused, (SELECT count(*) FROM {pz} WHERE processor = ?)
                 FROM {t} WHERE processor = ? ORDER BY segment_id"""
         )
+        self._is_paused_sql = q(f"SELECT count(*) FROM {pz} WHERE processor = ?")
+
+    # -- schema ----------------------------------------------------------------------------------
+    def _tables(self) -> dict[str, str]:
+        """CREATE statement of each table, by name."""
+        return {
+            self.table: f"""CREATE TABLE IF NOT EXISTS {self.table} (
+                    processor TEXT NOT NULL,
+                    segment_id BIGINT NOT NULL,
+                    mask BIGINT NOT NULL,
+                    position BIGINT NOT NULL,
+                    token_detail TEXT,
+                    owner TEXT,
+                    claimed_since BIGINT,
+                    claim_deadline BIGINT,
+                    released_by TEXT,
+                    release_until BIGINT,
+                    request TEXT,
+                    refused TEXT,
+                    last_error TEXT,
+                    errors INTEGER NOT NULL DEFAULT 0,
+                    retry_at BIGINT,
+                    updated_at BIGINT NOT NULL,
+                    PRIMARY KEY (processor, segment_id))""",
+            self.nodes_table: f"""CREATE TABLE IF NOT EXISTS {self.nodes_table} (
+                    processor TEXT NOT NULL,
+                    node TEXT NOT NULL,
+                    last_seen BIGINT NOT NULL,
+                    PRIMARY KEY (processor, node))""",
+            self.paused_table: f"""CREATE TABLE IF NOT EXISTS {self.paused_table} (
+                    processor TEXT NOT NULL PRIMARY KEY,
+                    paused_at BIGINT NOT NULL)""",
+        }
+
+    #: Columns added since the first version: (column, type).
+    _ADDED_COLUMNS = (("refused", "TEXT"),)
+
+    def _columns(self, table: str) -> set[str]:
+        """Column names of ``table`` (empty if it does not exist); a read, never a write."""
+        if self.db.backend == "sqlite":
+            # The table name is ours: prefix validated whole when the URL was parsed.
+            return {row[1] for row in self.db.query(f"PRAGMA table_info({table})")}
+        rows = self.db.query(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %s",
+            (table,),
+        )
+        return {row[0] for row in rows}
+
+    def _schema_changes(self) -> list[str]:
+        changes = []
+        for table, create in self._tables().items():
+            columns = self._columns(table)
+            if not columns:
+                changes.append(create)
+            elif table == self.table:
+                # PostgreSQL can say IF NOT EXISTS; on SQLite, racing openers are caught below.
+                guard = "IF NOT EXISTS " if self.db.backend != "sqlite" else ""
+                changes += [
+                    f"ALTER TABLE {table} ADD COLUMN {guard}{name} {kind}"
+                    for name, kind in self._ADDED_COLUMNS
+                    if name not in columns
+                ]
+        return changes
+
+    def _ensure_schema(self) -> None:
+        """Create missing tables and add missing columns; nothing is written when current."""
+        for attempt in range(3):
+            changes = self._schema_changes()
+            if not changes:
+                return
+            try:
+                self.db.run_ddl(changes)
+            except Exception:
+                # Another process may have changed the schema between our look and our DDL
+                # (SQLite has no ADD COLUMN IF NOT EXISTS): look again, give up after three.
+                if attempt == 2:
+                    raise
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         # A single statement is its own transaction: autocommit on both backends.
@@ -134,12 +201,11 @@ class SQLTokenStore(TokenStore):
             return True
 
     def _claim(
-        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool
+        self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool
     ) -> TokenRecord | None:
-        rows = self._write(
-            self._claim_sql,
-            (owner, self.timeout_ms, owner, processor, segment_id, owner, owner, ignore_backoff),
-        )
+        params = (owner, self.timeout_ms, owner, processor, segment_id, owner, owner,
+                  ignore_backoff, ignore_pause, processor)  # fmt: skip
+        rows = self._write(self._claim_sql, params)
         if not rows:
             return None
         mask, position, detail = rows[0]
@@ -148,12 +214,17 @@ class SQLTokenStore(TokenStore):
         )
 
     def _extend(self, processor: str, segment_id: int, owner: str) -> None:
-        [(count,)] = self._write(self._extend_sql, (self.timeout_ms, processor, segment_id, owner))
+        params = (self.timeout_ms, processor, segment_id, owner, processor)
+        [(count,)] = self._write(self._extend_sql, params)
         if count != 1:
+            if self._is_paused(processor) and self.db.query(
+                self._owner_sql, (processor, segment_id)
+            ) == [(owner,)]:
+                raise paused_error(processor)
             self._lost(None, processor, segment_id, owner)
 
     def _extend_all(self, processor: str, owner: str) -> list[int]:
-        rows = self._write(self._extend_all_sql, (self.timeout_ms, processor, owner))
+        rows = self._write(self._extend_all_sql, (self.timeout_ms, processor, owner, processor))
         return sorted(r[0] for r in rows)
 
     def _release(self, processor: str, segment_id: int, owner: str, hold_off: float) -> bool:
@@ -237,9 +308,9 @@ class SQLTokenStore(TokenStore):
 
     def _status(self, processor: str) -> list[SegmentStatus]:
         result = []
-        for row in self.db.query(self._status_sql, (processor,)):
+        for row in self.db.query(self._status_sql, (processor, processor)):
             (seg_id, mask, pos, detail, owner, since, deadline, request, error, updated, errors,
-             retry_at, now) = row  # fmt: skip
+             retry_at, now, refused, paused) = row  # fmt: skip
             result.append(
                 SegmentStatus(
                     processor,
@@ -253,6 +324,8 @@ class SQLTokenStore(TokenStore):
                     updated / 1000,
                     errors,
                     (retry_at - now) / 1000 if retry_at and retry_at > now else None,
+                    bool(paused),
+                    refused,
                 )
             )
         return result
@@ -278,11 +351,39 @@ class SQLTokenStore(TokenStore):
             return delay
 
     def _request(self, processor: str, segment_id: int, what: str | None) -> bool:
+        # A new request clears the last refusal; withdrawing one keeps it for whoever waits.
+        refused = "NULL" if what is not None else "refused"
         sql = self.db.sql(
-            f"UPDATE {self.table} SET request = ? WHERE processor = ? AND segment_id = ?"
+            f"UPDATE {self.table} SET request = ?, refused = {refused} "
+            "WHERE processor = ? AND segment_id = ?"
         )
         [(count,)] = self._write(sql, (what, processor, segment_id))
         return count == 1
+
+    def _refuse(self, processor: str, segment_id: int, reason: str, what: str | None) -> bool:
+        sql = self.db.sql(
+            f"UPDATE {self.table} SET request = NULL, refused = ? "
+            "WHERE processor = ? AND segment_id = ? AND request IS NOT NULL "
+            "AND (? OR request = ?)"
+        )
+        params = (reason, processor, segment_id, what is None, what or "")
+        [(count,)] = self._write(sql, params)
+        return count == 1
+
+    def _set_paused(self, processor: str, paused: bool) -> bool:
+        q, pz = self.db.sql, self.paused_table
+        if paused:
+            sql = q(
+                f"INSERT INTO {pz} (processor, paused_at) VALUES (?, {self.db.now_ms}) "
+                "ON CONFLICT (processor) DO NOTHING"
+            )
+        else:
+            sql = q(f"DELETE FROM {pz} WHERE processor = ?")
+        [(count,)] = self._write(sql, (processor,))
+        return count == 1
+
+    def _is_paused(self, processor: str) -> bool:
+        return bool(self.db.query(self._is_paused_sql, (processor,))[0][0])
 
     def _heartbeat(self, processor: str, node: str, leave: bool) -> None:
         n, q = self.nodes_table, self.db.sql

@@ -138,12 +138,12 @@ class Token:
         if not detail:
             return cls(position)
         data: dict[str, Any] = json.loads(detail)
-        ahead = tuple(tuple(a) for a in data.get("ahead", ()))
+        ahead = tuple((int(i), int(m), int(pos)) for i, m, pos in data.get("ahead", ()))
         replay = data.get("replay") or {}
         sources = tuple(
             sorted((n, cls.from_row(p, d)) for n, (p, d) in data.get("sources", {}).items())
         )
-        return cls(position, ahead, replay.get("until"), replay.get("context"), sources)  # type: ignore[arg-type]
+        return cls(position, ahead, replay.get("until"), replay.get("context"), sources)
 
     @classmethod
     def reset(cls, before: Token, to: int, context: Any = None) -> Token:
