@@ -101,19 +101,21 @@ def test_new_event_of_a_retried_key_is_not_parked_again(store_url: str) -> None:
 
 def test_a_hung_handler_is_visible_bounded_and_rolled_back(store_url: str, tmp_path) -> None:
     app = el.App(store_url, claim_timeout=1.5)
-    proc = app.processor("hung", handler_timeout=1.0)
+    # One event per batch, hanging before its first write: on SQLite a handler that hangs after
+    # writing holds the database's write lock, and nothing else can write until it ends.
+    proc = app.processor("hung", handler_timeout=1.0, batch_size=1)
     table = create_schema(app)
     release = threading.Event()
 
     @proc.on_any
     def record(event: el.Event, ctx: el.Context) -> None:
+        if event.position == 3 and not release.is_set():
+            release.wait(30)  # hangs
         p = ctx.param
         ctx.execute(
             f"INSERT INTO {table} (stream_id, version, position) VALUES ({p}, {p}, {p})",
             (event.stream_id, event.version, event.position),
         )
-        if event.position == 3 and not release.is_set():
-            release.wait(30)  # hangs inside the transaction
 
     app.store.append("s", [el.NewEvent("E")] * 5)
     app.start()
@@ -124,7 +126,7 @@ def test_a_hung_handler_is_visible_bounded_and_rolled_back(store_url: str, tmp_p
             what="the stuck handler in status",
         )
         assert "did not finish within 1 s" in failing.last_error
-        assert "event 3 (E, s v3)" in failing.last_error and failing.position == 0
+        assert "event 3 (E, s v3)" in failing.last_error and failing.position == 2
         release.set()  # the abandoned batch wakes up, and must not commit
         app.wait_until_caught_up(30)
     finally:
@@ -227,3 +229,47 @@ def test_sigterm_stops_within_the_grace_even_with_a_hung_handler(tmp_path) -> No
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_pause_releases_everywhere_and_resume_picks_up(store_url: str) -> None:
+    app = el.App(store_url, claim_timeout=2)
+    proc = app.processor("p", segments=3)  # three segments: a count that is no power of two
+    seen: list[int] = []
+    proc.on_any(lambda e, ctx: seen.append(e.position))
+    app.store.append("a", [el.NewEvent("E")] * 10)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+        assert app.pause("p") is True and app.pause("p") is False
+        wait_for(
+            lambda: all(s.owner is None for s in app.status("p").segments),
+            what="every segment released",
+        )
+        view = app.status("p")
+        assert view.paused and len(view.segments) == 3
+        app.store.append("b", [el.NewEvent("E")] * 5)
+        time.sleep(1.0)
+        assert len(seen) == 10  # paused: nothing handled, nothing claimed
+        assert all(s.owner is None for s in app.status("p").segments)
+        assert app.resume("p") is True
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert sorted(seen) == list(range(1, 16))
+    app.close()
+
+
+def test_a_refused_merge_answers_at_once(store_url: str) -> None:
+    app = el.App(store_url, claim_timeout=3)
+    app.processor("p", segments=4)
+    app.split("p", 1)  # 1/3 -> 1/7 and 5/7: segment 3's sibling is split further
+    app.start()
+    try:
+        wait_for(lambda: all(s.owner for s in app.status("p").segments), what="claims")
+        started = time.monotonic()
+        with pytest.raises(el.InvalidInputError, match="split further"):
+            app.merge("p", 3, timeout=15)
+        assert time.monotonic() - started < 5
+    finally:
+        app.stop()
+    app.close()

@@ -231,6 +231,14 @@ class App:
         time); refuses while a live node holds a segment unless ``wait``."""
         return admin.reset(self.runtime, self.get(name), to, wait, timeout, context)
 
+    def pause(self, name: str) -> bool:
+        """Pause the processor on every node (segments released, not claimed until resumed);
+        True if this call paused it."""
+        return admin.pause(self.runtime, self.get(name))
+
+    def resume(self, name: str) -> bool:
+        return admin.resume(self.runtime, self.get(name))
+
     def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
         return admin.steer(self.runtime, self.get(name), segment_id, "split", timeout)
 

@@ -62,6 +62,7 @@ class ProcessorView:
     dead_letters: int
     guarantee: str = "exactly-once"
     started: bool = True  # False: never run yet (the segments shown are the ones it would take)
+    paused: bool = False
 
     @property
     def position(self) -> int:
@@ -128,7 +129,18 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
         parked,
         proc.guarantee.value,
         started,
+        rt.tokens.is_paused(proc.name),
     )
+
+
+def pause(rt: Runtime, proc: Processor) -> bool:
+    """Pause ``proc`` everywhere: owners store their tokens and release their segments, and
+    nobody claims them until :func:`resume`. True if this call paused it."""
+    return rt.tokens.pause(proc.name)
+
+
+def resume(rt: Runtime, proc: Processor) -> bool:
+    return rt.tokens.resume(proc.name)
 
 
 def _claim_every_segment(
@@ -221,7 +233,7 @@ def steer(rt: Runtime, proc: Processor, segment_id: int, what: str, timeout: flo
         needed.append(sibling.id)
     got = []
     for seg_id in needed:
-        if seg_id in rows and tokens.claim(proc.name, seg_id, owner) is not None:
+        if seg_id in rows and tokens.claim(proc.name, seg_id, owner, ignore_pause=True):
             got.append(seg_id)
     try:
         if len(got) == len(needed):
@@ -258,6 +270,9 @@ def _await(
         rows = {s.segment.id: s for s in rt.tokens.status(proc.name)}
         if done(rows):
             return message
+        refused = [s.request_refused for s in rows.values() if s.request_refused]
+        if refused:
+            raise InvalidInputError(f"the owner of {proc.name!r} refused: {refused[0]}")
         time.sleep(0.2)
     raise ProcessorBusyError(
         f"asked the owner of processor {proc.name!r}; it did not act within {timeout:.0f} s "

@@ -103,7 +103,9 @@ def claim_all(
             for s in tokens.status(processor):
                 if any(r.segment.id == s.segment.id for r in records):
                     continue
-                record = tokens.claim(processor, s.segment.id, owner, ignore_backoff=True)
+                record = tokens.claim(
+                    processor, s.segment.id, owner, ignore_backoff=True, ignore_pause=True
+                )
                 if record is None:
                     busy.append(s)
                 else:

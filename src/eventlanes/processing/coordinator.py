@@ -64,6 +64,8 @@ class Coordinator:
         now = time.monotonic()
         timeout = self.proc.handler_timeout
         stuck = []
+        if not held and self.claimed and self.tokens.is_paused(self.name):
+            return  # paused: the next round stores the tokens and lets every segment go
         with self.lock:
             for seg_id, st in self.claimed.items():
                 if seg_id not in held:
@@ -96,7 +98,11 @@ class Coordinator:
         if now < self._next and not force:
             return False
         self._next = now + self.interval
-        status = {s.segment.id: s for s in self.tokens.status(self.name)}
+        rows = self.tokens.status(self.name)
+        status = {s.segment.id: s for s in rows}
+        if any(s.paused for s in rows):
+            self._let_go(drop, "paused")
+            return True
         for seg_id, st in list(self.claimed.items()):
             row = status.get(seg_id)
             if st.lost or row is None or row.owner != self.owner or row.segment != st.segment:
@@ -182,6 +188,13 @@ class Coordinator:
         self.tokens.release(self.name, st.segment.id, self.owner, hold_off=hold_off)
         self._forget(st.segment.id)
 
+    def _let_go(self, drop: Drop, why: str) -> None:
+        """Store every held segment's token and release it (the processor is paused)."""
+        for st in list(self.claimed.values()):
+            log.info("%s: releasing %s (%s)", self.name, st.segment, why)
+            self.release(st, drop, hold_off=0.0)
+        self._notify_claims()
+
     def release_all(self) -> None:
         """On shutdown, after the last batch: persist tokens, release, leave. A database that is
         down does not stop the shutdown: unreleased claims expire by themselves."""
@@ -217,7 +230,7 @@ class Coordinator:
                     self._merge(st, status, drop)
             except (ClaimLostError, InvalidInputError) as exc:
                 log.warning("%s: %s request on %s refused: %s", self.name, request, seg_id, exc)
-                self.tokens.request(self.name, seg_id, None)
+                self.tokens.refuse(self.name, seg_id, str(exc), what=request)
 
     def _merge(self, st: SegmentState, status: dict[int, SegmentStatus], drop: Drop) -> None:
         sibling = st.segment.sibling()
