@@ -216,7 +216,7 @@ class App:
     def initialize(self, name: str) -> None:
         """Create the processor's token rows if they do not exist yet (the runners and the
         commands that change tokens do it themselves)."""
-        self.runtime.initialize(self.get(name))
+        self.runtime.initialize(*self.get(name).token_spec())
 
     def reset(
         self,

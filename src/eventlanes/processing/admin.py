@@ -146,7 +146,7 @@ def resume(rt: Runtime, proc: Processor) -> bool:
 def _claim_every_segment(
     rt: Runtime, proc: Processor, owner: str, wait: bool, timeout: float | None
 ) -> list[Any]:
-    rt.initialize(proc)
+    rt.initialize(*proc.token_spec())
     return claim_all(rt.tokens, proc.name, owner, wait, timeout)
 
 
@@ -202,7 +202,7 @@ def steer(rt: Runtime, proc: Processor, segment_id: int, what: str, timeout: flo
     """Split, merge or release a segment: directly when no live node holds what is needed,
     otherwise by asking the owner through the token store and waiting for it to act."""
     tokens = rt.tokens
-    rt.initialize(proc)
+    rt.initialize(*proc.token_spec())
     rows = {s.segment.id: s for s in tokens.status(proc.name)}
     if segment_id not in rows:
         raise InvalidInputError(f"processor {proc.name!r} has no segment {segment_id}")

@@ -142,9 +142,6 @@ class Aggregation(Processor):
         """Inputs dropped because they were already folded in (duplicates)."""
         return self.states.dropped(self.name)
 
-    def make_worker(self, runtime: Runtime, owner: str) -> AggregationWorker:
-        return AggregationWorker(runtime, self, owner)
-
 
 class AggregationWorker(SegmentWorker):
     def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:

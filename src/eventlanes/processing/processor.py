@@ -16,7 +16,6 @@ from .sources import OrderKey, oldest_first, validate_sources
 
 if TYPE_CHECKING:
     from .runtime import Runtime
-    from .worker import SegmentWorker
 
 MODES = ("pooled", "tracking")
 ERROR_MODES = ("retry", "dead_letter")
@@ -169,15 +168,9 @@ class Processor:
         self.handlers.reset_handlers.append(handler)
         return handler
 
-    def make_worker(self, runtime: Runtime, owner: str) -> SegmentWorker:
-        """The executor of this processor's segment batches, chosen by its guarantee."""
-        if self.guarantee is Guarantee.AT_LEAST_ONCE:
-            from .lanes import LaneWorker
-
-            return LaneWorker(runtime, self, owner)
-        from .worker import SegmentWorker
-
-        return SegmentWorker(runtime, self, owner)
+    def token_spec(self) -> tuple[str, int, Initial]:
+        """What the token store needs to create this processor's rows."""
+        return self.name, self.segments, self.initial
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -64,9 +64,6 @@ class Republisher(Processor):
             return self.runtime.source_store(self.to_store)
         return self.to_store  # an EventStore, or anything with its append()
 
-    def make_worker(self, runtime: Runtime, owner: str) -> RepublishWorker:
-        return RepublishWorker(runtime, self, owner)
-
 
 class RepublishWorker(SegmentWorker):
     def __init__(self, runtime: Runtime, rep: Republisher, owner: str) -> None:

@@ -5,7 +5,7 @@
 * :class:`~.claims.Heartbeat`: extends the claims while handlers run, survives database errors;
 * :class:`~.reader.BatchReader`: reads the next batch and shares it out among held segments;
 * :class:`~.loops.PooledLoop` or :class:`~.loops.TrackingLoop`: the read-and-handle loop;
-* the processor's executor (``proc.make_worker``): runs handlers and commits tokens.
+* the processor's executor (:func:`~.executors.executor_for`): runs handlers, commits tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ..notify import Wakeup, wakeup_for
 from .claims import Heartbeat, node_name
 from .coordinator import Coordinator
+from .executors import executor_for
 from .loops import PooledLoop, TrackingLoop
 from .processor import Processor
 from .reader import BatchReader
@@ -46,7 +47,7 @@ class ProcessorRunner:
         self.owner = owner or node_name()
         self.wakeup = wakeup or wakeup_for(runtime.store, runtime.poll_interval)
         self._own_wakeup = wakeup is None
-        self.worker = processor.make_worker(runtime, self.owner)
+        self.worker = executor_for(runtime, processor, self.owner)
         interval = runtime.tokens.claim_timeout / 3
         self.coordinator = Coordinator(
             processor, self.worker, runtime.dead_letters, self.owner, static, min(1.0, interval)
@@ -67,7 +68,7 @@ class ProcessorRunner:
         return self.coordinator.claimed
 
     def start(self) -> None:
-        self.runtime.initialize(self.processor)
+        self.runtime.initialize(*self.processor.token_spec())
         self.runtime.tokens.heartbeat(self.name, self.owner)
         if self.processor.mode == "pooled":
             threads = self.processor.workers or max(1, self.processor.segments)

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import threading
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from ..db import Database
 from ..errors import InvalidInputError
 from ..observe import NO_OBSERVER, Observer
 from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
+from ..tokens.base import Initial
 from .dead_letters import DeadLetterStore
 from .states import StateTable
-
-if TYPE_CHECKING:
-    from .processor import Processor
 
 
 class Runtime:
@@ -86,15 +83,13 @@ class Runtime:
                 self._sources[target] = open_store(target)
             return self._sources[target]
 
-    def initialize(self, proc: Processor) -> None:
-        """Create the processor's token rows if missing (once per runtime: it is a locking
+    def initialize(self, name: str, segments: int, initial: Initial) -> None:
+        """Create a processor's token rows if missing (once per runtime: it is a locking
         transaction). Only runners and commands that change tokens call this; status reads."""
-        if proc.name in self._initialized:
+        if name in self._initialized:
             return
-        self.tokens.initialize(
-            proc.name, segments=proc.segments, initial=proc.initial, store=self.store
-        )
-        self._initialized.add(proc.name)
+        self.tokens.initialize(name, segments=segments, initial=initial, store=self.store)
+        self._initialized.add(name)
 
     def close(self) -> None:
         for store in self._sources.values():
