@@ -273,3 +273,58 @@ def test_a_refused_merge_answers_at_once(store_url: str) -> None:
     finally:
         app.stop()
     app.close()
+
+
+def test_wait_for_returns_right_after_the_handling_under_steady_appends(store_url: str) -> None:
+    app = el.App(store_url)
+    proc = app.processor("rw", segments=2)
+    table = create_schema(app)
+    handled_at: dict[int, float] = {}
+
+    @proc.on_any
+    def record(event: el.Event, ctx: el.Context) -> None:
+        p = ctx.param
+        ctx.execute(
+            f"INSERT INTO {table} (stream_id, version, position) VALUES ({p}, {p}, {p})",
+            (event.stream_id, event.version, event.position),
+        )
+        handled_at[event.position] = time.monotonic()
+
+    with pytest.raises(el.InvalidInputError, match="no event at position 7"):
+        app.wait_for("rw", 7, timeout=1)
+    stop = threading.Event()
+
+    def steady() -> None:
+        writer = el.open_store(store_url)
+        i = 0
+        while not stop.is_set():
+            writer.append(f"bg-{i % 20}", [el.NewEvent("Bg")])
+            i += 1
+            time.sleep(0.005)
+        writer.close()
+
+    app.start()
+    background = threading.Thread(target=steady)
+    background.start()
+    lags = []
+    try:
+        for i in range(10):
+            positions = app.store.append(f"user-{i}", [el.NewEvent("Mine")] * 2)
+            app.wait_for("rw", positions, timeout=30)
+            returned = time.monotonic()
+            visible = app.db.query(
+                app.db.sql(f"SELECT count(*) FROM {table} WHERE position IN (?, ?)"),
+                tuple(positions),
+            )[0][0]
+            assert visible == 2  # read-your-writes: the effects are committed
+            lags.append(returned - max(handled_at[p] for p in positions))
+    finally:
+        stop.set()
+        background.join()
+        app.stop()
+    assert max(lags) < 0.1, f"wait_for returned {max(lags) * 1000:.0f} ms after the handling"
+    head = app.store.head()
+    with pytest.raises(TimeoutError, match=f"position\\(s\\) {head + 1}"):
+        app.store.append("late", [el.NewEvent("E")])
+        app.wait_for("rw", head + 1, timeout=0.5)  # not running: never handled
+    app.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -190,6 +191,11 @@ class App:
             run_until_signal(self._stop, lambda: any(r.stopping.is_set() for r in self._runners))
         finally:
             self.stop(grace)
+
+    def wait_for(self, name: str, positions: int | Iterable[int], timeout: float = 30.0) -> None:
+        """Read-your-writes: block until processor ``name`` has handled the events at
+        ``positions`` (e.g. what ``append`` returned); raises TimeoutError after ``timeout``."""
+        admin.wait_for(self.runtime, self.get(name), positions, timeout)
 
     def wait_until_caught_up(
         self, timeout: float = 60.0, processors: list[str] | None = None

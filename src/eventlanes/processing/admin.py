@@ -7,7 +7,7 @@ processor's first run it shows the segments it would start with, and creates not
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -131,6 +131,36 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
         started,
         rt.tokens.is_paused(proc.name),
     )
+
+
+def wait_for(
+    rt: Runtime, proc: Processor, positions: int | Iterable[int], timeout: float = 30.0
+) -> None:
+    """Block until every segment owning the events at ``positions`` has passed them (their
+    effects are committed: read-your-writes). Commits of runners in this process wake it at
+    once; progress made by other processes is read every 0.25 s."""
+    wanted = [positions] if isinstance(positions, int) else list(positions)
+    if not wanted or not all(isinstance(p, int) and not isinstance(p, bool) for p in wanted):
+        raise InvalidInputError(f"wait_for needs event positions, got {positions!r}")
+    targets = [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, wanted)]
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = rt.progress.generation
+        rows = rt.tokens.status(proc.name)
+        pending = [
+            p
+            for p, h in targets
+            if not any(r.segment.matches(h) and r.token.covers(p, h) for r in rows)
+        ]
+        if not pending:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"processor {proc.name!r} has not handled position(s) "
+                f"{', '.join(map(str, pending[:10]))} within {timeout:g} s"
+            )
+        rt.progress.wait(seen, min(left, 0.25))
 
 
 def pause(rt: Runtime, proc: Processor) -> bool:
@@ -295,9 +325,9 @@ def list_dead_letters(
 def _read_events(rt: Runtime, positions: list[int]) -> list[Event]:
     found = []
     for position in positions:
-        events = rt.store.read(after=position - 1, limit=1)
+        events = rt.store.read(after=position - 1, limit=1) if position >= 1 else []
         if not events or events[0].position != position:
-            raise InvalidInputError(f"dead letter at position {position}: the event is gone")
+            raise InvalidInputError(f"no event at position {position} in the store")
         found.append(events[0])
     return found
 

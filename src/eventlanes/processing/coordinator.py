@@ -171,7 +171,7 @@ class Coordinator:
 
     # -- holding and letting go ----------------------------------------------------------------
     def acquire(self, segment: Segment, token: Token) -> SegmentState:
-        st = SegmentState(segment, token)
+        st = SegmentState(segment, token, progress=self.worker.runtime.progress)
         self.refresh_parked([st])
         with self.lock:
             self.claimed[segment.id] = st

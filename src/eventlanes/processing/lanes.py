@@ -56,8 +56,7 @@ class LaneWorker(SegmentWorker):
     def _commit_token(self, st: SegmentState, position: int) -> None:
         token = st.token.advance(position)
         self.tokens.store(self.name, st.segment.id, token, self.owner)
-        st.token = token
-        st.persisted_at = time.monotonic()
+        st.committed(token)
 
     async def _run(self, st: SegmentState, events: list[Event], upto: Any) -> Outcome:
         tracker = CommitTracker(window=self.window, commit_every=500, commit_interval=0.5)

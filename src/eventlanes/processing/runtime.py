@@ -18,6 +18,7 @@ from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
 from .dead_letters import DeadLetterStore
+from .state import Progress
 from .states import StateTable
 
 
@@ -46,6 +47,7 @@ class Runtime:
         self._sources: dict[str, EventStore] = {}
         self._initialized: set[str] = set()
         self._lock = threading.Lock()
+        self.progress = Progress()  # commits of this process's runners
 
     @cached_property
     def store(self) -> EventStore:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -27,6 +28,25 @@ def advanced(token: Token, upto: int | dict[str, int]) -> Token:
     return token
 
 
+class Progress:
+    """Told of every token commit in this process, so waiting for a position (read-your-
+    writes) wakes at once instead of polling the database."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.generation = 0
+
+    def advanced(self) -> None:
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Until a commit after generation ``seen``, or ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.generation != seen, timeout)
+
+
 @dataclass(eq=False)
 class SegmentState:
     """A claimed segment: its token in memory (ahead of the stored one while ``dirty``), the
@@ -42,6 +62,7 @@ class SegmentState:
     #: the event (or batch handler) whose handlers are running, and since when (monotonic)
     running: Any = None
     running_since: float = 0.0
+    progress: Progress | None = None  # told of each commit (read-your-writes waits)
 
     def watch(self, what: Any) -> None:
         self.running = what
@@ -73,6 +94,8 @@ class SegmentState:
         self.token = token
         self.dirty = False
         self.persisted_at = time.monotonic()
+        if self.progress is not None:
+            self.progress.advanced()
 
     def mark_lost(self) -> None:
         """The claim is gone (stolen, failed, released): nothing more may be committed."""
