@@ -328,3 +328,43 @@ def test_wait_for_returns_right_after_the_handling_under_steady_appends(store_ur
         app.store.append("late", [el.NewEvent("E")])
         app.wait_for("rw", head + 1, timeout=0.5)  # not running: never handled
     app.close()
+
+
+def test_balance_three_nodes_two_segments(store_url: str) -> None:
+    """3 live nodes, 2 segments: split one at a time to 4 quarters, held 2/1/1, while events
+    keep arriving; every event handled exactly once, in order per stream."""
+    nodes = [el.App(store_url, claim_timeout=2) for _ in range(3)]
+    for app in nodes:
+        app.processor("recorder", segments=2, on_error="retry").on_any(_record)
+    table = create_schema(nodes[0])
+    append_load(nodes[0].store, streams=50, events=1000, seed=1)
+    for app in nodes:
+        app.start()
+    try:
+        wait_for(lambda: len(nodes[0].tokens.live_nodes("recorder")) == 3, what="3 live nodes")
+        done = nodes[0].balance("recorder", timeout=20)
+        assert [m.split(" ")[0] for m in done] == ["split", "split"], done
+        segments = nodes[0].status("recorder").segments
+        assert sorted(s.segment.mask for s in segments) == [3, 3, 3, 3]
+        append_load(nodes[0].store, streams=50, events=1000, seed=2)
+        wait_for(
+            lambda: len({s.owner for s in nodes[0].status("recorder").segments if s.owner}) == 3,
+            timeout=30,
+            what="the 4 segments spread over the 3 nodes",
+        )
+        wait_for(lambda: nodes[0].status("recorder").caught_up, timeout=60, what="caught up")
+        assert nodes[0].balance("recorder") == []  # balanced: nothing more to do
+    finally:
+        for app in nodes:
+            app.stop()
+    assert_exactly_once_in_order(nodes[0], table)
+    for app in nodes:
+        app.close()
+
+
+def _record(event: el.Event, ctx: el.Context) -> None:
+    p = ctx.param
+    ctx.execute(
+        f"INSERT INTO {ctx.table('handled')} (stream_id, version, position) VALUES ({p}, {p}, {p})",
+        (event.stream_id, event.version, event.position),
+    )

@@ -21,6 +21,7 @@ from .observe import Observer
 from .processing import admin
 from .processing.admin import ProcessorView
 from .processing.aggregation import Aggregation
+from .processing.balance import Balancer, balance
 from .processing.claims import node_name
 from .processing.dead_letters import DeadLetter, DeadLetterStore
 from .processing.processor import Processor
@@ -55,6 +56,7 @@ class App:
         )
         self.processors: dict[str, Processor] = {}
         self._runners: list[ProcessorRunner] = []
+        self._balancers: list[Balancer] = []
         self._wakeup: Wakeup | None = None
         self._stop = threading.Event()
 
@@ -136,8 +138,10 @@ class App:
         *,
         node_index: int | None = None,
         nodes: int | None = None,
+        balance: bool = False,
     ) -> None:
-        """Start the processors in background threads of this process."""
+        """Start the processors in background threads of this process; ``balance``: this node
+        also splits and merges segments when it is the balancing node (see ``balance``)."""
         if self._runners:
             raise RuntimeError("this app is already running")
         selected = self._selected(processors)
@@ -155,11 +159,18 @@ class App:
             runner = ProcessorRunner(self.runtime, proc, owner, static, self._wakeup)
             runner.start()
             self._runners.append(runner)
+            if balance and static is None:
+                balancer = Balancer(self.runtime, proc, owner)
+                balancer.start()
+                self._balancers.append(balancer)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batches in hand, store tokens, release claims; within ``timeout`` seconds
         in all, else raise :class:`StopTimeoutError` (the claims of what still runs expire)."""
         self._stop.set()
+        for balancer in self._balancers:
+            balancer.stop()
+        self._balancers = []
         runners, self._runners = self._runners, []
         for runner in runners:
             runner.stopping.set()
@@ -182,11 +193,15 @@ class App:
         return bool(self._runners)
 
     def run(
-        self, processors: list[str] | None = None, *, grace: float = 30.0, **static: int | None
+        self,
+        processors: list[str] | None = None,
+        *,
+        grace: float = 30.0,
+        **options: Any,
     ) -> None:
         """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly
         within ``grace`` seconds; a runner that crashed stops the rest and its error is raised."""
-        self.start(processors, **static)
+        self.start(processors, **options)
         try:
             run_until_signal(self._stop, lambda: any(r.stopping.is_set() for r in self._runners))
         finally:
@@ -236,6 +251,11 @@ class App:
         """Reset a stopped processor and replay from ``to`` ("tail", "head", a position or a
         time); refuses while a live node holds a segment unless ``wait``."""
         return admin.reset(self.runtime, self.get(name), to, wait, timeout, context)
+
+    def balance(self, name: str, timeout: float = 15.0) -> list[str]:
+        """Split or merge the processor's segments, one operation at a time, until the live
+        nodes can share them evenly (see ``eventlanes.processing.balance``)."""
+        return balance(self.runtime, self.get(name), timeout)
 
     def pause(self, name: str) -> bool:
         """Pause the processor on every node (segments released, not claimed until resumed);
