@@ -11,19 +11,17 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 
-from ..errors import ClaimLostError, InvalidInputError
+from ..errors import InvalidInputError
 from ..segments import Segment
 from ..tokens import SegmentStatus, Token
 from .dead_letters import DeadLetterStore
 from .processor import Processor
+from .requests import Drop, carry_out
 from .state import SegmentState
 from .worker import SegmentWorker
 
 log = logging.getLogger("eventlanes.processing")
-
-Drop = Callable[[SegmentState], None]
 
 
 def _nothing(st: SegmentState) -> None:
@@ -107,8 +105,8 @@ class Coordinator:
             row = status.get(seg_id)
             if st.lost or row is None or row.owner != self.owner or row.segment != st.segment:
                 drop(st)
-                self._forget(seg_id)
-        self._handle_requests(status, drop)
+                self.forget(seg_id)
+        carry_out(self, status, drop)
         self._claim(status, drop)
         self._notify_claims()
         return True
@@ -178,7 +176,7 @@ class Coordinator:
         log.info("%s: %s claimed %s at %s", self.name, self.owner, segment, token)
         return st
 
-    def _forget(self, seg_id: int) -> None:
+    def forget(self, seg_id: int) -> None:
         with self.lock:
             self.claimed.pop(seg_id, None)
 
@@ -186,7 +184,7 @@ class Coordinator:
         drop(st)
         self.worker.persist(st)
         self.tokens.release(self.name, st.segment.id, self.owner, hold_off=hold_off)
-        self._forget(st.segment.id)
+        self.forget(st.segment.id)
 
     def _let_go(self, drop: Drop, why: str) -> None:
         """Store every held segment's token and release it (the processor is paused)."""
@@ -208,50 +206,3 @@ class Coordinator:
                         exc)  # fmt: skip
         with self.lock:
             self.claimed.clear()
-
-    # -- requests from other nodes -------------------------------------------------------------
-    def _handle_requests(self, status: dict[int, SegmentStatus], drop: Drop) -> None:
-        for seg_id, st in list(self.claimed.items()):
-            request = status[seg_id].request if seg_id in status else None
-            if request is None:
-                continue
-            try:
-                if request == "release":
-                    self.tokens.request(self.name, seg_id, None)
-                    self.release(st, drop, hold_off=self.tokens.claim_timeout)
-                elif request == "split":
-                    drop(st)
-                    self.worker.persist(st)
-                    keep, new = self.tokens.split(self.name, seg_id, self.owner)
-                    st.segment = keep
-                    st.token = st.token.for_segment(keep)
-                    log.info("%s: split %s into %s and %s", self.name, seg_id, keep, new)
-                elif request == "merge":
-                    self._merge(st, status, drop)
-            except (ClaimLostError, InvalidInputError) as exc:
-                log.warning("%s: %s request on %s refused: %s", self.name, request, seg_id, exc)
-                self.tokens.refuse(self.name, seg_id, str(exc), what=request)
-
-    def _merge(self, st: SegmentState, status: dict[int, SegmentStatus], drop: Drop) -> None:
-        sibling = st.segment.sibling()
-        row = status.get(sibling.id)
-        if row is None or row.segment != sibling:
-            raise InvalidInputError(f"sibling {sibling} of {st.segment} is split further")
-        if sibling.id not in self.claimed:
-            record = self.tokens.claim(self.name, sibling.id, self.owner)
-            if record is None:
-                # Ask the sibling's owner to let go; merge on a later round.
-                self.tokens.request(self.name, sibling.id, "release")
-                return
-            self.acquire(record.segment, record.token)
-        other = self.claimed[sibling.id]
-        for s in (st, other):
-            drop(s)
-            self.worker.persist(s)
-        merged = self.tokens.merge(self.name, st.segment.id, self.owner)
-        self._forget(st.segment.id)
-        self._forget(sibling.id)
-        token = self.tokens.token(self.name, merged.id)
-        assert token is not None
-        self.acquire(merged, token)
-        log.info("%s: merged %s and %s into %s", self.name, st.segment, sibling, merged)
