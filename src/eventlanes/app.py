@@ -17,6 +17,7 @@ from typing import Any
 from .db import Database
 from .errors import InvalidInputError
 from .notify import Wakeup, wakeup_for
+from .observe import NO_OBSERVER, Observer
 from .processing.admin import (
     ProcessorView,
     discard_dead_letters,
@@ -58,6 +59,8 @@ class App:
         self._runners: list[ProcessorRunner] = []
         self._wakeup: Wakeup | None = None
         self._stop = threading.Event()
+        self.observer: Observer = NO_OBSERVER  # observe
+        self._metrics: Any = None  # observe
 
     # -- resources, opened lazily --------------------------------------------------------------
     @cached_property
@@ -135,8 +138,11 @@ class App:
         *,
         node_index: int | None = None,
         nodes: int | None = None,
+        observer: Observer | None = None,
+        metrics_port: int | None = None,
     ) -> None:
-        """Start the processors in background threads of this process."""
+        """Start the processors in background threads of this process. ``metrics_port``:
+        serve Prometheus metrics there (``observer``: your own :class:`Observer` instead)."""
         if self._runners:
             raise RuntimeError("this app is already running")
         selected = self._selected(processors)
@@ -148,6 +154,7 @@ class App:
                 raise InvalidInputError("static mode needs both node_index and nodes")
             static = (node_index, nodes)
         self._stop.clear()
+        self.observer = self._observe(observer, metrics_port, [p.name for p in selected])  # observe
         self._wakeup = wakeup_for(self.store, self.poll_interval)
         owner = node_name()
         for proc in selected:
@@ -166,17 +173,47 @@ class App:
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
+        if self._metrics is not None:  # observe
+            self._metrics, server = None, self._metrics  # observe
+            server.close()  # observe
         errors = [r.error for r in runners if r.error is not None]
         if errors:
             raise errors[0]
+
+    def _observe(  # observe
+        self, observer: Observer | None, port: int | None, names: list[str]
+    ) -> Observer:
+        if port is None:
+            return observer or NO_OBSERVER
+        try:
+            from prometheus_client import CollectorRegistry
+
+            from .metrics import MetricsServer, PrometheusObserver, registry_for
+        except ImportError as exc:
+            raise InvalidInputError(
+                f"metrics need prometheus-client ({exc}): pip install 'eventlanes[ops]'"
+            ) from None
+
+        if observer is None:
+            observer = PrometheusObserver(CollectorRegistry())
+        if not isinstance(observer, PrometheusObserver):
+            raise InvalidInputError("metrics_port needs no observer or a PrometheusObserver")
+        self._metrics = MetricsServer(registry_for(self, observer, names), port)
+        return observer
+
+    @property
+    def metrics_port(self) -> int | None:  # observe
+        """The port metrics are served on (useful with ``metrics_port=0``)."""
+        return None if self._metrics is None else self._metrics.port
 
     @property
     def running(self) -> bool:
         return bool(self._runners)
 
-    def run(self, processors: list[str] | None = None, **static: int | None) -> None:
-        """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly."""
-        self.start(processors, **static)
+    def run(self, processors: list[str] | None = None, **options: Any) -> None:
+        """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly;
+        ``options`` as for :meth:`start`."""
+        self.start(processors, **options)
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -246,14 +283,21 @@ class App:
     def release(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
         return steer(self, self.get(name), segment_id, "release", timeout)
 
-    def dead_letter_list(self, name: str) -> list[DeadLetter]:
-        return self.dead_letters.list(self.get(name).name)
+    def dead_letter_list(
+        self, name: str, key: str | None = None, position: int | None = None
+    ) -> list[DeadLetter]:
+        return self.dead_letters.list(self.get(name).name, key=key, position=position)
 
-    def retry_dead_letters(self, name: str) -> tuple[int, int]:
-        return retry_dead_letters(self, self.get(name))
+    def retry_dead_letters(
+        self, name: str, key: str | None = None, position: int | None = None
+    ) -> tuple[int, int]:
+        """Re-run parked events (only those of ``key`` or the one at ``position`` if given)."""
+        return retry_dead_letters(self, self.get(name), key=key, position=position)
 
-    def discard_dead_letters(self, name: str) -> int:
-        return discard_dead_letters(self, self.get(name))
+    def discard_dead_letters(
+        self, name: str, key: str | None = None, position: int | None = None
+    ) -> int:
+        return discard_dead_letters(self, self.get(name), key=key, position=position)
 
     def close(self) -> None:
         if self._runners:

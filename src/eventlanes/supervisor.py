@@ -9,28 +9,48 @@ SIGINT/SIGTERM so every worker finishes its batch, stores its tokens and release
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .logs import WorkerLogs
 
-def _worker(spec: str, processors: list[str] | None) -> None:
+
+def _worker(spec: str, processors: list[str] | None, logs: Any = None, level: str = "info") -> None:
     from .loader import load_app
 
-    load_app(spec).run(processors)
+    if logs is not None:  # observe: records go to the supervisor's handlers
+        from .logs import setup_worker
+
+        setup_worker(logs, level)
+    observer = None
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # observe: the supervisor serves the sum
+        from .metrics import PrometheusObserver
+
+        observer = PrometheusObserver(registry=None)
+    load_app(spec).run(processors, observer=observer)
 
 
 class Supervisor:
-    def __init__(self, spec: str, processes: int, processors: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        processes: int,
+        processors: list[str] | None = None,
+        log_level: str | None = None,  # observe
+    ) -> None:
         if processes < 1:
             raise ValueError("--processes must be >= 1")
         self.spec = spec
         self.processors = processors
         self.ctx = mp.get_context("spawn")
+        self.logs = None if log_level is None else WorkerLogs(self.ctx)  # observe
+        args = (spec, processors, self.logs and self.logs.queue, log_level or "info")  # observe
         self.children = [
-            self.ctx.Process(target=_worker, args=(spec, processors), name=f"eventlanes-worker-{i}")
+            self.ctx.Process(target=_worker, args=args, name=f"eventlanes-worker-{i}")
             for i in range(processes)
         ]
         self._stop = threading.Event()
@@ -70,6 +90,8 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.terminate()
+            if self.logs is not None:  # observe
+                self.logs.close()  # observe
         # A worker that died (crash, SIGKILL) makes the run fail, even though the others
         # carried on with its segments.
         return 0 if all(c.exitcode in (0, -signal.SIGTERM) for c in self.children) else 1

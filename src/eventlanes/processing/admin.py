@@ -222,10 +222,21 @@ def _await(app: App, proc: Processor, timeout: float, done: Any, message: str) -
     )
 
 
-def retry_dead_letters(app: App, proc: Processor) -> tuple[int, int]:
+def retry_dead_letters(
+    app: App, proc: Processor, key: str | None = None, position: int | None = None
+) -> tuple[int, int]:
     """Re-run parked events, in order per key, each key in one transaction with the deletion of
-    its dead letters. Returns (events handled, events still parked)."""
-    letters = app.dead_letters.list(proc.name)
+    its dead letters (only ``key``'s, or the one at ``position``, when given). Returns (events
+    handled, events of the selection still parked)."""
+    letters = app.dead_letters.list(proc.name, key=key, position=position)
+    if position is not None and letters and letters[0].seq_key is not None:
+        # Retrying a later event of a key before its earlier parked ones breaks per-key order.
+        first = app.dead_letters.list(proc.name, key=letters[0].seq_key)[0]
+        if first.position < position:
+            raise InvalidInputError(
+                f"dead letter at position {position} waits behind position {first.position} "
+                f"of the same key {first.seq_key!r}: retry that one first, or the whole key"
+            )
     groups: dict[Any, list] = {}
     for letter in letters:  # ordered by position
         groups.setdefault(letter.seq_key or f"#{letter.position}", []).append(letter)
@@ -251,8 +262,10 @@ def retry_dead_letters(app: App, proc: Processor) -> tuple[int, int]:
     return handled, len(letters) - handled
 
 
-def discard_dead_letters(app: App, proc: Processor) -> int:
-    letters = app.dead_letters.list(proc.name)
+def discard_dead_letters(
+    app: App, proc: Processor, key: str | None = None, position: int | None = None
+) -> int:
+    letters = app.dead_letters.list(proc.name, key=key, position=position)
     with app.db.transaction() as conn:
         app.dead_letters.delete(conn, proc.name, [d.position for d in letters])
     return len(letters)

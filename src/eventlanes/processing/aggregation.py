@@ -234,6 +234,7 @@ class AggregationWorker(SegmentWorker):
         entries = self.entries.setdefault(seg, {})
         outputs = self.outputs.setdefault(seg, [])
         self.flushed_at.setdefault(seg, time.monotonic())
+        started = time.perf_counter()  # observe
         try:
             keyed = [(e, str(self.agg.key(e))) for e in events if self.agg.folds.handles(e.type)]
             missing = sorted({k for _, k in keyed} - entries.keys())
@@ -263,6 +264,9 @@ class AggregationWorker(SegmentWorker):
             return self._back_off(st, exc)
         st.token = advanced(st.token, upto)
         st.dirty = True
+        self.runner.observer.batch_handled(
+            self.name, str(st.segment), len(events), time.perf_counter() - started
+        )  # observe
         if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every:
             self.flush(st)
             if st.lost:
@@ -284,6 +288,7 @@ class AggregationWorker(SegmentWorker):
         if not st.dirty:
             return
         db = self.runner.db
+        started = time.perf_counter()  # observe
         try:
             self._flush_downstream(seg)
             with db.transaction() as conn:
@@ -299,6 +304,9 @@ class AggregationWorker(SegmentWorker):
             self._back_off(st, exc)
             return
         st.dirty = False
+        self.runner.observer.committed(
+            self.name, str(st.segment), time.perf_counter() - started
+        )  # observe
         st.persisted_at = self.flushed_at[seg] = time.monotonic()
         self._discard(seg)  # memory is bounded by what arrives between two writes
 

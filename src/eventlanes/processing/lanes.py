@@ -50,6 +50,7 @@ class LaneWorker(SegmentWorker):
         st.persisted_at = time.monotonic()
 
     async def _run(self, st: SegmentState, events: list[Event], upto: Any) -> Outcome:
+        started = time.perf_counter()  # observe
         tracker = CommitTracker(window=self.window, commit_every=500, commit_interval=0.5)
         queues: list[asyncio.Queue[tuple[int, Event] | None]] = [
             asyncio.Queue() for _ in range(self.lanes)
@@ -111,9 +112,11 @@ class LaneWorker(SegmentWorker):
             if tracker.failed:
                 return self._finish_failed(st, tracker, None)
             new_token = advanced(st.token, upto)
+            st.handled_at = time.perf_counter()  # observe
             self.runner.tokens.store(self.name, st.segment.id, new_token, self.runner.owner)
             st.token = new_token
             st.dirty = False
+            self._observe(st, len(events), started)  # observe
             return Outcome.OK
         except ClaimLostError:
             st.lost = True

@@ -82,6 +82,7 @@ class ProcessorRunner:
         self.coordinate_interval = min(1.0, interval)
         self._next_coordinate = 0.0
         self.error: BaseException | None = None
+        self.observer = app.observer  # observe
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -123,6 +124,7 @@ class ProcessorRunner:
             self._persist(st)
             self.tokens.release(self.name, seg_id, self.owner)
         self.claimed.clear()
+        self.observer.claims(self.name, 0)  # observe
         self.tokens.leave(self.name, self.owner)
 
     # -- claims --------------------------------------------------------------------------------
@@ -190,6 +192,7 @@ class ProcessorRunner:
             record = self.tokens.claim(self.name, seg_id, self.owner)
             if record is not None:
                 self._acquire(record.segment, record.token)
+        self.observer.claims(self.name, len(self.claimed))  # observe
         if self.processor.mode == "pooled":  # tracking threads do this for themselves
             parked = self._parked_keys()
             for st in self.claimed.values():

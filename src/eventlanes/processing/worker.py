@@ -40,6 +40,8 @@ class SegmentState:
     persisted_at: float = field(default_factory=time.monotonic)
     lost: bool = False
     stop: bool = False  # tracking mode: asks the segment's thread to leave its loop
+    handled_at: float = 0.0  # observe
+    batch_parked: int = 0  # observe
 
 
 def is_replay(token: Token, event: Event) -> bool:
@@ -101,6 +103,7 @@ class SegmentWorker:
         park_keys: dict[str, int] = {}  # key -> position of its first failed event
         park_events: dict[int, str] = {}
         while True:
+            started = time.perf_counter()  # observe
             try:
                 self._commit(st, events, new_token, park_keys, park_events)
             except ClaimLostError as exc:
@@ -123,6 +126,7 @@ class SegmentWorker:
             st.dirty = False
             st.persisted_at = time.monotonic()
             st.parked.update(park_keys)
+            self._observe(st, len(events), started)  # observe
             return Outcome.OK
 
     def _commit(
@@ -149,6 +153,7 @@ class SegmentWorker:
             token = st.token
             parked = st.parked
             check_parking = bool(parked or park_keys or park_events)
+            st.batch_parked = 0  # observe
             batch_handlers = self.handlers.batch_handlers
             handled: list[Event] = []
             for event in events:
@@ -167,6 +172,7 @@ class SegmentWorker:
                         runner.dead_letters.park(
                             begin(), self.name, event, key, self.policy.routing_hash(event), reason
                         )
+                        st.batch_parked += 1  # observe
                         continue
                 replay = is_replay(token, event)
                 ctx.is_replay = replay
@@ -191,6 +197,7 @@ class SegmentWorker:
                         handler(chosen, ctx)
                     except Exception as exc:  # noqa: BLE001
                         raise BatchHandlerFailed(handler, exc) from exc
+            st.handled_at = time.perf_counter()  # observe
             runner.tokens.store(self.name, st.segment.id, new_token, runner.owner, conn=begin())
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
@@ -204,8 +211,19 @@ class SegmentWorker:
     def flush(self, st: SegmentState) -> None:
         """Write what is held in memory for the segment (nothing here; aggregations do)."""
 
+    def _observe(self, st: SegmentState, events: int, started: float) -> None:  # observe
+        """Report a committed batch: handler time up to the token write, commit time after."""
+        observer, segment = self.runner.observer, str(st.segment)
+        done = time.perf_counter()
+        handled_at = st.handled_at if st.handled_at >= started else done
+        observer.batch_handled(self.name, segment, events - st.batch_parked, handled_at - started)
+        observer.committed(self.name, segment, done - handled_at)
+        if st.batch_parked:
+            observer.parked(self.name, segment, st.batch_parked)
+
     def _back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
         text = describe(exc)
+        self.runner.observer.failed(self.name, str(st.segment), text)  # observe
         try:
             delay = self.runner.tokens.fail(self.name, st.segment.id, self.runner.owner, text)
             log.error(
