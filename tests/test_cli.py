@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def parked(tmp_path, monkeypatch):
-    """orders ran once: stream ``bad`` (2 events) and ``worse`` (1 event) are parked."""
+    """orders ran once: the 2 events of stream ``bad`` (positions 11 and 12) are parked."""
     url = f"sqlite:///{tmp_path}/e.db"
     flag = tmp_path / "flag"
     monkeypatch.setenv("EVENTLANES_TEST_OPS_URL", url)
