@@ -20,7 +20,7 @@ import eventlanes as el
 
 from .common import databases, print_table
 
-STREAMS, PER_STREAM, ROUNDS = 20_000, 10, 5
+STREAMS, PER_STREAM, ROUNDS = 10_000, 10, 5
 
 
 def _app(url: str, handler: str) -> el.App:
