@@ -129,6 +129,7 @@ def test_one_scrape_sees_every_worker_process(tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
+        print(err)  # shown when the test fails
         app.close()
     assert proc.returncode == 0, err
 
@@ -139,3 +140,32 @@ def _scrapes(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_scrape_while_a_worker_creates_its_file_does_not_fail(tmp_path, monkeypatch) -> None:
+    """A worker creates its metrics file empty, then sizes it: a scrape in between used to
+    answer HTTP 500 (the empty file does not parse); it now reads again."""
+    import threading
+
+    from prometheus_client.mmap_dict import MmapedDict
+
+    from eventlanes.metrics import MULTIPROC_ENV, registry_for
+
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    path = tmp_path / "counter_4242.db"
+    path.touch()  # the moment between a worker's open() and its truncate()
+
+    def finish() -> None:
+        time.sleep(0.015)
+        values = MmapedDict(str(path))
+        values.write_value('["x_total", "x_total", {}, "help"]', 3.0, 0.0)
+        values.close()
+
+    app = make_app(f"sqlite:///{tmp_path}/e.db")
+    registry = registry_for(app, None, ["orders"])
+    worker = threading.Thread(target=finish)
+    worker.start()
+    samples = {s.name: s.value for f in registry.collect() for s in f.samples}
+    worker.join()
+    assert samples["x_total"] == 3.0 and samples["eventlanes_status_up"] == 1
+    app.close()

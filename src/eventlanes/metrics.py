@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -158,6 +160,24 @@ class StatusCollector(Collector):
         yield from (lag, lag_s, position, errors, head, letters, up)
 
 
+class _WorkerFiles(Collector):
+    """prometheus-client's sum of the workers' files, read again when a worker was creating
+    one at that moment (a file still empty fails to parse: ``struct.error``; an HTTP 500)."""
+
+    def __init__(self) -> None:
+        self.files = MultiProcessCollector(None)
+
+    def collect(self) -> Iterator[Any]:
+        for attempt in range(5):
+            try:
+                return iter(list(self.files.collect()))
+            except struct.error:
+                if attempt == 4:
+                    raise
+                time.sleep(0.01)
+        raise AssertionError("unreachable")
+
+
 def registry_for(
     app: App, observer: PrometheusObserver | None = None, processors: list[str] | None = None
 ) -> CollectorRegistry:
@@ -168,7 +188,7 @@ def registry_for(
     else:
         registry = CollectorRegistry()
         if os.environ.get(MULTIPROC_ENV):
-            MultiProcessCollector(registry)
+            registry.register(_WorkerFiles())
     registry.register(StatusCollector(app, processors))
     return registry
 
