@@ -161,10 +161,12 @@ class _Metrics:
         self.marked: set[int] = set()
         if port is None or processes == 1:
             return
-        from .metrics import MULTIPROC_ENV, MetricsServer, registry_for
-
         self.dir = tempfile.mkdtemp(prefix="eventlanes-metrics-")
-        os.environ[MULTIPROC_ENV] = self.dir  # inherited by the spawned workers
+        # Set before prometheus-client is imported here (it picks its value store at import),
+        # and inherited by the spawned workers.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir
+        from .metrics import MetricsServer, registry_for
+
         self.server = MetricsServer(registry_for(app, None, names), port)
 
     def reap(self, children: list[Any]) -> None:
