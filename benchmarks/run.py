@@ -19,6 +19,7 @@ BENCHMARKS = {
     "processors": "benchmarks.bench_processors",
     "latency": "benchmarks.bench_latency",
     "acks": "benchmarks.bench_acks",
+    "metrics": "benchmarks.bench_metrics",
     "spark": "benchmarks.bench_spark",
 }
 

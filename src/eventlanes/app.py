@@ -57,6 +57,7 @@ class App:
         self.processors: dict[str, Processor] = {}
         self._runners: list[ProcessorRunner] = []
         self._balancers: list[Balancer] = []
+        self._metrics: Any = None  # the metrics HTTP server while running
         self._wakeup: Wakeup | None = None
         self._stop = threading.Event()
 
@@ -139,9 +140,13 @@ class App:
         node_index: int | None = None,
         nodes: int | None = None,
         balance: bool = False,
+        observer: Observer | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         """Start the processors in background threads of this process; ``balance``: this node
-        also splits and merges segments when it is the balancing node (see ``balance``)."""
+        also splits and merges segments when it is the balancing node (see ``balance``);
+        ``metrics_port``: serve Prometheus metrics there (``observer``: your own
+        :class:`Observer` instead, or a ``PrometheusObserver`` to serve)."""
         if self._runners:
             raise RuntimeError("this app is already running")
         selected = self._selected(processors)
@@ -153,6 +158,9 @@ class App:
                 raise InvalidInputError("static mode needs both node_index and nodes")
             static = (node_index, nodes)
         self._stop.clear()
+        chosen = self._observe(observer, metrics_port, [p.name for p in selected])
+        if chosen is not None:
+            self.runtime.observer = chosen
         self._wakeup = wakeup_for(self.store, self.poll_interval)
         owner = node_name()
         for proc in selected:
@@ -179,6 +187,9 @@ class App:
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
+        if self._metrics is not None:
+            self._metrics, server = None, self._metrics
+            server.close()
         errors = [r.error for r in runners if r.error is not None]
         if errors:
             raise errors[0]
@@ -187,6 +198,36 @@ class App:
                 f"processor(s) {', '.join(stuck)} did not stop within {timeout:g} s (a handler "
                 "still runs); their claims expire and another node continues"
             )
+
+    def _observe(
+        self, observer: Observer | None, port: int | None, names: list[str]
+    ) -> Observer | None:
+        """The observer for this start (None: keep the app's), serving metrics on ``port``."""
+        if port is None:
+            return observer
+        try:
+            from prometheus_client import CollectorRegistry
+
+            from .metrics import MetricsServer, PrometheusObserver, registry_for
+        except ImportError as exc:
+            raise InvalidInputError(
+                f"metrics need prometheus-client ({exc}): pip install 'eventlanes[ops]'"
+            ) from None
+        if observer is None:
+            observer = PrometheusObserver(CollectorRegistry())
+        if not isinstance(observer, PrometheusObserver):
+            raise InvalidInputError("metrics_port needs no observer or a PrometheusObserver")
+        self._metrics = MetricsServer(registry_for(self, observer, names), port)
+        return observer
+
+    @property
+    def observer(self) -> Observer:
+        return self.runtime.observer
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port metrics are served on (useful with ``metrics_port=0``)."""
+        return None if self._metrics is None else self._metrics.port
 
     @property
     def running(self) -> bool:

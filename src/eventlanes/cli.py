@@ -2,28 +2,54 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shutil
 import sys
+import tempfile
 import threading
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
-from .errors import EventlanesError, InvalidInputError
+from . import logs as logsetup
+from .errors import EventlanesError, InvalidInputError, StopTimeoutError
+from .health import (
+    MaxLag,
+    ReadOnlyInspector,
+    lag_seconds,
+    parse_max_lag,
+    processor_document,
+    status_document,
+    store_first_after,
+)
 from .loader import load_app
 from .store import open_store
 
 console = Console()
+err_console = Console(stderr=True)
+log = logging.getLogger("eventlanes.cli")
 
 
 class _Group(click.Group):
     """Turns eventlanes errors into one clear line and exit code 2, not a traceback."""
 
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except EventlanesError as exc:
@@ -33,8 +59,26 @@ class _Group(click.Group):
 
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="eventlanes")
-def main() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(logsetup.LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="log lines at this level and above",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(logsetup.FORMATS),
+    default="text",
+    show_default=True,
+    help="text (rich on a terminal) or json (one object a line)",
+)
+@click.pass_context
+def main(ctx: click.Context, log_level: str, log_format: str) -> None:  # fmt: skip
     """Parallel, per-key ordered, resumable, exactly-once event processing."""
+    ctx.obj = {"log_level": log_level.lower(), "log_format": log_format}
+    logsetup.setup(log_level.lower(), log_format, err_console)
+    logging.captureWarnings(True)
 
 
 @main.command()
@@ -50,27 +94,104 @@ def info(url: str) -> None:
         console.print(table)
 
 
+class _RateColumn(ProgressColumn):
+    """Events per second, from rich's moving estimate of the position's speed."""
+
+    def render(self, task: Any) -> Text:
+        speed = task.speed
+        return Text("" if speed is None else f"{speed:,.0f} ev/s", style="progress.data.speed")
+
+
 def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
+        _RateColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         TextColumn("{task.fields[detail]}"),
         TimeElapsedColumn(),
         console=console,
         transient=False,
     )
     tasks = {n: progress.add_task(n, total=1, detail="") for n in names}
+    first_after = store_first_after(app.store)
 
     def tick() -> None:
-        for name, task in tasks.items():
-            view = app.status(name)
-            owners = len({s.owner for s in view.segments if s.owner})
-            errors = sum(1 for s in view.segments if s.last_error)
-            detail = f"{owners} node(s)" + (f", [red]{errors} failing[/red]" if errors else "")
-            progress.update(task, completed=view.position, total=max(1, view.head), detail=detail)
+        try:
+            now = datetime.now(UTC)
+            for name, task in tasks.items():
+                view = app.status(name)
+                owners = len({s.owner for s in view.segments if s.owner})
+                errors = sum(1 for s in view.segments if s.last_error)
+                lag_s = lag_seconds(first_after, view.position, view.head, now)
+                detail = f"lag {view.lag:,} ev / {lag_s:,.1f} s, {owners} node(s)"
+                detail += f", [red]{errors} failing[/red]" if errors else ""
+                detail += f", [red]{view.dead_letters} parked[/red]" if view.dead_letters else ""
+                progress.update(
+                    task, completed=view.position, total=max(1, view.head), detail=detail
+                )
+        except Exception as exc:  # noqa: BLE001 - the bars must not take the workers down
+            log.warning("progress: reading the status failed: %s", exc)
 
     return progress, tick
+
+
+def _start_lines(app: Any, names: list[str]) -> None:
+    """One line per processor: mode, segments and the position it starts from."""
+    for name in names:
+        proc = app.get(name)
+        view = app.status(name)
+        log.info(
+            "%s: starting (%s, %d segment(s), on_error=%s) at position %s, head %s, lag %s",
+            name, proc.mode, len(view.segments), proc.on_error, f"{view.position:,}",
+            f"{view.head:,}", f"{view.lag:,}",
+        )  # fmt: skip
+
+
+class _Metrics:
+    """``run --metrics-port``: in one process the app serves them; with N processes the
+    workers write to a directory made here and this process serves their sum."""
+
+    def __init__(self, app: Any, names: list[str], port: int | None, processes: int) -> None:
+        self.port = port
+        self.dir: str | None = None
+        self.server: Any = None
+        self.marked: set[int] = set()
+        if port is None or processes == 1:
+            return
+        self.dir = tempfile.mkdtemp(prefix="eventlanes-metrics-")
+        # Set before prometheus-client is imported here (it picks its value store at import),
+        # and inherited by the spawned workers.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir
+        from .metrics import MetricsServer, registry_for
+
+        self.server = MetricsServer(registry_for(app, None, names), port)
+
+    def reap(self, children: list[Any]) -> None:
+        """Gauges of a worker that ended stop counting (``livesum``)."""
+        if self.dir is None:
+            return
+        from prometheus_client import multiprocess
+
+        for child in children:
+            if (
+                child.pid is not None
+                and child.exitcode is not None
+                and child.pid not in self.marked
+            ):
+                self.marked.add(child.pid)
+                multiprocess.mark_process_dead(child.pid, self.dir)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.dir is not None:
+            from .metrics import MULTIPROC_ENV
+
+            os.environ.pop(MULTIPROC_ENV, None)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @main.command()
@@ -80,6 +201,13 @@ def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
 @click.option("--node-index", type=int, help="static mode: this node's index (0-based)")
 @click.option("--nodes", type=int, help="static mode: how many nodes share the segments")
 @click.option("--progress/--no-progress", default=None, help="progress bars (default: on a tty)")
+@click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
+@click.option("--grace", default=30.0, show_default=True,
+              help="seconds SIGTERM waits for the batch in hand; then exit non-zero")  # fmt: skip
+@click.option("--max-restarts", default=5, show_default=True,
+              help="with --processes: replace workers that die, at most this often")  # fmt: skip
+@click.option("--balance", is_flag=True,
+              help="split/merge segments so the live nodes share them evenly")  # fmt: skip
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
 @click.option("--master", help="--engine spark: the Spark master (default local[2])")
 @click.option("--checkpoint", default="eventlanes-checkpoints", show_default=True,
@@ -92,6 +220,10 @@ def run(
     node_index: int | None,
     nodes: int | None,
     progress: bool | None,
+    metrics_port: int | None,
+    grace: float,
+    max_restarts: int,
+    balance: bool,
     engine: str,
     master: str | None,
     checkpoint: str,
@@ -110,23 +242,45 @@ def run(
         return
     if processes < 1:
         raise InvalidInputError("--processes must be >= 1")
+    if grace <= 0 or max_restarts < 0:
+        raise InvalidInputError("--grace must be > 0 seconds and --max-restarts >= 0")
     if processes > 1 and (node_index is not None or nodes is not None):
         raise InvalidInputError("static mode (--node-index/--nodes) runs one process per node")
     show = console.is_terminal if progress is None else progress
+    options = click.get_current_context().find_root().obj or {}
+    level, fmt = options.get("log_level", "info"), options.get("log_format", "text")
+    # Log lines scroll above the bars: rich's handler on the bars' console.
+    logsetup.setup(level, fmt, console if show else err_console)
     bars, tick = _progress(app, names) if show else (None, None)
+    _start_lines(app, names)
+    metrics = _Metrics(app, names, metrics_port, processes)
     if processes == 1:
         stop_ticking = threading.Event()
 
         def ticker() -> None:
+            while not app.running and not stop_ticking.wait(0.05):
+                pass
+            if app.running:
+                where = f", metrics on port {app.metrics_port}" if metrics_port is not None else ""
+                log.info("ready: %d processor(s) running in process %d%s", len(names),
+                         os.getpid(), where)  # fmt: skip
             while not stop_ticking.wait(0.5):
-                tick()  # type: ignore[misc]
+                if tick is not None:
+                    tick()
 
-        thread = threading.Thread(target=ticker, daemon=True) if bars else None
+        thread = threading.Thread(target=ticker, daemon=True)
         if bars:
             bars.start()
-            thread.start()  # type: ignore[union-attr]
+        thread.start()
         try:
-            app.run(names, node_index=node_index, nodes=nodes)
+            app.run(names, node_index=node_index, nodes=nodes, metrics_port=metrics_port,
+                    grace=grace, balance=balance)  # fmt: skip
+        except StopTimeoutError as exc:
+            if bars:
+                bars.stop()
+            console.print(f"[red]error:[/red] {exc}")
+            sys.stdout.flush()
+            os._exit(1)  # the stuck handler's thread would block a normal exit
         finally:
             stop_ticking.set()
             if bars:
@@ -134,14 +288,30 @@ def run(
         return
     from .supervisor import Supervisor
 
-    supervisor = Supervisor(app_spec, processes, names)
+    supervisor = Supervisor(
+        app_spec, processes, names, max_restarts=max_restarts, grace=grace, log_level=level,
+        balance=balance,
+    )  # fmt: skip
+    ready: list[bool] = []
+
+    def supervise() -> None:
+        if not ready and all(c.is_alive() for c in supervisor.children):
+            ready.append(True)
+            where = f", metrics on port {metrics.server.port}" if metrics.server else ""
+            log.info("ready: %d worker process(es) started for %s%s", processes,
+                     ", ".join(names), where)  # fmt: skip
+        metrics.reap(supervisor.children)
+        if tick is not None:
+            tick()
+
     if bars:
         bars.start()
     try:
-        code = supervisor.run(tick)
+        code = supervisor.run(supervise)
     finally:
         if bars:
             bars.stop()
+        metrics.close()
     sys.exit(code)
 
 
@@ -150,36 +320,84 @@ def _age(seconds: float | None) -> str:
 
 
 @main.command()
-@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("args", nargs=-1, metavar="[MODULE:APP] [PROCESSOR]...")
 @click.option("--processor", "processors", multiple=True, help="only these (repeatable)")
-def status(app_spec: str, processors: tuple[str, ...]) -> None:
+@click.option("--url", help="read this store's tables directly (no app module; read-only)")
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON (see README)")
+@click.option("--max-lag", help="unhealthy beyond this lag: events (1000) or a duration (30s)")
+def status(
+    args: tuple[str, ...],
+    processors: tuple[str, ...],
+    url: str | None,
+    as_json: bool,
+    max_lag: str | None,
+) -> None:
     """Per processor and segment: position, head, lag, owner, claim age, caught up,
-    replaying, errors."""
-    app = load_app(app_spec)
-    for name in processors or app.processors:
-        view = app.status(name)
-        table = Table(
-            title=f"{name}: head {view.head:,}, {len(view.live_nodes)} live node(s)"
-            + (f", {view.dead_letters} dead letter(s)" if view.dead_letters else "")
+    replaying, errors. Exit code 0 when healthy, 1 when a segment has an error, a dead letter
+    is parked or the lag exceeds --max-lag.
+
+    \b
+    eventlanes status shop:app [PROCESSOR]...
+    eventlanes status --url sqlite:///shop.db [PROCESSOR]...
+    """
+    limit = parse_max_lag(max_lag) if max_lag is not None else MaxLag()
+    if url is None:
+        if not args:
+            raise InvalidInputError("status needs MODULE:APP or --url URL")
+        app = load_app(args[0])
+        names = list(args[1:] + processors) or list(app.processors)
+        for name in names:
+            app.get(name)
+        first_after = store_first_after(app.store)
+        docs = [processor_document(app.status(n), first_after, limit) for n in names]
+    else:
+        inspector = ReadOnlyInspector(url)
+        try:
+            names = list(args + processors) or inspector.processors()
+            docs = [processor_document(inspector.view(n), inspector.first_after, limit)
+                    for n in names]  # fmt: skip
+        finally:
+            inspector.close()
+    document = status_document(docs, limit)
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+    else:
+        _print_status(document)
+    sys.exit(0 if document["healthy"] else 1)
+
+
+def _print_status(document: dict[str, Any]) -> None:
+    for p in document["processors"]:
+        title = (
+            f"{p['name']}: head {p['head']:,}, {len(p['live_nodes'])} live node(s), "
+            f"lag {p['lag_events']:,} events / {p['lag_seconds']:,.1f} s"
+            + (f", {p['dead_letters']} dead letter(s)" if p["dead_letters"] else "")
         )
-        for col in ("segment", "position", "lag", "owner", "claim age", "caught up",
+        table = Table(title=title)
+        for col in ("segment", "position", "lag", "lag (s)", "owner", "claim age", "caught up",
                     "replaying", "last error"):  # fmt: skip
-            table.add_column(col, justify="right" if col in ("position", "lag") else "left")
-        for s in view.segments:
-            error = s.last_error or ""
-            if s.errors:
-                error = f"[red]{s.errors}x, retry in {_age(s.retry_in) or 'now'}:[/red] {error}"
+            table.add_column(
+                col, justify="right" if col.startswith(("position", "lag")) else "left"
+            )
+        for s in p["segments"]:
+            error = s["last_error"] or ""
+            if s["errors"]:
+                retry = _age(s["retry_in_seconds"]) or "now"
+                error = f"[red]{s['errors']}x, retry in {retry}:[/red] {error}"
             table.add_row(
-                str(s.segment),
-                f"{s.position:,}",
-                f"{s.lag:,}",
-                s.owner or "-",
-                _age(s.claim_age),
-                "yes" if s.caught_up else "no",
-                f"until {s.token.replay_until:,}" if s.replaying else "no",
-                error[:80] + (f" [{s.request} requested]" if s.request else ""),
+                s["segment"],
+                f"{s['position']:,}",
+                f"{s['lag_events']:,}",
+                f"{s['lag_seconds']:,.1f}",
+                s["owner"] or "-",
+                _age(s["claim_age_seconds"]),
+                "yes" if s["caught_up"] else "no",
+                f"until {s['replay_until']:,}" if s["replaying"] else "no",
+                error[:80] + (f" [{s['request']} requested]" if s["request"] else ""),
             )
         console.print(table)
+        for problem in p["problems"]:
+            console.print(f"[red]unhealthy:[/red] {p['name']}: {problem}", highlight=False)
 
 
 def _steer(what: str) -> Any:
@@ -268,31 +486,117 @@ def export(url: str, directory: str) -> None:
     console.print(f"exported positions 1..{end:,} to {directory}")
 
 
+def _pause(what: str) -> Any:
+    @click.argument("app_spec", metavar="MODULE:APP")
+    @click.argument("processor")
+    def command(app_spec: str, processor: str) -> None:
+        app = load_app(app_spec)
+        changed = getattr(app, what)(processor)
+        past = "paused" if what == "pause" else "resumed"
+        console.print(f"{processor}: {past}" if changed else f"{processor}: already {past}")
+
+    command.__doc__ = {
+        "pause": "Pause a processor on every node: segments released, not claimed until resumed.",
+        "resume": "Resume a paused processor: nodes claim its segments again.",
+    }[what]
+    return main.command(name=what)(command)
+
+
+for _what in ("pause", "resume"):
+    _pause(_what)
+
+
+@main.command(name="balance")
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("processor")
+@click.option("--timeout", default=15.0, show_default=True, help="seconds to wait per operation")
+def balance_command(app_spec: str, processor: str, timeout: float) -> None:
+    """Split or merge segments, one at a time, until the live nodes can share them evenly."""
+    app = load_app(app_spec)
+    done = app.balance(processor, timeout=timeout)
+    for message in done:
+        console.print(message)
+    segments = app.status(processor).segments
+    console.print(
+        f"{processor}: balanced, {len(segments)} segment(s)" + ("" if done else " (nothing to do)")
+    )
+
+
 @main.command(name="dead-letters")
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("processor")
+@click.option("--key", help="only the events of this sequence key")
+@click.option("--position", type=int, help="only the event at this position")
 @click.option("--retry", is_flag=True, help="re-process the parked events, in order per key")
-@click.option("--discard", is_flag=True, help="drop the parked events")
-def dead_letters(app_spec: str, processor: str, retry: bool, discard: bool) -> None:
-    """List, retry or discard a processor's parked events."""
+@click.option("--discard", is_flag=True, help="drop the parked events (asks first)")
+@click.option("--yes", "-y", is_flag=True, help="--discard without asking")
+def dead_letters(
+    app_spec: str,
+    processor: str,
+    key: str | None,
+    position: int | None,
+    retry: bool,
+    discard: bool,
+    yes: bool,
+) -> None:
+    """List, retry or discard a processor's parked events (all, one key or one position)."""
     if retry and discard:
         raise InvalidInputError("use either --retry or --discard")
     app = load_app(app_spec)
+    which = " and ".join(
+        part for part in (f"key {key!r}" if key is not None else "",
+                          f"position {position}" if position is not None else "") if part
+    ) or "all keys"  # fmt: skip
     if retry:
-        handled, left = app.retry_dead_letters(processor)
-        console.print(f"{processor}: {handled} event(s) handled, {left} still parked")
+        handled, left = app.retry_dead_letters(processor, key=key, position=position)
+        console.print(f"{processor} ({which}): {handled} event(s) handled, {left} still parked")
         return
+    letters = app.dead_letter_list(processor, key=key, position=position)
     if discard:
-        console.print(f"{processor}: discarded {app.discard_dead_letters(processor)} event(s)")
+        if not letters:
+            console.print(f"{processor} ({which}): no dead letters to discard")
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise InvalidInputError(
+                    f"--discard would drop {len(letters)} event(s) of {processor} ({which}) "
+                    "for good; confirm with --yes (no terminal to ask on)"
+                )
+            click.confirm(
+                f"Discard {len(letters)} parked event(s) of {processor} ({which}) for good? "
+                "Their handlers will never run",
+                abort=True,
+            )
+        count = app.discard_dead_letters(processor, key=key, position=position)
+        console.print(f"{processor} ({which}): discarded {count} event(s)")
         return
-    letters = app.dead_letter_list(processor)
-    table = Table(title=f"{processor}: {len(letters)} dead letter(s)")
+    table = Table(title=f"{processor} ({which}): {len(letters)} dead letter(s)")
     for col in ("position", "key", "stream", "version", "type", "attempts", "error"):
         table.add_column(col)
     for d in letters:
         table.add_row(str(d.position), d.seq_key or "-", d.stream_id, str(d.version), d.type,
                       str(d.attempts), d.error[:80])  # fmt: skip
     console.print(table)
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8321, show_default=True, help="port to listen on")
+@click.option("--refresh", default=2.0, show_default=True, help="seconds between page refreshes")
+def dashboard(app_spec: str, host: str, port: int, refresh: float) -> None:
+    """A web page of processors, segments and dead letters, with retry, discard, split,
+    merge, release and reset (it does not run processors)."""
+    try:
+        from .dashboard import serve
+    except ImportError as exc:
+        raise InvalidInputError(
+            f"the dashboard needs starlette, jinja2 and uvicorn ({exc}): "
+            "pip install 'eventlanes[ops]'"
+        ) from None
+    app = load_app(app_spec)
+    log.info("dashboard of %s on http://%s:%d/", app_spec, host, port)
+    serve(app, host, port, refresh)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .logs import WorkerLogs
 from .observe import NO_OBSERVER, Observer
 from .signals import run_until_signal
 
@@ -30,12 +31,23 @@ log = logging.getLogger("eventlanes.supervisor")
 USER_ERROR = 2  # exit code of a worker stopped by an eventlanes error (see _worker)
 
 
-def _worker(spec: str, processors: list[str] | None, grace: float) -> None:
+def _worker(
+    spec: str, processors: list[str] | None, grace: float, logs: Any, level: str, balance: bool
+) -> None:
     from .errors import EventlanesError, StopTimeoutError
     from .loader import load_app
 
+    if logs is not None:  # records go to the supervisor's handlers
+        from .logs import setup_worker
+
+        setup_worker(logs, level)
+    observer = None
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the supervisor serves the sum
+        from .metrics import PrometheusObserver
+
+        observer = PrometheusObserver(registry=None)
     try:
-        load_app(spec).run(processors, grace=grace)
+        load_app(spec).run(processors, grace=grace, observer=observer, balance=balance)
     except StopTimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         os._exit(1)  # a hung handler's thread would block a normal exit
@@ -53,6 +65,8 @@ class Supervisor:
         max_restarts: int = 0,
         observer: Observer | None = None,
         grace: float = 30.0,
+        log_level: str | None = None,
+        balance: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError("--processes must be >= 1")
@@ -62,20 +76,24 @@ class Supervisor:
         self.processors = processors
         self.max_restarts = max_restarts
         self.restarts = 0
+        if observer is None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from .metrics import PrometheusObserver
+
+            observer = PrometheusObserver(registry=None)  # counts restarts in the shared files
         self.observer = observer or NO_OBSERVER
         self.grace = grace
         self.ctx = mp.get_context("spawn")
+        self.logs = None if log_level is None else WorkerLogs(self.ctx)
+        self._args = (
+            spec, processors, grace, self.logs and self.logs.queue, log_level or "info", balance
+        )  # fmt: skip
         self.children: list[BaseProcess] = [self._spawn(i) for i in range(processes)]
         self._due: dict[int, float] = {}  # slot -> when its replacement may start
         self._failed_code: int | None = None
         self._stop = threading.Event()
 
     def _spawn(self, slot: int) -> BaseProcess:
-        return self.ctx.Process(
-            target=_worker,
-            args=(self.spec, self.processors, self.grace),
-            name=f"eventlanes-worker-{slot}",
-        )
+        return self.ctx.Process(target=_worker, args=self._args, name=f"eventlanes-worker-{slot}")
 
     def start(self) -> None:
         for child in self.children:
@@ -150,4 +168,6 @@ class Supervisor:
             run_until_signal(self._stop, step, interval)
         finally:
             self.terminate(self.grace + 5)  # the workers' own grace, then SIGKILL
+            if self.logs is not None:
+                self.logs.close()
         return self._failed_code or 0

@@ -314,12 +314,7 @@ def list_dead_letters(
     rt: Runtime, proc: Processor, key: str | None = None, position: int | None = None
 ) -> list[DeadLetter]:
     """Parked events of ``proc`` (of one key, or one position), in position order."""
-    letters = rt.dead_letters.list(proc.name)
-    if key is not None:
-        letters = [d for d in letters if d.seq_key == key]
-    if position is not None:
-        letters = [d for d in letters if d.position == position]
-    return letters
+    return rt.dead_letters.list(proc.name, key=key, position=position)
 
 
 def _read_events(rt: Runtime, positions: list[int]) -> list[Event]:
@@ -342,15 +337,12 @@ def retry_dead_letters(
     overtake them."""
     letters = list_dead_letters(rt, proc, key, position)
     if position is not None and letters and letters[0].seq_key is not None:
-        earlier = [
-            d.position
-            for d in list_dead_letters(rt, proc, letters[0].seq_key)
-            if d.position < position
-        ]
-        if earlier:
+        # Retrying a later event of a key before its earlier parked ones breaks per-key order.
+        first = list_dead_letters(rt, proc, letters[0].seq_key)[0]
+        if first.position < position:
             raise InvalidInputError(
-                f"position {position} waits behind earlier parked events of key "
-                f"{letters[0].seq_key!r} ({', '.join(map(str, earlier[:5]))}): retry the key"
+                f"dead letter at position {position} waits behind position {first.position} "
+                f"of the same key {first.seq_key!r}: retry that one first, or the whole key"
             )
     groups: dict[str, list[DeadLetter]] = {}
     for letter in letters:  # ordered by position

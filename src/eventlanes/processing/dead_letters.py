@@ -7,10 +7,12 @@ Parking happens in the same transaction as the rest of the segment's batch and i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
+from ..errors import InvalidInputError
 from ..events import Event
 
 
@@ -76,22 +78,28 @@ class DeadLetterStore:
         )
         return [(r[0], r[1]) for r in self.db.query(sql, (processor,))]
 
-    def list(self, processor: str) -> list[DeadLetter]:
+    def list(
+        self, processor: str, key: str | None = None, position: int | None = None
+    ) -> list[DeadLetter]:
+        """The processor's dead letters in position order; only those of sequence key ``key``
+        and/or the one at ``position`` when given."""
+        where, params = _filter(processor, key, position)
         sql = self.db.sql(
             f"""SELECT processor, position, seq_key, routing_hash, stream_id, version, event_type,
                     error, attempts, parked_at FROM {self.table}
-                WHERE processor = ? ORDER BY position"""
+                WHERE {where} ORDER BY position"""
         )
         return [
-            DeadLetter(*row[:9], row[9] / 1000)  # type: ignore[arg-type]
-            for row in self.db.query(sql, (processor,))
+            DeadLetter(*row[:9], row[9] / 1000)  # type: ignore[call-arg]
+            for row in self.db.query(sql, params)
         ]
 
-    def count(self, processor: str) -> int:
-        sql = self.db.sql(f"SELECT count(*) FROM {self.table} WHERE processor = ?")
-        return int(self.db.query(sql, (processor,))[0][0])
+    def count(self, processor: str, key: str | None = None) -> int:
+        where, params = _filter(processor, key, None)
+        sql = self.db.sql(f"SELECT count(*) FROM {self.table} WHERE {where}")
+        return int(self.db.query(sql, params)[0][0])
 
-    def delete(self, conn: Any, processor: str, positions: list[int]) -> None:
+    def delete(self, conn: Any, processor: str, positions: Sequence[int]) -> None:
         sql = self.db.sql(f"DELETE FROM {self.table} WHERE processor = ? AND position = ?")
         for position in positions:
             conn.execute(sql, (processor, position))
@@ -106,3 +114,21 @@ class DeadLetterStore:
 
     def clear(self, conn: Any, processor: str) -> None:
         conn.execute(self.db.sql(f"DELETE FROM {self.table} WHERE processor = ?"), (processor,))
+
+
+def _filter(processor: str, key: str | None, position: int | None) -> tuple[str, tuple[Any, ...]]:
+    if key is not None and not isinstance(key, str):
+        raise InvalidInputError(f"a dead-letter key is a string, got {key!r}")
+    if position is not None and (
+        isinstance(position, bool) or not isinstance(position, int) or position < 1
+    ):
+        raise InvalidInputError(f"a dead-letter position is an integer >= 1, got {position!r}")
+    where = "processor = ?"
+    params: list[Any] = [processor]
+    if key is not None:
+        where += " AND seq_key = ?"
+        params.append(key)
+    if position is not None:
+        where += " AND position = ?"
+        params.append(position)
+    return where, tuple(params)

@@ -63,6 +63,7 @@ class SegmentState:
     running: Any = None
     running_since: float = 0.0
     progress: Progress | None = None  # told of each commit (read-your-writes waits)
+    handlers_done: float = 0.0  # perf_counter when the last batch's handlers ended (metrics)
 
     def watch(self, what: Any) -> None:
         self.running = what

@@ -84,8 +84,9 @@ class SegmentWorker:
                 continue
             except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
                 return self.back_off(st, exc)
-            seconds = time.perf_counter() - started
-            self.observer.batch_handled(self.name, str(st.segment), len(events), seconds)
+            handled = len(events) - len(parked_now)
+            seconds = st.handlers_done - started  # the commit is reported by _commit
+            self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
             if parked_now:
                 self.observer.parked(self.name, str(st.segment), len(parked_now))
             st.committed(new_token)
@@ -135,7 +136,7 @@ class SegmentWorker:
                 st.idle_now()
             if st.lost:  # given up on as stuck (or stolen) while the handlers ran: roll back
                 raise ClaimLostError(f"{self.name} {st.segment}: the claim was given up")
-            started = time.perf_counter()
+            started = st.handlers_done = time.perf_counter()
             self.tokens.store(self.name, st.segment.id, new_token, self.owner, conn=begin())
         self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
 

@@ -1,0 +1,245 @@
+"""Processor health: the status as a versioned JSON document and the rules that call it healthy.
+
+Used by ``eventlanes status --json`` (health checks, scripts), the dashboard and the metrics
+collector. Lag is given twice: in events (head - position) and in seconds (how long the first
+event after the segment's token, the one it reads next, has been waiting). A processor is
+unhealthy when a segment has an error, a dead letter is parked, or its lag exceeds a limit.
+
+:class:`ReadOnlyInspector` builds the same views from a store URL alone (no app module): it
+reads the token, node, dead-letter and event tables with plain SELECTs and never writes (it
+refuses a store that does not exist instead of creating it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .db import Database, open_database
+from .db.url import parse_url
+from .errors import InvalidInputError
+from .processing.admin import ProcessorView, SegmentView
+from .segments import Segment
+from .tokens import DEFAULT_CLAIM_TIMEOUT, Token
+
+SCHEMA = "eventlanes.status/1"
+"""Version of the JSON document; a new field keeps it, a changed or removed one bumps it."""
+
+FirstAfter = Callable[[int], datetime | None]
+"""position -> ``recorded_at`` of the first event after it (None when there is none)."""
+
+
+@dataclass(frozen=True)
+class MaxLag:
+    events: int | None = None
+    seconds: float | None = None
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_max_lag(text: str) -> MaxLag:
+    """``1000`` (events) or ``30s`` / ``500ms`` / ``5m`` / ``1h`` (seconds)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if match is None:
+        raise InvalidInputError(
+            f"invalid --max-lag {text!r}: use a number of events (1000) or a duration "
+            "(30s, 500ms, 5m, 1h)"
+        )
+    number, unit = match.groups()
+    if unit is None:
+        if "." in number:
+            raise InvalidInputError(f"invalid --max-lag {text!r}: events are a whole number")
+        return MaxLag(events=int(number))
+    return MaxLag(seconds=float(number) * _UNITS[unit])
+
+
+def lag_seconds(first_after: FirstAfter, position: int, head: int, now: datetime) -> float:
+    """Age of the oldest unhandled event: 0 when caught up."""
+    if position >= head:
+        return 0.0
+    when = first_after(position)
+    return 0.0 if when is None else max(0.0, (now - when).total_seconds())
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def segment_document(s: SegmentView, lag_s: float) -> dict[str, Any]:
+    return {
+        "segment": str(s.segment),
+        "id": s.segment.id,
+        "mask": s.segment.mask,
+        "position": s.position,
+        "lag_events": s.lag,
+        "lag_seconds": _round(lag_s),
+        "caught_up": s.caught_up,
+        "owner": s.owner,
+        "claim_age_seconds": _round(s.claim_age),
+        "replaying": s.replaying,
+        "replay_until": s.token.replay_until,
+        "errors": s.errors,
+        "last_error": s.last_error,
+        "retry_in_seconds": _round(s.retry_in),
+        "request": s.request,
+    }
+
+
+def processor_document(
+    view: ProcessorView, first_after: FirstAfter, max_lag: MaxLag, now: datetime | None = None
+) -> dict[str, Any]:
+    """One processor's entry of the status document, with its problems (empty: healthy)."""
+    now = now or datetime.now(UTC)
+    segments = [segment_document(s, lag_seconds(first_after, s.position, view.head, now))
+                for s in view.segments]  # fmt: skip
+    problems = []
+    for s in segments:
+        if s["errors"] or s["last_error"]:
+            problems.append(
+                f"segment {s['segment']}: {s['errors']} failed attempt(s): {s['last_error']}"
+            )
+    if view.dead_letters:
+        problems.append(f"{view.dead_letters} dead letter(s) parked")
+    lag_events = max((s["lag_events"] for s in segments), default=0)
+    lag_s = max((s["lag_seconds"] for s in segments), default=0.0)
+    if max_lag.events is not None and lag_events > max_lag.events:
+        problems.append(f"lag {lag_events} events > --max-lag {max_lag.events}")
+    if max_lag.seconds is not None and lag_s > max_lag.seconds:
+        problems.append(f"lag {lag_s:.1f} s > --max-lag {max_lag.seconds:g} s")
+    return {
+        "name": view.name,
+        "healthy": not problems,
+        "problems": problems,
+        "head": view.head,
+        "position": view.position,
+        "lag_events": lag_events,
+        "lag_seconds": lag_s,
+        "caught_up": view.caught_up,
+        "live_nodes": view.live_nodes,
+        "dead_letters": view.dead_letters,
+        "segments": segments,
+    }
+
+
+def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "generated_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "healthy": all(p["healthy"] for p in processors),
+        "max_lag": {"events": max_lag.events, "seconds": max_lag.seconds},
+        "processors": processors,
+    }
+
+
+def store_first_after(store: Any) -> FirstAfter:
+    """``first_after`` of an open :class:`~eventlanes.store.EventStore`."""
+
+    def first_after(position: int) -> datetime | None:
+        events = store.read(after=position, limit=1)
+        return events[0].recorded_at if events else None
+
+    return first_after
+
+
+class ReadOnlyInspector:
+    """Status of every processor of a store, from its tables alone; never writes."""
+
+    def __init__(self, url: str) -> None:
+        parsed = parse_url(url)
+        if parsed.backend == "sqlite" and not Path(parsed.target).expanduser().is_file():
+            raise InvalidInputError(f"no SQLite store at {parsed.target!r}")
+        self.db: Database = open_database(parsed)
+        self.tokens = self.db.table("tokens")
+        self.nodes = self.db.table("nodes")
+        self.letters = self.db.table("dead_letters")
+        self.events = self.db.table("events")
+        missing = [t for t in (self.tokens, self.events) if not self._exists(t)]
+        if missing:
+            self.db.close()
+            raise InvalidInputError(
+                f"{parsed.redacted} has no table {', '.join(missing)}: not an eventlanes store "
+                "(wrong URL or prefix?) or nothing has run on it yet"
+            )
+        self._has_nodes = self._exists(self.nodes)
+        self._has_letters = self._exists(self.letters)
+
+    def _exists(self, table: str) -> bool:
+        if self.db.backend == "sqlite":
+            sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+            return bool(self.db.query(sql, (table,)))
+        return self.db.query("SELECT to_regclass(%s) IS NOT NULL", (table,))[0][0]
+
+    def close(self) -> None:
+        self.db.close()
+
+    def processors(self) -> list[str]:
+        rows = self.db.query(f"SELECT DISTINCT processor FROM {self.tokens} ORDER BY processor")
+        return [r[0] for r in rows]
+
+    def head(self) -> int:
+        return int(self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events}")[0][0])
+
+    def first_after(self, position: int) -> datetime | None:
+        sql = self.db.sql(
+            f"SELECT recorded_at FROM {self.events} WHERE position > ? ORDER BY position LIMIT 1"
+        )
+        rows = self.db.query(sql, (position,))
+        if not rows:
+            return None
+        value = rows[0][0]
+        if isinstance(value, datetime):  # PostgreSQL: timestamptz
+            return value
+        return datetime.fromtimestamp(value / 1_000_000, UTC)  # SQLite: epoch microseconds
+
+    def view(self, name: str) -> ProcessorView:
+        db, now = self.db, self.db.now_ms
+        rows = db.query(
+            db.sql(
+                f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
+                        claim_deadline, request, last_error, errors, retry_at, {now}
+                    FROM {self.tokens} WHERE processor = ? ORDER BY segment_id"""
+            ),
+            (name,),
+        )
+        if not rows:
+            raise InvalidInputError(f"no processor {name!r} in this store's token table")
+        head = self.head()
+        segments = []
+        for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
+                at in rows:  # fmt: skip
+            token = Token.from_row(pos, detail)
+            # A claim whose deadline passed is held by nobody (any node may take it).
+            live_owner = owner if owner and deadline is not None and deadline >= at else None
+            segments.append(
+                SegmentView(
+                    Segment(seg_id, mask),
+                    pos,
+                    max(0, head - pos),
+                    live_owner,
+                    (at - since) / 1000 if live_owner and since is not None else None,
+                    pos >= head,
+                    token.replaying,
+                    error,
+                    errors,
+                    (retry_at - at) / 1000 if retry_at and retry_at > at else None,
+                    request,
+                    token,
+                )
+            )
+        nodes: list[str] = []
+        if self._has_nodes:  # seen within the default claim timeout (the app's is not stored)
+            sql = db.sql(
+                f"SELECT node FROM {self.nodes} WHERE processor = ? "
+                f"AND last_seen > {now} - ? ORDER BY node"
+            )
+            nodes = [r[0] for r in db.query(sql, (name, int(DEFAULT_CLAIM_TIMEOUT * 1000)))]
+        letters = 0
+        if self._has_letters:
+            sql = db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
+            letters = int(db.query(sql, (name,))[0][0])
+        return ProcessorView(name, head, segments, nodes, letters)

@@ -1,0 +1,133 @@
+"""`eventlanes status --json`: the documented schema, health rules and exit codes, from the app
+module and read-only from a store URL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eventlanes.cli import main
+from eventlanes.health import SCHEMA
+from tests.apps.ops_app import create_schema, fill, make_app
+from tests.processing_helpers import wait_for
+
+APP = "tests.apps.ops_app:app"
+
+
+@pytest.fixture
+def ops(store_url: str, tmp_path, monkeypatch):
+    """A store where orders parked stream ``bad`` and billing's segment is failing on it."""
+    flag = tmp_path / "flag"
+    monkeypatch.setenv("EVENTLANES_TEST_OPS_URL", store_url)
+    monkeypatch.setenv("EVENTLANES_TEST_OPS_FLAG", str(flag))
+    # The CLI imports the app module: afresh, so that it reads this test's settings.
+    monkeypatch.delitem(sys.modules, "tests.apps.ops_app", raising=False)
+    app = make_app(store_url, str(flag))
+    create_schema(app)
+    fill(app.store)
+    app.start(["orders", "billing"])
+    try:
+        app.wait_until_caught_up(30, ["orders"])
+        wait_for(lambda: any(s.errors for s in app.status("billing").segments), 30)
+    finally:
+        app.stop()
+    yield app, flag
+    app.close()
+
+
+def status(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, ["status", *args, "--json"])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_status_json_health_and_exit_codes(ops) -> None:
+    app, flag = ops
+    code, doc = status(APP, "billing")
+    assert code == 1 and doc["schema"] == SCHEMA and doc["healthy"] is False
+    [billing] = doc["processors"]
+    [segment] = billing["segments"]
+    assert segment["errors"] >= 1 and "billing refused bad v1" in segment["last_error"]
+    assert billing["problems"] and not billing["healthy"]
+    assert segment["position"] < billing["head"] == 62
+
+    code, doc = status(APP, "orders")
+    [orders] = doc["processors"]
+    assert code == 1 and orders["dead_letters"] == 2 and orders["lag_events"] == 0
+    assert orders["problems"] == ["2 dead letter(s) parked"]
+    assert {s["segment"] for s in orders["segments"]} == {"0/1", "1/1"}
+    assert all(s["caught_up"] and s["lag_seconds"] == 0 for s in orders["segments"])
+
+    # The cause is fixed, the key retried: healthy again, exit code 0.
+    flag.touch()
+    result = CliRunner().invoke(main, ["dead-letters", APP, "orders", "--retry", "--key", "bad"])
+    assert result.exit_code == 0 and "2 event(s) handled, 0 still parked" in result.output
+    code, doc = status(APP, "orders")
+    assert code == 0 and doc["healthy"] is True and doc["processors"][0]["problems"] == []
+
+
+def test_max_lag_in_events_and_seconds(ops) -> None:
+    """audit never ran: 62 events behind; healthy only within --max-lag."""
+    assert status(APP, "audit")[0] == 0
+    code, doc = status(APP, "audit", "--max-lag", "61")
+    assert code == 1 and doc["processors"][0]["problems"] == ["lag 62 events > --max-lag 61"]
+    assert status(APP, "audit", "--max-lag", "62")[0] == 0
+    assert status(APP, "audit", "--max-lag", "1h")[0] == 0
+    code, doc = status(APP, "audit", "--max-lag", "1ms")
+    assert code == 1 and doc["max_lag"] == {"events": None, "seconds": 0.001}
+    assert doc["processors"][0]["lag_seconds"] > 0.001
+    result = CliRunner().invoke(main, ["status", APP, "--max-lag", "soon"])
+    assert result.exit_code == 2 and "error:" in result.output and "soon" in result.output
+
+
+def test_table_form_has_the_same_exit_code(ops) -> None:
+    result = CliRunner().invoke(main, ["status", APP, "orders"])
+    assert result.exit_code == 1
+    assert "unhealthy:" in result.output and "2 dead letter(s) parked" in result.output
+
+
+def _files(path: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in path.parent.glob(path.name + "*")
+        if not p.name.endswith("-shm")  # SQLite's shared-memory index: readers write it
+    }
+
+
+def test_status_from_url_without_the_app_module_reads_only(ops, store_url: str) -> None:
+    app, _ = ops
+    _, from_app = status(APP, "billing", "orders")
+    db_file = Path(store_url.removeprefix("sqlite:///")) if store_url.startswith("sqlite") else None
+    before = _files(db_file) if db_file else None
+    code, doc = status("--url", store_url)
+    # Processors = those with token rows (audit has never run or been asked about).
+    assert [p["name"] for p in doc["processors"]] == ["billing", "orders"]
+    assert code == 1
+    by_name = {p["name"]: p for p in doc["processors"]}
+    for p in from_app["processors"]:
+        mine = by_name[p["name"]]
+        assert mine["head"] == p["head"] and mine["dead_letters"] == p["dead_letters"]
+        assert [(s["segment"], s["position"], s["errors"]) for s in mine["segments"]] == [
+            (s["segment"], s["position"], s["errors"]) for s in p["segments"]
+        ]
+    code, doc = status("--url", store_url, "orders")
+    assert code == 1 and [p["name"] for p in doc["processors"]] == ["orders"]
+    if db_file:
+        assert _files(db_file) == before  # not one byte of the database or its log written
+    rows = app.db.query(f"SELECT DISTINCT processor FROM {app.db.table('tokens')}")
+    assert "audit" not in {r[0] for r in rows}
+
+
+def test_status_from_url_refuses_what_is_not_a_store(tmp_path) -> None:
+    missing = tmp_path / "nothing.db"
+    result = CliRunner().invoke(main, ["status", "--url", f"sqlite:///{missing}"])
+    assert (
+        result.exit_code == 2 and "error:" in result.output and "no SQLite store" in result.output
+    )
+    assert not os.path.exists(missing)
