@@ -130,7 +130,7 @@ class Aggregation(Processor):
         if not isinstance(persist_every, int | float) or persist_every < 0:
             raise InvalidInputError(f"aggregation {name!r}: persist_every must be >= 0 seconds")
         self.persist_every = float(persist_every)
-        self.initial_state = initial
+        self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
 
     def on(self, *types: str) -> Callable[[Fold], Fold]:

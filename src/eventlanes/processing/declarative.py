@@ -99,9 +99,14 @@ def count(field: str | None = None, *, where: Mapping[str, Any] | None = None) -
     return _op("count", field, int, where, (int,))
 
 
-def sum(field: str, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
+def sum(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
     """The sum of an integer property (64-bit)."""
-    return _op("sum", field, int, where, (int,))
+    if type is float:
+        raise InvalidInputError(
+            f"el.sum({field!r}, float): a sum of floats depends on the order of additions, "
+            "which engines do not share: use a Python fold (or integer units)"
+        )
+    return _op("sum", field, type, where, (int,))
 
 
 def min(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
@@ -195,12 +200,12 @@ class Declaration:
             used = [(op.field, op.type)] if op.field else []
             used += [(n, type(v)) for n, v in op.where]
             for prop, type_ in used:
-                if columns.setdefault(prop, type_) is not type_:  # type: ignore[arg-type]
+                if columns.setdefault(prop, type_) is not type_:
                     raise InvalidInputError(
-                        f"{what}: data property {prop!r} is used as {columns[prop].__name__} "  # type: ignore[index]
+                        f"{what}: data property {prop!r} is used as {columns[prop].__name__} "
                         f"and as {type_.__name__}"
                     )
-        return cls(name, key, frozenset(types), ops, columns)  # type: ignore[arg-type]
+        return cls(name, key, frozenset(types), ops, columns)
 
     def initial(self) -> dict[str, Any]:
         return {out: op.initial for out, op in self.fields.items()}
@@ -252,7 +257,7 @@ class Declaration:
     def keys(self, events: list[Event]) -> list[str]:
         """The key of each event (its data decoded once, cached in the event)."""
         kf = self.key
-        keys = [e.data.get(kf) for e in events]
+        keys: list[Any] = [e.data.get(kf) for e in events]
         for i, k in enumerate(keys):  # non-string keys (rare) as JSON text; missing: an error
             if k.__class__ is not str:
                 keys[i] = self._key(events[i].data, events[i])
