@@ -20,6 +20,7 @@ BENCHMARKS = {
     "latency": "benchmarks.bench_latency",
     "acks": "benchmarks.bench_acks",
     "spark": "benchmarks.bench_spark",
+    "aggregation": "benchmarks.bench_aggregation",
 }
 
 
