@@ -21,6 +21,7 @@ BENCHMARKS = {
     "acks": "benchmarks.bench_acks",
     "metrics": "benchmarks.bench_metrics",
     "spark": "benchmarks.bench_spark",
+    "aggregation": "benchmarks.bench_aggregation",
 }
 
 

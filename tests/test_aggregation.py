@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -95,7 +96,7 @@ def test_a_repartitioned_source_starts_tracking_over(store_url: str) -> None:
     assert screws.get("r1") == {"ok": 4, "failed": 0}
     assert screws.dropped() == 2
     [row] = app.db.query(f"SELECT offsets FROM {app.db.table('aggregates')} WHERE key = 'r1'")
-    assert '"kafka": ["1", [2, 0]]' in row[0]
+    assert json.loads(row[0])["kafka"] == ["1", [2, 0]]
 
 
 def test_republisher_flat_map_and_downstream_stage(store_url: str) -> None:

@@ -186,4 +186,4 @@ def test_continuous_query_killed_and_restarted_from_its_checkpoint(tmp_path) -> 
 def json_dump(value: object) -> str:
     import json
 
-    return json.dumps(value)
+    return json.dumps(value, separators=(",", ":"))  # states are stored compact

@@ -30,6 +30,7 @@ from .processing.admin import ProcessorView, SegmentView
 from .processing.aggregation import Aggregation, Stage
 from .processing.context import Context
 from .processing.dead_letters import DeadLetter
+from .processing.declarative import count, first, last, max, min, sum
 from .processing.handlers import disallow_replay
 from .processing.processor import Guarantee, Processor
 from .processing.republisher import Republisher
@@ -48,6 +49,12 @@ from .tokens import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "count",
+    "first",
+    "last",
+    "max",
+    "min",
+    "sum",
     "Aggregation",
     "App",
     "BackpressureError",

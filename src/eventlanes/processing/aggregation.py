@@ -27,7 +27,9 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy
-from .chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
+from ..segments import Segment
+from .chains import CHAIN_KEY, Coordinates, coordinates, dedupe, is_newer, record
+from .declarative import Declaration, Op
 from .dispatch import describe
 from .handlers import FunctionsByType
 from .processor import Processor
@@ -91,16 +93,30 @@ class Aggregation(Processor):
         name: str,
         *,
         key: Callable[[Event], Any] | str,
-        initial: Callable[[], Any],
+        initial: Callable[[], Any] | None = None,
         persist_every: float = 1.0,
+        fields: dict[str, Op] | None = None,
+        on: str | list[str] | None = None,
         **options: Any,
     ) -> None:
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
         key_fn: Callable[[Event], Any] = _FieldKey(key) if isinstance(key, str) and key else key  # type: ignore[assignment]
-        _check_callables(name, key_fn, initial)
         self.folds = FunctionsByType(name)
+        #: fields=...: a declarative aggregation (declarative.py), folded without Python per event
+        self.declaration: Declaration | None = None
+        if fields is not None or on is not None:
+            if initial is not None:
+                raise InvalidInputError(
+                    f"aggregation {name!r}: declared fields start from their own initial values "
+                    "(count and sum 0, the others null): drop initial="
+                )
+            decl = self.declaration = Declaration.build(name, key, on, fields)
+            key_fn, initial = decl.key_of, decl.initial
+            for t in sorted(decl.types):
+                self.folds.by_type[t] = [decl.fold]  # the per-event path (continuous mode)
+        _check_callables(name, key_fn, initial)
         self.key: Callable[[Event], Any] = key_fn
         folds = self.folds
         # Route by the aggregation key so each key's state lives in exactly one segment; events
@@ -114,18 +130,28 @@ class Aggregation(Processor):
         if not isinstance(persist_every, int | float) or persist_every < 0:
             raise InvalidInputError(f"aggregation {name!r}: persist_every must be >= 0 seconds")
         self.persist_every = float(persist_every)
-        self.initial_state = initial
+        self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
 
     def on(self, *types: str) -> Callable[[Fold], Fold]:
+        self._python_only("on()")
         return self.folds.on(*types)
 
     def on_any(self, fold: Fold) -> Fold:
+        self._python_only("on_any()")
         self.folds.any.append(fold)
         return fold
 
+    def _python_only(self, what: str) -> None:
+        if self.declaration is not None:
+            raise InvalidInputError(
+                f"aggregation {self.name!r} is declarative (fields=...): {what} needs a Python "
+                "fold; define another aggregation for it"
+            )
+
     def downstream(self, name: str, key: Callable[[Any], Any], initial: Callable[[], Any]) -> Stage:
         """A stage fed with this aggregation's fold outputs (``NewEvent``s)."""
+        self._python_only("downstream()")
         stage = Stage(self, name, key, initial)
         self.stages.append(stage)
         return stage
@@ -143,49 +169,75 @@ class Aggregation(Processor):
         return self.states.dropped(self.name)
 
 
+#: states kept in memory after a write, per worker, so the next batches need not read them
+#: back (memory stays bounded: past this many, they are dropped after the write)
+CACHE_LIMIT = 200_000
+
+
 class AggregationWorker(SegmentWorker):
+    """Folds a segment's batches into states held in memory; writes the states changed since
+    the last write, with the segment's token, every ``persist_every`` seconds.
+
+    States stay in memory after a write (up to ``CACHE_LIMIT``) while the segment is held as it
+    was: they equal the stored rows, since only the claim's holder writes them. A segment
+    split, merged, released or lost starts from the table again."""
+
     def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:
         super().__init__(runtime, agg, owner)
         self.agg = agg
         self.table = agg.states
         self.source = runtime.store.events_table
-        # Per segment id: states touched since the last write and when it was. The segment's
-        # in-memory token runs ahead of the stored one until the next write (states + token).
+        # Per segment id: the states known (clean and dirty), the keys changed since the last
+        # write, and for which held segment they are valid. The segment's in-memory token runs
+        # ahead of the stored one until the next write (states + token).
         self.entries: dict[int, dict[str, Entry]] = {}
+        self.changed: dict[int, set[str]] = {}
+        self.holder: dict[int, tuple[SegmentState, Segment]] = {}
         self.flushed_at: dict[int, float] = {}
         self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
         self.persist_every = agg.persist_every
+        decl = agg.declaration
+        self.types = decl.types if decl is not None else None
+
+    def _entries(self, st: SegmentState) -> dict[str, Entry]:
+        seg = st.segment.id
+        if self.holder.get(seg) != (st, st.segment):  # another claim, or split: from the table
+            self._discard(seg)
+            self.holder[seg] = (st, st.segment)
+        return self.entries.setdefault(seg, {})
+
+    def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str]]:
+        """The events folded and their keys, each key computed once."""
+        decl = self.agg.declaration
+        if decl is not None:
+            types = decl.types
+            mine = [e for e in events if e.type in types]
+            return mine, decl.keys(mine)
+        handles, key = self.agg.folds.handles, self.agg.key
+        mine = [e for e in events if handles(e.type)]
+        return mine, [k if (k := key(e)).__class__ is str else str(k) for e in mine]
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         seg = st.segment.id
-        entries = self.entries.setdefault(seg, {})
+        entries = self._entries(st)
         outputs = self.outputs.setdefault(seg, [])
         self.flushed_at.setdefault(seg, time.monotonic())
         started = time.perf_counter()
         try:
-            keyed = [(e, str(self.agg.key(e))) for e in events if self.agg.folds.handles(e.type)]
-            missing = sorted({k for _, k in keyed} - entries.keys())
+            mine, keys = self._keyed(events)
+            missing = sorted(set(keys) - entries.keys())
             if missing:
                 with self.runtime.db.connection() as conn:
                     entries.update(self.table.load(conn, self.name, missing))
-            for event, key in keyed:
-                entry = entries.get(key)
-                if entry is None:
-                    entry = entries[key] = Entry(self.agg.initial_state())
-                coords = coordinates(event, self.source)
-                if not is_newer(entry.offsets, coords):
-                    entry.dropped += 1
-                    continue
-                for fold in self.agg.folds.for_type(event.type):
-                    produced = fold(entry.value, event)
-                    if produced is not None and self.agg.stages:
-                        outs = produced if isinstance(produced, list) else [produced]
-                        for i, out in enumerate(outs):
-                            for stage in self.agg.stages:
-                                outputs.append(
-                                    (stage, (f"{self.name}:{key}", "", (*coords[2], i)), out, event)
-                                )
-                record(entry.offsets, coords)
+                initial = self.agg.initial_state
+                for key in missing:
+                    if key not in entries:
+                        entries[key] = Entry(initial())
+            self.changed.setdefault(seg, set()).update(keys)
+            if self.agg.declaration is not None:
+                self.agg.declaration.fold_batch(mine, keys, entries, self.source)
+            else:
+                self._fold(mine, keys, entries, outputs)
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
             return self.back_off(st, exc)
@@ -199,26 +251,61 @@ class AggregationWorker(SegmentWorker):
                 return Outcome.LOST
         return Outcome.OK
 
+    def _fold(
+        self,
+        events: list[Event],
+        keys: list[str],
+        entries: dict[str, Entry],
+        outputs: list[tuple[Stage, Coordinates, NewEvent, Event]],
+    ) -> None:
+        """The user's folds over the events not folded in yet, in order."""
+        folds_of: dict[str, list[Fold]] = {}
+        for_type, stages = self.agg.folds.for_type, self.agg.stages
+        for i in dedupe(events, keys, entries, self.source):
+            event, key = events[i], keys[i]
+            folds = folds_of.get(event.type)
+            if folds is None:
+                folds = folds_of[event.type] = for_type(event.type)
+            value = entries[key].value
+            for fold in folds:
+                produced = fold(value, event)
+                if produced is not None and stages:
+                    coords = coordinates(event, self.source)
+                    outs = produced if isinstance(produced, list) else [produced]
+                    for j, out in enumerate(outs):
+                        for stage in stages:
+                            outputs.append(
+                                (stage, (f"{self.name}:{key}", "", (*coords[2], j)), out, event)
+                            )
+
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         super().idle(st, upto)
         if time.monotonic() - self.flushed_at.get(st.segment.id, 0) >= self.agg.persist_every:
             self.flush(st)
 
+    def persist_idle(self, st: SegmentState) -> None:
+        """Caught up: write only when ``persist_every`` has passed (the coordinator's rounds
+        check it), so a trickle of events is still conflated."""
+        if st.persist_due(self.persist_every):
+            self.persist(st)
+
     def _discard(self, seg: int) -> None:
-        for held in (self.entries, self.outputs):
+        for held in (self.entries, self.outputs, self.changed, self.holder):
             held.pop(seg, None)
 
     def flush(self, st: SegmentState) -> None:
-        """Write the segment's states and its token in one transaction (downstream first)."""
+        """Write the segment's changed states and its token in one transaction (downstream
+        first)."""
         seg = st.segment.id
         if not st.dirty:
             return
         db = self.runtime.db
         started = time.perf_counter()
+        entries = self.entries.get(seg, {})
         try:
             self._flush_downstream(seg)
             with db.transaction() as conn:
-                self.table.save(conn, self.name, self.entries.get(seg, {}))
+                self.table.save(conn, self.name, entries, self.changed.get(seg, ()))
                 self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
         except ClaimLostError:
             st.mark_lost()
@@ -232,7 +319,10 @@ class AggregationWorker(SegmentWorker):
         self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
         st.committed(st.token)
         self.flushed_at[seg] = st.persisted_at
-        self._discard(seg)  # memory is bounded by what arrives between two writes
+        self.changed.pop(seg, None)
+        self.outputs.pop(seg, None)
+        if sum(len(e) for e in self.entries.values()) > CACHE_LIMIT:
+            self.entries.pop(seg, None)  # bounded memory: read back from the table
 
     def _flush_downstream(self, seg: int) -> None:
         """Apply buffered outputs to the downstream stages' rows, read under a row lock, so

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..events import Event
+from .states import Entry
 
 CHAIN_KEY = "source_chain"
 
@@ -53,3 +54,49 @@ def is_newer(offsets: dict[str, list[Any]], coords: Coordinates) -> bool:
 def record(offsets: dict[str, list[Any]], coords: Coordinates) -> None:
     source, partition, path = coords
     offsets[source] = [partition, list(path)]
+
+
+def dedupe(
+    events: list[Event], keys: list[str], entries: dict[str, Entry], source: str
+) -> list[int]:
+    """Indices of ``events`` (keyed ``keys``, every key in ``entries``) not folded in yet, in
+    order; the others are counted in their entry's ``dropped``. Offsets are recorded as
+    :func:`is_newer` and :func:`record` would, one event after the other. An event without a
+    chain is its own root ``(source, "", (position,))``: compared with a per-key local, written
+    back to the offsets once per batch instead of a list per event."""
+    accepted: list[int] = []
+    own: dict[tuple[str, str], Any] = {}  # (key, source) -> last own path, None: any is newer
+    for i, event in enumerate(events):
+        key = keys[i]
+        meta = event.metadata
+        if not meta.get(CHAIN_KEY):
+            src = event.source or source
+            last = own.get((key, src), _MISSING)
+            if last is _MISSING:
+                last = _own_path(entries[key].offsets, src)
+            path = (event.position,)
+            if last is not None and path <= last:
+                entries[key].dropped += 1
+                continue
+            own[key, src] = path
+        else:
+            entry = entries[key]
+            coords = coordinates(event, source)
+            if (key, coords[0]) in own:  # the local is ahead of the offsets: write it back
+                entry.offsets[coords[0]] = ["", list(own.pop((key, coords[0])))]
+            if not is_newer(entry.offsets, coords):
+                entry.dropped += 1
+                continue
+            record(entry.offsets, coords)
+        accepted.append(i)
+    for (key, src), path in own.items():
+        entries[key].offsets[src] = ["", list(path)]
+    return accepted
+
+
+_MISSING = object()
+
+
+def _own_path(offsets: dict[str, list[Any]], source: str) -> tuple[int, ...] | None:
+    seen = offsets.get(source)
+    return tuple(seen[1]) if seen is not None and seen[0] == "" else None

@@ -89,7 +89,7 @@ class PooledLoop:
         events, upto, moved = self.reader.read(states)
         if not events and not moved:
             for st in states:  # idle: a good moment to persist advanced tokens
-                worker.persist(st)
+                worker.persist_idle(st)
             self.wakeup.wait(seen)
             return
         shares = self.reader.share(states, events)
@@ -219,7 +219,7 @@ class TrackingLoop:
                 if st.persist_due(worker.persist_every):
                     worker.persist(st)
             else:
-                worker.persist(st)
+                worker.persist_idle(st)
                 self.wakeup.wait(seen)
             if time.monotonic() > refresh_at:
                 refresh_at = time.monotonic() + coordinator.interval

@@ -8,10 +8,38 @@ Table ``{prefix}aggregates``: (aggregation, key) primary key, ``value`` (JSON), 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..db import Database
+
+try:  # several times faster than the stdlib on both ways; exact, or it raises (see below)
+    import orjson
+except ImportError:  # pragma: no cover - orjson comes with the spark extra
+    orjson = None  # type: ignore[assignment]
+
+
+def encode(value: Any) -> str:
+    """Compact JSON. orjson refuses integers beyond 64 bits (rather than rounding them): those
+    states take the stdlib, which writes the same text."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value).decode()
+        except TypeError:
+            pass
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode(text: str) -> Any:
+    """orjson reads integers beyond 64 bits as floats, silently: text with a run of 19 digits
+    or more (which may be such an integer) is read by the stdlib, exactly."""
+    if orjson is not None and not _LONG_DIGITS.search(text):
+        return orjson.loads(text)
+    return json.loads(text)
+
+
+_LONG_DIGITS = re.compile(r"\d{19}")
 
 
 @dataclass
@@ -60,12 +88,13 @@ class StateTable:
                 (name, *chunk),
             ).fetchall()
             for key, value, offsets, dropped in rows:
-                found[key] = Entry(json.loads(value), json.loads(offsets), dropped)
+                found[key] = Entry(decode(value), decode(offsets), dropped)
         return found
 
-    def save(self, conn: Any, name: str, entries: dict[str, Entry]) -> None:
-        dumps = json.dumps
-        rows = [(k, dumps(e.value), dumps(e.offsets), e.dropped) for k, e in entries.items()]
+    def save(self, conn: Any, name: str, entries: dict[str, Entry], keys: Any = None) -> None:
+        """Upsert ``entries`` (only those of ``keys`` if given), each encoded once."""
+        chosen = entries.items() if keys is None else ((k, entries[k]) for k in keys)
+        rows = [(k, encode(e.value), encode(e.offsets), e.dropped) for k, e in chosen]
         self.save_encoded(conn, name, rows)
 
     def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:

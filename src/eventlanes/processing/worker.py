@@ -160,6 +160,10 @@ class SegmentWorker:
         except ClaimLostError:
             st.mark_lost()
 
+    def persist_idle(self, st: SegmentState) -> None:
+        """The reader is caught up: a good moment to store a token that moved in memory."""
+        self.persist(st)
+
     def back_off(self, st: SegmentState, exc: BaseException) -> Outcome:
         """Record the failure (the segment is retried with back-off, on any node) and let the
         segment go."""

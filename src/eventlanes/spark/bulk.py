@@ -182,10 +182,16 @@ def _aggregation(
     app: Any, agg: Aggregation, df: Any, n: int, end: int, owner: str, records: list
 ) -> tuple[int, int]:
     spec = spec_of(agg, app.store.events_table)
-    folded = fold_aggregation(spec, df, n)
-    if spec.stages:
-        folded = folded.cache()
-    states = collect_states(folded)
+    if agg.declaration is not None:  # native column expressions, no Python per event
+        from .declarative import declared_states
+
+        folded: Any = None
+        states = {agg.name: declared_states(agg.declaration, df, app.store.events_table)}
+    else:
+        folded = fold_aggregation(spec, df, n)
+        if spec.stages:
+            folded = folded.cache()
+        states = collect_states(folded)
     for plan in fold_stages(spec, folded, n):
         for name, entries in collect_states(plan).items():
             states.setdefault(name, {}).update(entries)

@@ -16,6 +16,7 @@ from typing import Any
 from ..events import Event
 from ..processing.aggregation import Aggregation, Entry
 from ..processing.chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
+from ..processing.states import encode  # the local engine's encoding: same stored text
 from .source import FIELDS, SCHEMA
 
 KEYED_SCHEMA = SCHEMA + ", key string"
@@ -192,7 +193,7 @@ def state_batch(rows: list[tuple[Any, ...]]) -> Any:
 
 
 def _state_row(name: str, key: str, entry: Entry) -> tuple[Any, ...]:
-    return ("state", name, key, json.dumps(entry.value), json.dumps(entry.offsets),
+    return ("state", name, key, encode(entry.value), encode(entry.offsets),
             entry.dropped, None, None, None)  # fmt: skip
 
 

@@ -1,0 +1,110 @@
+"""Aggregations over uniform keys: the local engine with a Python fold and with a declarative
+aggregation (one process), and a Spark replay of the declarative aggregation from a Parquet
+export on local[2] (warm), against a plain Python loop over the same store, in one run.
+Every engine's states are checked equal to the plain loop's.
+
+``python -m benchmarks.bench_aggregation [EVENTS]`` (default 2,000,000 events, 50,000 keys)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import eventlanes as el
+
+from .bench_spark import fresh_store, plain_fold
+from .common import DATA, print_table
+
+ROOT = Path(__file__).resolve().parent.parent
+EVENTS, KEYS = 2_000_000, 50_000
+
+
+def define(app: el.App) -> None:
+    app.aggregation("fold", key="k", initial=lambda: {"sum": 0, "n": 0}, segments=1,
+                    batch_size=5000, persist_every=1.0).on("Measured")(add)  # fmt: skip
+    app.aggregation("declared", key="k", on="Measured", fields={"sum": el.sum("v"),
+                    "n": el.count()}, segments=1, batch_size=5000, persist_every=1.0)  # fmt: skip
+
+
+def add(state: dict, event: el.Event) -> None:
+    state["sum"] += event.data["v"]
+    state["n"] += 1
+
+
+def states(app: el.App, name: str) -> dict[str, tuple[int, int]]:
+    sql = app.db.sql(f"SELECT key, value FROM {app.db.table('aggregates')} WHERE aggregation = ?")
+    return {
+        k: (v["sum"], v["n"]) for k, raw in app.db.query(sql, (name,)) if (v := json.loads(raw))
+    }
+
+
+def local(url: str, name: str) -> float:
+    app = el.App(url)
+    define(app)
+    start = time.perf_counter()
+    app.start([name])
+    app.wait_until_caught_up(3600, [name])
+    seconds = time.perf_counter() - start
+    app.stop()
+    if states(app, name) != plain_fold(url):
+        raise AssertionError(f"{name}: the local engine's states differ from a plain loop")
+    return app.store.count() / seconds
+
+
+def spark_replay(url: str, parquet: str) -> list[float]:
+    """In a child process (its own JVM): replay twice, the second warm; events/s of both."""
+    code = (
+        "import sys, json; sys.path.insert(0, '.');"
+        "import eventlanes as el; from eventlanes import spark as els;"
+        "from benchmarks.bench_aggregation import define;"
+        f"app = el.App({url!r}); define(app); s = els.get_session('local[2]');"
+        f"rs = [els.replay(app, 'declared', spark=s, parquet={parquet!r}) for _ in range(2)];"
+        "print(json.dumps([r.events / r.seconds for r in rs]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(backends: list[str] | None = None, quick: bool = False, events: int | None = None) -> None:
+    events = events or (200_000 if quick else EVENTS)
+    keys = min(KEYS, events // 4)
+    DATA.mkdir(exist_ok=True)
+    url = fresh_store("agg-bench.db", events, keys)
+    start = time.perf_counter()
+    want = plain_fold(url)
+    loop = events / (time.perf_counter() - start)
+    fold = local(url, "fold")
+    declared = local(url, "declared")
+    directory = DATA / "agg-bench-parquet"
+    shutil.rmtree(directory, ignore_errors=True)
+    store = el.open_store(url)
+    el.spark.export_parquet(store, str(directory))
+    store.close()
+    first, warm = spark_replay(url, str(directory))
+    app = el.App(url)
+    define(app)
+    if states(app, "declared") != want:
+        raise AssertionError("the Spark replay's states differ from a plain loop")
+    print_table(
+        f"aggregation of {events:,} events over {keys:,} uniform keys (events/s), one run",
+        ["path", "events/s", "vs plain loop", "target"],
+        [
+            ["plain Python loop over SQLite (baseline)", loop, "1.00x", ""],
+            ["local engine, Python fold, 1 process", fold, f"{fold / loop:.2f}x", ">= 100,000"],
+            ["local engine, declarative, 1 process", declared, f"{declared / loop:.2f}x",
+             ">= 300,000"],
+            ["Spark replay, declarative, Parquet, local[2], first", first,
+             f"{first / loop:.2f}x", ""],
+            ["Spark replay, declarative, Parquet, local[2], warm", warm, f"{warm / loop:.2f}x",
+             ">= 1,000,000 and >= 4x"],
+        ],
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    run(events=int(sys.argv[1]) if len(sys.argv) > 1 else None)

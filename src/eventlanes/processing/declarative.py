@@ -1,0 +1,356 @@
+"""Declarative aggregations: counts, sums, minimum, maximum, first and last values of data
+properties per key, run without calling Python per event.
+
+``el.count()``, ``el.sum("n")``, ``el.min("t", float)`` ... declare what a state holds; the
+declaration runs three ways, with one meaning:
+
+* :meth:`Declaration.fold` -- one event at a time (the reference; Spark's continuous mode and
+  downstream paths use it);
+* :meth:`Declaration.fold_batch` -- the local engine, column by column over a segment's batch;
+* ``eventlanes.spark.declarative`` -- Spark column expressions (``from_json``, window and
+  ``groupBy`` aggregates), no Python on the executors.
+
+Types are strict on every engine, as Spark's ``from_json`` in FAILFAST mode is: an ``int`` field
+holding ``1.5``, ``"3"`` or ``true`` fails the batch with an error naming the event, the field
+and the value; ``null`` or a missing property is skipped by every operation (``count()`` without
+a field counts events). ``str`` fields take a value as JSON text renders it (strings as they
+are), like keys. Sums are of 64-bit integers (Spark fails on overflow; floating-point sums depend
+on the order of additions, so they are left to Python folds).
+
+The state is a JSON object ``{name: value}``: counts and sums start at 0, the others at null.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidInputError
+from ..events import Event
+from .chains import dedupe
+from .states import Entry
+
+__all__ = ["Declaration", "Op", "count", "first", "last", "max", "min", "sum"]
+
+#: data property names usable in a declaration (also safe in a Spark JSON path)
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+TYPES: dict[type, str] = {int: "long", float: "double", str: "string", bool: "boolean"}
+KINDS = ("count", "sum", "min", "max", "first", "last")
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One state field: ``kind`` of data property ``field`` (typed ``type``), over the events
+    whose data match ``where`` (property -> JSON value, all equal)."""
+
+    kind: str
+    field: str | None
+    type: type
+    where: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def initial(self) -> Any:
+        return 0 if self.kind in ("count", "sum") else None
+
+
+def _where(where: Mapping[str, Any] | None, what: str) -> tuple[tuple[str, Any], ...]:
+    if where is None:
+        return ()
+    if not isinstance(where, Mapping) or not where:
+        raise InvalidInputError(f"{what}: where must be a non-empty dict of property -> value")
+    out = []
+    for name, value in where.items():
+        _check_name(name, f"{what} where")
+        if type(value) not in TYPES:
+            raise InvalidInputError(
+                f"{what}: where[{name!r}] must be a str, int, float or bool, got {value!r}"
+            )
+        out.append((name, value))
+    return tuple(out)
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise InvalidInputError(
+            f"{what}: a data property name must be a string of letters, digits and _ "
+            f"(not starting with a digit), got {name!r}"
+        )
+    return name
+
+
+def _op(kind: str, name: Any, type_: Any, where: Any, allowed: tuple[type, ...]) -> Op:
+    what = f"el.{kind}({name!r})"
+    _check_name(name, what)
+    if type_ not in allowed:
+        names = ", ".join(t.__name__ for t in allowed)
+        raise InvalidInputError(f"{what}: type must be one of {names}, got {type_!r}")
+    return Op(kind, name, type_, _where(where, what))
+
+
+def count(field: str | None = None, *, where: Mapping[str, Any] | None = None) -> Op:
+    """Events folded (that match ``where``); with ``field``: those where it is not null."""
+    if field is None:
+        return Op("count", None, int, _where(where, "el.count()"))
+    return _op("count", field, int, where, (int,))
+
+
+def sum(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
+    """The sum of an integer property (64-bit)."""
+    if type is float:
+        raise InvalidInputError(
+            f"el.sum({field!r}, float): a sum of floats depends on the order of additions, "
+            "which engines do not share: use a Python fold (or integer units)"
+        )
+    return _op("sum", field, type, where, (int,))
+
+
+def min(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
+    return _op("min", field, type, where, (int, float, str))
+
+
+def max(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
+    return _op("max", field, type, where, (int, float, str))
+
+
+def first(field: str, type: Any = str, *, where: Mapping[str, Any] | None = None) -> Op:
+    """The value of the earliest folded event that has the property (not null)."""
+    return _op("first", field, type, where, (int, float, str, bool))
+
+
+def last(field: str, type: Any = str, *, where: Mapping[str, Any] | None = None) -> Op:
+    """The value of the latest folded event that has the property (not null)."""
+    return _op("last", field, type, where, (int, float, str, bool))
+
+
+class FieldTypeError(InvalidInputError):
+    """An event's property does not have the declared type (raised while folding)."""
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def convert(value: Any, type_: type, name: str, event: Event) -> Any:
+    """``value`` as the declared ``type_`` (None stays None), or FieldTypeError."""
+    if value is None:
+        return None
+    cls = value.__class__
+    if type_ is str:
+        return value if cls is str else json.dumps(value)
+    if type_ is int:
+        if cls is int and _INT64[0] <= value <= _INT64[1]:
+            return value
+    elif type_ is float:
+        if cls is float or cls is int:
+            return float(value)
+    elif cls is bool:
+        return value
+    raise FieldTypeError(
+        f"event {event.position} ({event.type}): data property {name!r} is {value!r}, "
+        f"declared {type_.__name__}" + (" (64-bit)" if type_ is int and cls is int else "")
+    )
+
+
+@dataclass
+class Declaration:
+    """``key`` (a data property), the event ``types`` folded, and the state's ``fields``."""
+
+    name: str
+    key: str
+    types: frozenset[str]
+    fields: dict[str, Op]
+    #: every data property read, with its one type (a property may not have two)
+    columns: dict[str, type] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, name: str, key: Any, on: Any, fields: Any) -> Declaration:
+        what = f"aggregation {name!r}"
+        if not isinstance(key, str) or not NAME.fullmatch(key):
+            raise InvalidInputError(
+                f"{what}: a declarative aggregation's key must be a data property name "
+                f"(letters, digits, _), got {key!r}"
+            )
+        types = [on] if isinstance(on, str) else on
+        if (
+            not isinstance(types, Iterable)
+            or not (types := list(types))
+            or not builtins.all(isinstance(t, str) and t for t in types)
+        ):
+            raise InvalidInputError(f"{what}: on= must name the event type(s) folded, got {on!r}")
+        if not isinstance(fields, Mapping) or not fields:
+            raise InvalidInputError(
+                f"{what}: fields must be a non-empty dict of name -> el.count(), el.sum(), ..."
+            )
+        ops: dict[str, Op] = {}
+        columns: dict[str, type] = {key: str}
+        for out, op in fields.items():
+            if not isinstance(out, str) or not out:
+                raise InvalidInputError(f"{what}: state field names must be strings, got {out!r}")
+            if not isinstance(op, Op):
+                raise InvalidInputError(
+                    f"{what}: field {out!r} must be el.count(), el.sum(), el.min(), el.max(), "
+                    f"el.first() or el.last(), got {op!r}"
+                )
+            ops[out] = op
+            used = [(op.field, op.type)] if op.field else []
+            used += [(n, type(v)) for n, v in op.where]
+            for prop, type_ in used:
+                if columns.setdefault(prop, type_) is not type_:
+                    raise InvalidInputError(
+                        f"{what}: data property {prop!r} is used as {columns[prop].__name__} "
+                        f"and as {type_.__name__}"
+                    )
+        return cls(name, key, frozenset(types), ops, columns)
+
+    def initial(self) -> dict[str, Any]:
+        return {out: op.initial for out, op in self.fields.items()}
+
+    def key_of(self, event: Event) -> str:
+        return self._key(event.data, event)
+
+    def _key(self, data: dict[str, Any], event: Event) -> str:
+        value = data.get(self.key)
+        if value is None:
+            raise InvalidInputError(
+                f"event {event.position} ({event.type}): no key property {self.key!r} "
+                f"for aggregation {self.name!r}"
+            )
+        return value if value.__class__ is str else json.dumps(value)
+
+    # -- one event at a time (the reference) ---------------------------------------------------
+    def fold(self, state: dict[str, Any], event: Event) -> None:
+        data = event.data
+        values = {p: convert(data.get(p), t, p, event) for p, t in self.columns.items()}
+        for out, op in self.fields.items():
+            if op.where and not builtins.all(values[n] == v for n, v in op.where):
+                continue
+            if op.field is None:
+                state[out] += 1
+                continue
+            v = values[op.field]
+            if v is None:
+                continue
+            cur = state[out]
+            kind = op.kind
+            if kind == "count":
+                state[out] = cur + 1
+            elif kind == "sum":
+                state[out] = cur + v
+            elif kind == "min":
+                if cur is None or v < cur:
+                    state[out] = v
+            elif kind == "max":
+                if cur is None or v > cur:
+                    state[out] = v
+            elif kind == "first":
+                if cur is None:
+                    state[out] = v
+            else:  # last
+                state[out] = v
+
+    # -- a batch, column by column (the local engine) ------------------------------------------
+    def keys(self, events: list[Event]) -> list[str]:
+        """The key of each event (its data decoded once, cached in the event)."""
+        kf = self.key
+        keys: list[Any] = [e.data.get(kf) for e in events]
+        for i, k in enumerate(keys):  # non-string keys (rare) as JSON text; missing: an error
+            if k.__class__ is not str:
+                keys[i] = self._key(events[i].data, events[i])
+        return keys
+
+    def fold_batch(
+        self, events: list[Event], keys: list[str], entries: dict[str, Entry], source: str
+    ) -> int:
+        """Fold ``events`` (of this aggregation's types, in position order, keyed ``keys``) into
+        ``entries`` (every key present). Returns how many were folded (not dropped)."""
+        n = len(events)
+        kf = self.key
+        datas = [e.data for e in events]
+        accepted = dedupe(events, keys, entries, source)
+        if len(accepted) != n:
+            events = [events[i] for i in accepted]
+            datas = [datas[i] for i in accepted]
+            keys = [keys[i] for i in accepted]
+        if not events:
+            return 0
+        columns = {p: self._column(p, t, datas, events) for p, t in self.columns.items() if p != kf}
+        columns[kf] = keys
+        states = [entries[k].value for k in keys]
+        for out, op in self.fields.items():
+            rows: Any = range(len(keys))
+            if op.where:
+                tests = [(columns[p], v) for p, v in op.where]
+                rows = [i for i in rows if builtins.all(col[i] == v for col, v in tests)]
+            if op.field is None:
+                for i in rows:
+                    states[i][out] += 1
+                continue
+            col = columns[op.field]
+            present = [i for i in rows if col[i] is not None]
+            _APPLY[op.kind](out, present, col, states)
+        return len(accepted)
+
+    def _column(
+        self, prop: str, type_: type, datas: list[dict[str, Any]], events: list[Event]
+    ) -> list[Any]:
+        """One property of every event, checked for its type at C speed on the usual path."""
+        col = [d.get(prop) for d in datas]
+        if type_ is int:
+            ok = builtins.all(v is None or v.__class__ is int for v in col)
+            if ok:
+                ints = [v for v in col if v is not None]
+                lo, hi = _INT64
+                ok = not ints or (lo <= builtins.min(ints) and builtins.max(ints) <= hi)
+        elif type_ is str:
+            ok = builtins.all(v is None or v.__class__ is str for v in col)
+        else:
+            ok = False
+        if ok:
+            return col
+        return [convert(v, type_, prop, e) for v, e in zip(col, events, strict=True)]
+
+
+def _count(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
+    for i in rows:
+        states[i][out] += 1
+
+
+def _sum(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
+    for i in rows:
+        states[i][out] += col[i]
+
+
+def _min(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
+    for i in rows:
+        st, v = states[i], col[i]
+        cur = st[out]
+        if cur is None or v < cur:
+            st[out] = v
+
+
+def _max(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
+    for i in rows:
+        st, v = states[i], col[i]
+        cur = st[out]
+        if cur is None or v > cur:
+            st[out] = v
+
+
+def _first(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
+    for i in rows:
+        st = states[i]
+        if st[out] is None:
+            st[out] = col[i]
+
+
+def _last(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
+    for i in rows:
+        states[i][out] = col[i]
+
+
+_APPLY = {"count": _count, "sum": _sum, "min": _min, "max": _max, "first": _first, "last": _last}

@@ -1,0 +1,201 @@
+"""Declarative aggregations on Spark: column expressions only, no Python on the executors.
+
+The plan reads the declared properties with one ``from_json`` per event (FAILFAST: a value of
+the wrong type fails the replay, as it fails the local engine), and the root of each event's
+source chain with another (only for events whose metadata mention one).
+
+Exactly-once, as the local engine (``processing/chains.py``): per key and root source, in
+position order, an input is dropped unless its root partition differs from the previous one's
+or its path is greater than every path before it in the same run of partitions. For a key
+none of whose events carries a chain, every event is its own root with a growing position:
+nothing can be dropped, and the states are plain ``groupBy`` aggregates (partial aggregation
+before the shuffle). Keys with chained events (found first, broadcast) take the window plan.
+
+Output per key: the state as JSON (``{field: value}``), the offsets as JSON in the local
+engine's shape (``{source: [partition, path]}``) and the inputs dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..processing.declarative import TYPES, Declaration, Op
+
+CHAIN_SCHEMA = (
+    "source_chain array<struct<source: string, partition: string, offset: long, out: long>>"
+)
+STATES = "key string, value string, offsets string, dropped long"
+
+
+def _quoted(col: Any) -> Any:
+    """A string column as a JSON string literal (escaped by Spark's JSON writer)."""
+    from pyspark.sql import functions as F
+
+    text = F.to_json(F.array(col))  # ["..."]
+    return F.substring(text, 2, F.length(text) - 2)
+
+
+def _rows(decl: Declaration, df: Any, source: str) -> Any:
+    """key, position, src, part, path, chained and the typed properties (``c_<name>``)."""
+    from pyspark.sql import functions as F
+
+    schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in decl.columns.items())
+    data = F.from_json("data", schema, {"mode": "FAILFAST"})
+    chain = F.when(
+        F.col("metadata").contains('"source_chain"'),
+        F.from_json("metadata", CHAIN_SCHEMA, {"mode": "FAILFAST"}).getField("source_chain"),
+    )
+    parsed = df.where(F.col("type").isin(sorted(decl.types))).select(
+        "position", data.alias("d"), chain.alias("chain")
+    )
+    root = F.col("chain").getItem(0)
+    chained = F.coalesce(F.size("chain") > 0, F.lit(False))
+    bad = f"aggregation {decl.name!r}: malformed source_chain in event "
+
+    def required(col: Any) -> Any:
+        return F.coalesce(
+            col, F.raise_error(F.concat(F.lit(bad), F.col("position").cast("string")))
+        )
+
+    missing_key = F.concat(
+        F.lit(f"aggregation {decl.name!r}: no key property {decl.key!r} in event "),
+        F.col("position").cast("string"),
+    )
+    cols = [
+        F.coalesce(F.col("d").getField(decl.key), F.raise_error(missing_key)).alias("key"),
+        "position",
+        chained.alias("chained"),
+        F.when(chained, required(root.getField("source"))).otherwise(F.lit(source)).alias("src"),
+        F.when(chained, F.coalesce(root.getField("partition"), F.lit("")))
+        .otherwise(F.lit(""))
+        .alias("part"),
+        F.when(
+            chained,
+            F.concat(
+                F.array(required(root.getField("offset"))),
+                F.transform(
+                    "chain", lambda h: F.coalesce(h.getField("out"), F.lit(0).cast("long"))
+                ),
+            ),
+        )
+        .otherwise(F.array(F.col("position")))
+        .alias("path"),
+    ]
+    cols += [F.col("d").getField(p).alias(f"c_{p}") for p in decl.columns if p != decl.key]
+    return parsed.select(*cols)
+
+
+def _column(decl: Declaration, prop: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("key") if prop == decl.key else F.col(f"c_{prop}")
+
+
+def _aggregates(decl: Declaration) -> list[Any]:
+    """One aggregate per state field, over accepted rows (the Python fold's meaning)."""
+    from pyspark.sql import functions as F
+
+    out = []
+    for name, op in decl.fields.items():
+        cond = F.lit(True)
+        for prop, value in op.where:
+            cond = cond & (_column(decl, prop) == F.lit(value))
+        out.append(_aggregate(decl, op, cond).alias(name))
+    return out
+
+
+def _aggregate(decl: Declaration, op: Op, cond: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    if op.field is None:
+        return F.count(F.when(cond, F.lit(1)))
+    v = F.when(cond, _column(decl, op.field))
+    if op.kind == "count":
+        return F.count(v)
+    if op.kind == "sum":
+        return F.coalesce(F.sum(v), F.lit(0).cast("long"))
+    if op.kind == "min":
+        return F.min(v)
+    if op.kind == "max":
+        return F.max(v)
+    at = F.when(v.isNotNull(), F.col("position"))
+    return F.min_by(v, at) if op.kind == "first" else F.max_by(v, at)
+
+
+def _value(decl: Declaration) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.to_json(F.struct(*[F.col(n) for n in decl.fields]), {"ignoreNullFields": "false"})
+
+
+def _offset_entry(src: Any, part: Any, path: Any) -> Any:
+    """``"src":["part",[path]]`` (one source of the offsets object)."""
+    from pyspark.sql import functions as F
+
+    return F.concat(
+        _quoted(src), F.lit(":["), _quoted(part), F.lit(","), F.to_json(path), F.lit("]")
+    )
+
+
+def plan(decl: Declaration, df: Any, source: str, chained_keys: Any = None) -> Any:
+    """The states (``STATES``) of every key; ``chained_keys``: the keys with chained events
+    (a DataFrame, broadcast), or None when no event of these types carries a chain."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rows = _rows(decl, df, source)
+    simple = rows if chained_keys is None else rows.join(chained_keys, "key", "left_anti")
+    plain = simple.groupBy("key").agg(*_aggregates(decl), F.max("position").alias("last"))
+    own = F.concat(F.lit("{"), _offset_entry(F.lit(source), F.lit(""), F.array("last")), F.lit("}"))
+    result = plain.select("key", _value(decl).alias("value"), own.alias("offsets"),
+                          F.lit(0).cast("long").alias("dropped"))  # fmt: skip
+    if chained_keys is None:
+        return result
+    mixed = rows.join(chained_keys, "key", "left_semi")
+    w = Window.partitionBy("key", "src").orderBy("position")
+    new_run = F.coalesce(F.lag("part").over(w) != F.col("part"), F.lit(True))
+    runs = mixed.withColumn("run", F.sum(new_run.cast("int")).over(w))
+    before = (
+        Window.partitionBy("key", "src", "run")
+        .orderBy("position")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    prev = F.max("path").over(before)
+    flagged = runs.withColumn("ok", prev.isNull() | (F.col("path") > prev))
+    accepted = flagged.where("ok")
+    values = (
+        accepted.groupBy("key").agg(*_aggregates(decl)).select("key", _value(decl).alias("value"))
+    )
+    last = F.max_by(F.struct("part", "path"), F.col("position"))
+    by_source = (
+        accepted.groupBy("key", "src")
+        .agg(last.alias("at"))
+        .select(
+            "key", _offset_entry(F.col("src"), F.col("at.part"), F.col("at.path")).alias("entry")
+        )
+    )
+    offsets = by_source.groupBy("key").agg(
+        F.concat(F.lit("{"), F.array_join(F.collect_list("entry"), ","), F.lit("}")).alias(
+            "offsets"
+        )
+    )
+    dropped = flagged.groupBy("key").agg(F.sum(F.when(~F.col("ok"), 1).otherwise(0)).cast("long")
+                                         .alias("dropped"))  # fmt: skip
+    # A key whose every event was dropped cannot happen (the first one of a key is kept).
+    chained = values.join(offsets, "key").join(dropped, "key")
+    return result.unionByName(chained.select("key", "value", "offsets", "dropped"))
+
+
+def declared_states(decl: Declaration, df: Any, source: str) -> dict[str, tuple[str, str, int]]:
+    """Run the plan: key -> (value JSON, offsets JSON, dropped), as ``save_encoded`` takes."""
+    from pyspark.sql import functions as F
+
+    typed = df.where(F.col("type").isin(sorted(decl.types)))
+    has_chain = typed.where(F.col("metadata").contains('"source_chain"')).limit(1).count() > 0
+    chained_keys = None
+    if has_chain:
+        rows = _rows(decl, df, source)
+        chained_keys = F.broadcast(rows.where("chained").select("key").distinct())
+    table = plan(decl, df, source, chained_keys).toArrow()
+    cols = [table.column(c).to_pylist() for c in ("key", "value", "offsets", "dropped")]
+    return {k: (v, o, d) for k, v, o, d in zip(*cols, strict=True)}
