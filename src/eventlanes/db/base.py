@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from ..errors import StoreConnectionError
+from ..errors import EventlanesError, StoreConnectionError
 from .url import DatabaseURL
 
 # What a schema statement creates, so a read-only open can check that it exists instead.
@@ -22,6 +22,12 @@ _CREATES = re.compile(
     r"([A-Za-z0-9_]+)",
     re.IGNORECASE,
 )
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message on one line (drivers add DETAIL/HINT lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Database(ABC):
@@ -78,6 +84,26 @@ class Database(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @contextmanager
+    def guard(self, operation: str) -> Iterator[None]:
+        """Raise driver and pool errors inside as eventlanes errors naming ``operation``
+        (e.g. ``"append to stream 'x'"``), chained to the original: DatabaseUnavailableError
+        when retrying later may cure it, StoreConnectionError or InvalidInputError otherwise.
+        Other exceptions (eventlanes' own, a handler's) pass through unchanged."""
+        try:
+            yield
+        except EventlanesError:
+            raise
+        except Exception as exc:
+            translated = self.translate(exc, operation)
+            if translated is None:
+                raise
+            raise translated from exc
+
+    @abstractmethod
+    def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
+        """The eventlanes error for a driver or pool error (None: not a database error)."""
 
     def lock(self, conn: Any, key: str) -> None:  # noqa: B027 - a no-op by default
         """Serialise transactions on ``key`` until commit (no-op where writers are serialised)."""

@@ -9,8 +9,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import InvalidInputError, StoreConnectionError
-from .base import Database
+from ..errors import (
+    DatabaseUnavailableError,
+    EventlanesError,
+    InvalidInputError,
+    StoreConnectionError,
+)
+from .base import Database, first_line
 from .url import DatabaseURL
 
 try:  # PostgreSQL support is an extra: pip install 'eventlanes[postgres]'
@@ -104,6 +109,20 @@ class PostgresDatabase(Database):
             "SELECT pg_advisory_xact_lock(%s, %s)",
             (self.lock_namespace, zlib.crc32(key.encode()) - 2**31),
         )
+
+    def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
+        if not isinstance(exc, psycopg.Error):
+            return None
+        cause = f"{first_line(exc)} (PostgreSQL store {self.url.redacted!r})"
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            # Lost or refused connections, server shutdown or restart, pool timeouts (a
+            # PoolTimeout is an OperationalError), disk full, serialization failures.
+            return DatabaseUnavailableError(operation, cause)
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            return StoreConnectionError(f"{operation} failed: the store is read-only: {cause}")
+        if isinstance(exc, psycopg.DataError):
+            return InvalidInputError(f"{operation}: PostgreSQL refused the value: {cause}")
+        return StoreConnectionError(f"{operation} failed: {cause}")
 
     def _exists(self, kind: str, name: str) -> bool:
         sql = {

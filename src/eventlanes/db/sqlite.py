@@ -10,11 +10,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-from ..errors import InvalidInputError, StoreConnectionError
-from .base import Database
+from ..errors import (
+    DatabaseUnavailableError,
+    EventlanesError,
+    InvalidInputError,
+    StoreConnectionError,
+)
+from .base import Database, first_line
 from .url import DatabaseURL
 
 _SYNC_LEVELS = {"off", "normal", "full", "extra"}
+# Primary result codes that a later retry may cure: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN,
+# PROTOCOL (https://sqlite.org/rescode.html).
+_TRANSIENT = {5, 6, 7, 10, 13, 14, 15}
+_READONLY = 8
 
 
 class SQLiteDatabase(Database):
@@ -120,6 +129,18 @@ class SQLiteDatabase(Database):
             yield conn
         finally:
             conn.execute("COMMIT")
+
+    def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        code = getattr(exc, "sqlite_errorcode", None)
+        primary = None if code is None else code & 0xFF
+        cause = f"{first_line(exc)} (SQLite store {self.url.url!r})"
+        if primary in _TRANSIENT:
+            return DatabaseUnavailableError(operation, cause)
+        if primary == _READONLY:
+            return StoreConnectionError(f"{operation} failed: the store is read-only: {cause}")
+        return StoreConnectionError(f"{operation} failed: {cause}")
 
     def _exists(self, kind: str, name: str) -> bool:
         if kind != "table":  # SQLite has no sequences or stored functions

@@ -99,7 +99,8 @@ class EventStore(ABC):
             )
         if not encoded:
             raise InvalidInputError("append needs at least one event")
-        return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
+        with self.db.guard(f"append to stream {stream_id!r}"):
+            return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
 
     @abstractmethod
     def _append(
@@ -123,7 +124,9 @@ class EventStore(ABC):
         """
         _check_positive(after, "after")
         _check_positive(limit, "limit", allow_zero=False)
-        return self._read(after, limit, segment_pairs(segments))
+        pairs = segment_pairs(segments)
+        with self.db.guard(f"read after position {after}"):
+            return self._read(after, limit, pairs)
 
     def read_upto(
         self, after: int, limit: int, segments: list[tuple[int, int]] | None = None
@@ -131,7 +134,8 @@ class EventStore(ABC):
         """Like :meth:`read`, also returning the position the read is complete up to: the last
         event's when the batch is full, else the horizon the read saw (so a consumer whose
         segments had no events there can still move its token on)."""
-        return self._read_upto(after, limit, segments)
+        with self.db.guard(f"read after position {after}"):
+            return self._read_upto(after, limit, segments)
 
     @abstractmethod
     def _read_upto(
@@ -151,7 +155,8 @@ class EventStore(ABC):
         """Every event after ``after`` (up to ``until`` when given), read in batches."""
         pairs = segment_pairs(segments)
         while True:
-            batch = self._read(after, batch_size, pairs)
+            with self.db.guard(f"read after position {after}"):
+                batch = self._read(after, batch_size, pairs)
             for event in batch:
                 if until is not None and event.position > until:
                     return
@@ -186,7 +191,7 @@ class EventStore(ABC):
             f"WHERE position > {p} AND position <= {p}{cond} ORDER BY position LIMIT {p}"
         )
         while True:
-            with self.db.connection() as conn:
+            with self.db.guard(f"scan after position {after}"), self.db.connection() as conn:
                 rows = conn.execute(sql, (after, until, *params, chunk)).fetchall()
             if rows:
                 yield rows
@@ -201,36 +206,47 @@ class EventStore(ABC):
         _check_positive(after_version, "after_version")
         if limit is not None:
             _check_positive(limit, "limit", allow_zero=False)
-        return self._read_stream(stream_id, after_version, limit)
+        with self.db.guard(f"read stream {stream_id!r}"):
+            return self._read_stream(stream_id, after_version, limit)
 
     @abstractmethod
     def _read_stream(
         self, stream_id: str, after_version: int, limit: int | None
     ) -> list[Event]: ...
 
-    @abstractmethod
     def head(self) -> int:
         """Highest position a reader can safely read now (0 if the store is empty)."""
+        with self.db.guard("head"):
+            return self._head()
 
     @abstractmethod
+    def _head(self) -> int: ...
+
     def stream_version(self, stream_id: str) -> int:
         """Current version of a stream (0 if it does not exist)."""
+        with self.db.guard(f"version of stream {stream_id!r}"):
+            return self._stream_version(stream_id)
+
+    @abstractmethod
+    def _stream_version(self, stream_id: str) -> int: ...
 
     def position_at(self, when: datetime) -> int | None:
         """First position recorded at or after ``when`` (timezone-aware); None if none yet."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise InvalidInputError(f"position_at needs a timezone-aware datetime, got {when!r}")
-        return self._position_at(when)
+        with self.db.guard(f"position at {when.isoformat()}"):
+            return self._position_at(when)
 
     @abstractmethod
     def _position_at(self, when: datetime) -> int | None: ...
 
     def count(self, until: int | None = None) -> int:
         """Events stored (with ``until``: those at or below that position)."""
-        if until is None:
-            return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
-        sql = self.db.sql(f"SELECT count(*) FROM {self.events_table} WHERE position <= ?")
-        return self.db.query(sql, (until,))[0][0]
+        with self.db.guard("count"):
+            if until is None:
+                return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
+            sql = self.db.sql(f"SELECT count(*) FROM {self.events_table} WHERE position <= ?")
+            return self.db.query(sql, (until,))[0][0]
 
     def close(self) -> None:
         self.db.close()

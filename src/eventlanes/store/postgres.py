@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from ..db.postgres import PostgresDatabase
-from ..errors import ConcurrencyError, InvalidInputError, StoreConnectionError
+from ..errors import ConcurrencyError, InvalidInputError
 from ..events import Event
 from .base import EncodedEvent, EventStore, segment_sql
 
@@ -206,15 +206,13 @@ class PostgresEventStore(EventStore):
                 raise ConcurrencyError(stream_id, expected_version or 0, actual) from None
             if exc.sqlstate == "23505":  # unique (stream_id, version): lost a race
                 raise ConcurrencyError(
-                    stream_id, expected_version or 0, self.stream_version(stream_id)
+                    stream_id, expected_version or 0, self._stream_version(stream_id)
                 ) from None
-            if isinstance(exc, psycopg.OperationalError):
-                raise StoreConnectionError(f"append to {stream_id!r} failed: {exc}") from exc
-            raise
+            raise  # the caller's guard names the operation
 
     def horizon(self) -> int:
         """Highest position below which every transaction has finished."""
-        with self.db.connection() as conn:
+        with self.db.guard("horizon"), self.db.connection() as conn:
             return conn.execute(self._horizon_sql).fetchone()[0]
 
     def _read(self, after: int, limit: int, segments: list[tuple[int, int]] | None) -> list[Event]:
@@ -244,7 +242,7 @@ class PostgresEventStore(EventStore):
         )
         return [Event(*row) for row in self.db.query(sql, (stream_id, after_version, limit))]
 
-    def head(self) -> int:
+    def _head(self) -> int:
         with self.db.connection() as conn:
             horizon = conn.execute(self._horizon_sql).fetchone()[0]
             row = conn.execute(
@@ -253,7 +251,7 @@ class PostgresEventStore(EventStore):
             ).fetchone()
         return row[0]
 
-    def stream_version(self, stream_id: str) -> int:
+    def _stream_version(self, stream_id: str) -> int:
         sql = f"SELECT coalesce(max(version), 0) FROM {self.events_table} WHERE stream_id = %s"
         return self.db.query(sql, (stream_id,))[0][0]
 

@@ -109,10 +109,10 @@ class SQLiteEventStore(EventStore):
             rows = conn.execute(sql, (stream_id, after_version, -1 if limit is None else limit))
             return [Event(*row) for row in rows.fetchall()]
 
-    def head(self) -> int:
+    def _head(self) -> int:
         return self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")[0][0]
 
-    def stream_version(self, stream_id: str) -> int:
+    def _stream_version(self, stream_id: str) -> int:
         sql = f"SELECT coalesce(max(version), 0) FROM {self.events_table} WHERE stream_id = ?"
         return self.db.query(sql, (stream_id,))[0][0]
 
