@@ -6,11 +6,11 @@ import re
 
 from .errors import InvalidInputError
 
-_PROCESSOR_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_PROCESSOR_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 
 
 def validate_processor_name(name: object) -> str:
-    if not isinstance(name, str) or not _PROCESSOR_RE.match(name):
+    if not isinstance(name, str) or not _PROCESSOR_RE.fullmatch(name):
         raise InvalidInputError(
             f"invalid processor name {name!r}: use 1-100 letters, digits, '-', '_' or '.'"
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..db import Database
 from ..errors import InvalidInputError, StoreConnectionError
-from ..events import Event, NewEvent, encode_object
+from ..events import Event, NewEvent, check_text, encode_object
 from ..hashing import stable_hash
 
 SegmentSpec = Any  # an el.Segment or an (id, mask) pair
@@ -42,10 +42,15 @@ def segment_pairs(segments: Iterable[SegmentSpec] | None) -> list[tuple[int, int
     return pairs
 
 
+_MAX = 2**63 - 1  # positions and versions are signed 64-bit integers in both databases
+
+
 def _check_positive(value: Any, what: str, allow_zero: bool = True) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         bound = "a non-negative" if allow_zero else "a positive"
         raise InvalidInputError(f"{what} must be {bound} integer, got {value!r}")
+    if value > _MAX:
+        raise InvalidInputError(f"{what} must be below 2**63 (a 64-bit integer), got {value!r}")
     return value
 
 
@@ -78,10 +83,16 @@ class EventStore(ABC):
             )
         if not isinstance(stream_id, str) or not stream_id.strip():
             raise InvalidInputError(f"stream id must be a non-empty string, got {stream_id!r}")
+        check_text(stream_id, "stream id")
         if expected_version is not None:
             _check_positive(expected_version, "expected_version")
         if isinstance(events, NewEvent):
             events = [events]
+        if not events:
+            raise InvalidInputError(
+                f"append to stream {stream_id!r} needs at least one event: got an empty list "
+                "(nothing was written)"
+            )
         encoded = []
         for i, event in enumerate(events):
             if not isinstance(event, NewEvent):
@@ -90,6 +101,7 @@ class EventStore(ABC):
                 )
             if not isinstance(event.type, str) or not event.type:
                 raise InvalidInputError(f"event #{i}: type must be a non-empty string")
+            check_text(event.type, f"event #{i}: type")
             encoded.append(
                 EncodedEvent(
                     event.type,
@@ -97,8 +109,6 @@ class EventStore(ABC):
                     encode_object(event.metadata, f"event #{i} ({event.type}) metadata"),
                 )
             )
-        if not encoded:
-            raise InvalidInputError("append needs at least one event")
         with self.db.guard(f"append to stream {stream_id!r}"):
             return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
 
@@ -134,6 +144,8 @@ class EventStore(ABC):
         """Like :meth:`read`, also returning the position the read is complete up to: the last
         event's when the batch is full, else the horizon the read saw (so a consumer whose
         segments had no events there can still move its token on)."""
+        _check_positive(after, "after")
+        _check_positive(limit, "limit", allow_zero=False)
         with self.db.guard(f"read after position {after}"):
             return self._read_upto(after, limit, segments)
 
@@ -192,12 +204,16 @@ class EventStore(ABC):
         )
         while True:
             with self.db.guard(f"scan after position {after}"), self.db.connection() as conn:
-                rows = conn.execute(sql, (after, until, *params, chunk)).fetchall()
+                rows = self._raw_rows(conn, sql, (after, until, *params, chunk))
             if rows:
                 yield rows
             if len(rows) < chunk:
                 return
             after = rows[-1][0]
+
+    def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Rows for :meth:`scan`; CorruptEventError where a row cannot even be read."""
+        return conn.execute(sql, params).fetchall()
 
     def read_stream(
         self, stream_id: str, after_version: int = 0, limit: int | None = None
@@ -242,6 +258,8 @@ class EventStore(ABC):
 
     def count(self, until: int | None = None) -> int:
         """Events stored (with ``until``: those at or below that position)."""
+        if until is not None:
+            _check_positive(until, "until")
         with self.db.guard("count"):
             if until is None:
                 return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
