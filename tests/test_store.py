@@ -205,7 +205,7 @@ def test_bad_urls_get_clear_errors(tmp_path, pg_url: str) -> None:
     with pytest.raises(el.StoreConnectionError, match="cannot open SQLite store"):
         el.open_store(f"sqlite:///{not_a_db}")
     assert not_a_db.read_text().startswith("this is not a database")
-    with pytest.raises(el.StoreConnectionError, match="cannot connect to PostgreSQL"):
+    with pytest.raises(el.StoreConnectionError, match="connect to PostgreSQL store"):
         el.open_store("postgresql://postgres:secret@127.0.0.1:1/nodb")
     try:
         el.open_store("postgresql://postgres:secret@127.0.0.1:1/nodb")

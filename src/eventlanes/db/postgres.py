@@ -47,6 +47,15 @@ class PostgresDatabase(Database):
             raise InvalidInputError(
                 f"invalid pool sizes in {url.redacted!r}: need 0 <= min <= max, max >= 1"
             )
+        try:
+            self.pool_timeout = float(url.options.get("pool_timeout", "30"))
+        except ValueError:
+            self.pool_timeout = -1.0
+        if not 0 < self.pool_timeout <= 3600:
+            raise InvalidInputError(
+                f"invalid pool_timeout={url.options.get('pool_timeout')!r} in {url.redacted!r}: "
+                "seconds to wait for a connection, > 0 and <= 3600"
+            )
         self._pool: Any = None
         self._pool_pid = 0
         self._lock = threading.Lock()
@@ -63,8 +72,12 @@ class PostgresDatabase(Database):
             self._configure(conn)
             return conn
         except psycopg.Error as exc:
-            raise StoreConnectionError(
-                f"cannot connect to PostgreSQL store {self.url.redacted!r}: {exc}".strip()
+            if exc.sqlstate is None:  # refused, unreachable, timed out: may come back
+                raise DatabaseUnavailableError(
+                    f"connect to PostgreSQL store {self.url.redacted!r}", first_line(exc)
+                ) from exc
+            raise StoreConnectionError(  # refused by the server: bad password, no database
+                f"cannot connect to PostgreSQL store {self.url.redacted!r}: {first_line(exc)}"
             ) from exc
 
     def _configure(self, conn: Any) -> None:
@@ -88,6 +101,14 @@ class PostgresDatabase(Database):
                     max_size=self._pool_max,
                     kwargs={"autocommit": True},
                     configure=self._configure,
+                    # A connection that went stale (server restarted, network cut) is
+                    # replaced at checkout instead of failing the caller's statement.
+                    check=ConnectionPool.check_connection,
+                    timeout=self.pool_timeout,
+                    # Give up a failing reconnection early: the next checkout starts a fresh
+                    # attempt at once, instead of waiting out a backoff grown while the
+                    # server was down.
+                    reconnect_timeout=self.pool_timeout,
                     open=True,
                     name=f"eventlanes-{self.prefix}",
                 )

@@ -44,7 +44,15 @@ class DatabaseURL:
 
 
 # Options eventlanes understands in the query string; everything else goes to libpq.
-_OWN_OPTIONS = {"prefix", "pool_min", "pool_max", "synchronous", "busy_timeout", "notify"}
+_OWN_OPTIONS = {
+    "prefix",
+    "pool_min",
+    "pool_max",
+    "pool_timeout",
+    "synchronous",
+    "busy_timeout",
+    "notify",
+}
 
 
 def parse_url(url: str) -> DatabaseURL:
