@@ -73,9 +73,18 @@ class SQLiteDatabase(Database):
                     f"cannot open SQLite store {self.url.url!r} read-only (create=False): "
                     f"file {str(path)!r} does not exist"
                 )
+            read_only_fs = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+            if self.create and read_only_fs:
+                raise StoreConnectionError(
+                    f"cannot open SQLite store {self.url.url!r} for writing: the file system "
+                    "is read-only (open_store(url, create=False) reads it)"
+                )
+            # mode=ro: SQLite itself refuses every write (and never creates the file). On a
+            # read-only file system nobody can change the file, and SQLite could not create
+            # the WAL index it needs: immutable.
+            uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if read_only_fs else "")
             conn = sqlite3.connect(
-                # mode=ro: SQLite itself refuses every write (and never creates the file).
-                f"file:{quote(str(path))}?mode=ro" if not self.create else self.path,
+                uri if not self.create else self.path,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_ms / 1000,
@@ -114,7 +123,14 @@ class SQLiteDatabase(Database):
                 conn.execute("ROLLBACK")
             raise
         else:
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT (disk full, I/O error) can leave the transaction open: end
+                # it, or every later BEGIN on this thread's connection would fail.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
@@ -128,7 +144,8 @@ class SQLiteDatabase(Database):
         try:
             yield conn
         finally:
-            conn.execute("COMMIT")
+            if conn.in_transaction:
+                conn.execute("COMMIT")
 
     def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
         if not isinstance(exc, sqlite3.Error):
