@@ -1,6 +1,6 @@
 """Input that used to be silently wrong: exact integers, stored rows that are not JSON objects,
-names with a trailing newline, values PostgreSQL cannot store. Each gets a clear error or the
-right value, on both backends."""
+names with a trailing newline (values PostgreSQL cannot store and big integers through the
+store: in the shipped contract)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,6 @@ from eventlanes.errors import CorruptEventError
 from eventlanes.names import validate_processor_name
 
 E = el.NewEvent
-
-BIG = {
-    "big": 2**70,
-    "negative": -(2**65),
-    "u64_max_plus_one": 2**64,
-    "below_i64_min": -(2**63) - 1,
-    "nested": [{"n": 10**30}],
-    "small": 5,
-    "float": 1.5,
-}
-
-
-def test_integers_beyond_64_bits_round_trip_exactly(store: el.EventStore) -> None:
-    store.append("s", [E("Big", BIG, metadata={"id": 2**80})])
-    for event in (store.read()[0], store.read_stream("s")[0], store.read_upto(0, 10)[0][0]):
-        assert event.data == BIG
-        assert type(event.data["big"]) is int
-        assert event.metadata == {"id": 2**80}
 
 
 def test_event_decodes_big_integers_exactly_from_stored_text() -> None:
@@ -134,42 +116,3 @@ def test_table_prefixes_are_matched_whole(prefix: str, tmp_path) -> None:
         validate_prefix(prefix)
     with pytest.raises(el.InvalidInputError, match="invalid table prefix"):
         el.open_store(f"sqlite:///{tmp_path}/x.db?prefix={prefix.replace(chr(10), '%0A')}")
-
-
-@pytest.mark.parametrize(
-    "stream_id, events, expected_version, match",
-    [
-        ("s", [E("A", {"text": "a\x00b"})], None, r"event #0 \(A\) data.*NUL"),
-        ("s", [E("A", {"k\x00": 1})], None, r"event #0 \(A\) data.*NUL"),
-        ("s", [E("A"), E("B", metadata={"m": ["\x00"]})], None, r"event #1 \(B\) metadata.*NUL"),
-        ("s\x00", [E("A")], None, "stream id.*NUL"),
-        ("s", [E("A\x00")], None, "type.*NUL"),
-        ("s", [E("A", {"text": "\ud800"})], None, r"event #0 \(A\) data.*surrogate"),
-        ("s", [E("A", {"\udfff": 1})], None, r"event #0 \(A\) data.*surrogate"),
-        ("s\udc80", [E("A")], None, "stream id.*surrogate"),
-        ("s", [E("\ud800")], None, "type.*surrogate"),
-        ("s", [E("A")], 2**63, "expected_version.*2\\*\\*63"),
-        ("s", [E("A")], -1, "expected_version"),
-        ("s", [], None, "append to stream 's' needs at least one event"),
-    ],
-)
-def test_values_postgres_cannot_store_are_refused_on_both_backends(
-    store: el.EventStore, stream_id: str, events: list, expected_version: int | None, match: str
-) -> None:
-    store.append("s", [E("Ok", {"literal": "\\u0000 is fine as text"})])
-    with pytest.raises(el.InvalidInputError, match=match):
-        store.append(stream_id, events, expected_version=expected_version)
-    assert store.head() == 1 and store.count() == 1
-    assert store.read()[0].data == {"literal": "\\u0000 is fine as text"}
-
-
-def test_read_arguments_out_of_range_are_refused(store: el.EventStore) -> None:
-    for call in (
-        lambda: store.read(after=2**63),
-        lambda: store.read(limit=2**63),
-        lambda: store.read_stream("s", after_version=2**63),
-        lambda: store.read_upto(2**63, 10),
-        lambda: store.count(until=2**64),
-    ):
-        with pytest.raises(el.InvalidInputError, match="2\\*\\*63"):
-            call()
