@@ -124,35 +124,64 @@ class EventStore(ABC):
 
     # -- reading ---------------------------------------------------------------------------
     def read(
-        self, after: int = 0, limit: int = 1000, segments: Iterable[SegmentSpec] | None = None
+        self,
+        after: int = 0,
+        limit: int = 1000,
+        segments: Iterable[SegmentSpec] | None = None,
+        types: Iterable[str] | None = None,
     ) -> list[Event]:
         """Events with position > ``after`` in store order, at most ``limit``.
 
         ``segments``: only events whose stored routing hash matches one of the (id, mask)
-        segments (evaluated in SQL). Never returns an event past one that a concurrent
-        writer may still commit below it (no skipped events).
+        segments; ``types``: only events of these types (both evaluated in SQL, the types by
+        an index). Never returns an event past one that a concurrent writer may still commit
+        below it (no skipped events).
         """
         _check_positive(after, "after")
         _check_positive(limit, "limit", allow_zero=False)
-        pairs = segment_pairs(segments)
+        cond, params = self._filter(segment_pairs(segments), types)
         with self.db.guard(f"read after position {after}"):
-            return self._read(after, limit, pairs)
+            return self._read(after, limit, cond, params)
 
     def read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None = None
+        self,
+        after: int,
+        limit: int,
+        segments: list[tuple[int, int]] | None = None,
+        types: Iterable[str] | None = None,
     ) -> tuple[list[Event], int]:
         """Like :meth:`read`, also returning the position the read is complete up to: the last
-        event's when the batch is full, else the horizon the read saw (so a consumer whose
-        segments had no events there can still move its token on)."""
+        event's when the batch is full, else the horizon the read saw. Events filtered out
+        (other segments, other types) are passed over too: a consumer at the head is not
+        lagging because the last events were not for it."""
         _check_positive(after, "after")
         _check_positive(limit, "limit", allow_zero=False)
+        cond, params = self._filter(segments, types)
         with self.db.guard(f"read after position {after}"):
-            return self._read_upto(after, limit, segments)
+            return self._read_upto(after, limit, cond, params)
 
     @abstractmethod
     def _read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+        self, after: int, limit: int, cond: str, params: list[Any]
     ) -> tuple[list[Event], int]: ...
+
+    def _filter(
+        self, pairs: list[tuple[int, int]] | None, types: Iterable[str] | None
+    ) -> tuple[str, list[Any]]:
+        cond, by_segment = segment_sql(pairs, self.db.param)
+        params: list[Any] = list(by_segment)
+        if types is not None:
+            if isinstance(types, str):
+                raise InvalidInputError(f"types must be a list of event types, got {types!r}")
+            names = list(dict.fromkeys(types))
+            if not names or not all(isinstance(t, str) and t for t in names):
+                raise InvalidInputError(
+                    f"types must be a non-empty list of non-empty strings, got {names!r} "
+                    "(pass None to read every type)"
+                )
+            cond += f" AND type IN ({', '.join([self.db.param] * len(names))})"
+            params = [*params, *names]
+        return cond, params
 
     #: the channel that wakes up consumers (PostgreSQL NOTIFY), if the backend has one
     notify_channel: str | None = None
@@ -163,12 +192,13 @@ class EventStore(ABC):
         batch_size: int = 5000,
         segments: Iterable[SegmentSpec] | None = None,
         until: int | None = None,
+        types: Iterable[str] | None = None,
     ) -> Iterator[Event]:
         """Every event after ``after`` (up to ``until`` when given), read in batches."""
-        pairs = segment_pairs(segments)
+        cond, params = self._filter(segment_pairs(segments), types)
         while True:
             with self.db.guard(f"read after position {after}"):
-                batch = self._read(after, batch_size, pairs)
+                batch = self._read(after, batch_size, cond, params)
             for event in batch:
                 if until is not None and event.position > until:
                     return
@@ -178,9 +208,7 @@ class EventStore(ABC):
             after = batch[-1].position
 
     @abstractmethod
-    def _read(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
-    ) -> list[Event]: ...
+    def _read(self, after: int, limit: int, cond: str, params: list[Any]) -> list[Event]: ...
 
     #: the SELECT list that ``Event(*row)`` takes, per backend
     columns_sql: str = ""
@@ -216,18 +244,41 @@ class EventStore(ABC):
         return conn.execute(sql, params).fetchall()
 
     def read_stream(
-        self, stream_id: str, after_version: int = 0, limit: int | None = None
+        self,
+        stream_id: str,
+        after_version: int = 0,
+        limit: int | None = None,
+        *,
+        backwards: bool = False,
+        until_version: int | None = None,
     ) -> list[Event]:
-        """Events of one stream with version > ``after_version``, in version order."""
+        """Events of one stream with ``after_version < version <= until_version``, in version
+        order; ``backwards=True``: newest first (``limit=1``: the stream's last event; page
+        back with ``until_version`` = the oldest version seen - 1)."""
         _check_positive(after_version, "after_version")
         if limit is not None:
             _check_positive(limit, "limit", allow_zero=False)
+        if until_version is not None:
+            _check_positive(until_version, "until_version")
         with self.db.guard(f"read stream {stream_id!r}"):
-            return self._read_stream(stream_id, after_version, limit)
+            return self._read_stream(stream_id, after_version, until_version, limit, backwards)
+
+    def _stream_sql(self, until_version: int | None, backwards: bool) -> str:
+        p = self.db.param
+        until = "" if until_version is None else f" AND version <= {p}"
+        return (
+            f"SELECT {self.columns_sql} FROM {self.events_table} WHERE stream_id = {p} "
+            f"AND version > {p}{until} ORDER BY version{' DESC' if backwards else ''} LIMIT {p}"
+        )
 
     @abstractmethod
     def _read_stream(
-        self, stream_id: str, after_version: int, limit: int | None
+        self,
+        stream_id: str,
+        after_version: int,
+        until_version: int | None,
+        limit: int | None,
+        backwards: bool,
     ) -> list[Event]: ...
 
     def head(self) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 from ..db.postgres import PostgresDatabase
 from ..errors import ConcurrencyError, InvalidInputError
 from ..events import Event
-from .base import EncodedEvent, EventStore, segment_sql
+from .base import EncodedEvent, EventStore
 
 # JSON as text (decoded lazily by Event) and the time as epoch microseconds: parsing a
 # timestamptz per row was the largest cost of a full scan.
@@ -108,6 +108,8 @@ class PostgresEventStore(EventStore):
                     routing_hash bigint NOT NULL,
                     UNIQUE (stream_id, version))""",
                 f"CREATE INDEX IF NOT EXISTS {t}_recorded_at ON {t} (recorded_at)",
+                # Type filters: the rows of one type in position order.
+                f"CREATE INDEX IF NOT EXISTS {t}_type ON {t} (type, position)",
                 f"""CREATE OR REPLACE FUNCTION {t}_append(
                         p_stream text, p_expected bigint, p_hash bigint,
                         p_types text[], p_data jsonb[], p_meta jsonb[])
@@ -215,13 +217,12 @@ class PostgresEventStore(EventStore):
         with self.db.guard("horizon"), self.db.connection() as conn:
             return conn.execute(self._horizon_sql).fetchone()[0]
 
-    def _read(self, after: int, limit: int, segments: list[tuple[int, int]] | None) -> list[Event]:
-        return self._read_upto(after, limit, segments)[0]
+    def _read(self, after: int, limit: int, cond: str, params: list[Any]) -> list[Event]:
+        return self._read_upto(after, limit, cond, params)[0]
 
     def _read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+        self, after: int, limit: int, cond: str, params: list[Any]
     ) -> tuple[list[Event], int]:
-        cond, params = segment_sql(segments, "%s")
         sql = (
             f"SELECT {_COLUMNS} FROM {self.events_table} "
             f"WHERE position > %s AND position <= %s{cond} ORDER BY position LIMIT %s"
@@ -235,12 +236,18 @@ class PostgresEventStore(EventStore):
         events = [Event(*row) for row in rows]
         return events, events[-1].position if len(events) == limit else horizon
 
-    def _read_stream(self, stream_id: str, after_version: int, limit: int | None) -> list[Event]:
-        sql = (
-            f"SELECT {_COLUMNS} FROM {self.events_table} WHERE stream_id = %s AND version > %s "
-            "ORDER BY version LIMIT %s"
-        )
-        return [Event(*row) for row in self.db.query(sql, (stream_id, after_version, limit))]
+    def _read_stream(
+        self,
+        stream_id: str,
+        after_version: int,
+        until_version: int | None,
+        limit: int | None,
+        backwards: bool,
+    ) -> list[Event]:
+        sql = self._stream_sql(until_version, backwards)
+        until = () if until_version is None else (until_version,)
+        rows = self.db.query(sql, (stream_id, after_version, *until, limit))
+        return [Event(*row) for row in rows]
 
     def _head(self) -> int:
         with self.db.connection() as conn:

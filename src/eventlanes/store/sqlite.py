@@ -17,7 +17,7 @@ from typing import Any
 from ..db.sqlite import SQLiteDatabase
 from ..errors import ConcurrencyError, CorruptEventError
 from ..events import Event, Undecodable
-from .base import EncodedEvent, EventStore, segment_sql
+from .base import EncodedEvent, EventStore
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _COLUMNS = "position, stream_id, version, type, data, metadata, recorded_at, routing_hash"
@@ -86,6 +86,8 @@ class SQLiteEventStore(EventStore):
                     routing_hash INTEGER NOT NULL,
                     UNIQUE (stream_id, version))""",
                 f"CREATE INDEX IF NOT EXISTS {t}_recorded_at ON {t} (recorded_at)",
+                # Type filters: the rows of one type in position order.
+                f"CREATE INDEX IF NOT EXISTS {t}_type ON {t} (type, position)",
             ]
         )
 
@@ -125,8 +127,7 @@ class SQLiteEventStore(EventStore):
         conn.executemany(f"INSERT INTO {t} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
         return [row[0] for row in rows]
 
-    def _read(self, after: int, limit: int, segments: list[tuple[int, int]] | None) -> list[Event]:
-        cond, params = segment_sql(segments, "?")
+    def _read(self, after: int, limit: int, cond: str, params: list[Any]) -> list[Event]:
         sql = (
             f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ?{cond} "
             "ORDER BY position LIMIT ?"
@@ -136,9 +137,8 @@ class SQLiteEventStore(EventStore):
         return [Event(*row) for row in rows]
 
     def _read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+        self, after: int, limit: int, cond: str, params: list[Any]
     ) -> tuple[list[Event], int]:
-        cond, params = segment_sql(segments, "?")
         # One read transaction: the head and the events come from the same snapshot.
         with self.db.snapshot() as conn:  # type: ignore[attr-defined]
             head = conn.execute(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")
@@ -152,13 +152,19 @@ class SQLiteEventStore(EventStore):
         events = [Event(*row) for row in rows]
         return events, events[-1].position if len(events) == limit else max(after, head)
 
-    def _read_stream(self, stream_id: str, after_version: int, limit: int | None) -> list[Event]:
-        sql = (
-            f"SELECT {_COLUMNS} FROM {self.events_table} WHERE stream_id = ? AND version > ? "
-            "ORDER BY version LIMIT ?"
-        )
+    def _read_stream(
+        self,
+        stream_id: str,
+        after_version: int,
+        until_version: int | None,
+        limit: int | None,
+        backwards: bool,
+    ) -> list[Event]:
+        sql = self._stream_sql(until_version, backwards)
+        until = () if until_version is None else (until_version,)
+        params = (stream_id, after_version, *until, -1 if limit is None else limit)
         with self.db.connection() as conn:
-            rows = _fetch(conn, sql, (stream_id, after_version, -1 if limit is None else limit))
+            rows = _fetch(conn, sql, params)
         return [Event(*row) for row in rows]
 
     def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

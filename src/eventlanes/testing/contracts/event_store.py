@@ -240,6 +240,50 @@ class EventStoreContract(ABC):
         assert [e.type for e in store.read_stream("a", after_version=1, limit=1)] == ["A2"]
         assert store.read_stream("missing") == []
 
+    def test_read_stream_backwards(self, store: EventStore) -> None:
+        store.append("a", [E("A1"), E("A2")])
+        store.append("b", [E("B1")])
+        store.append("a", [E("A3")])
+        assert [e.type for e in store.read_stream("a", backwards=True)] == ["A3", "A2", "A1"]
+        [last] = store.read_stream("a", backwards=True, limit=1)
+        assert (last.type, last.version, last.position) == ("A3", 3, 4)
+        page = store.read_stream("a", backwards=True, limit=2, until_version=2)
+        assert [e.version for e in page] == [2, 1]
+        assert [e.version for e in store.read_stream("a", after_version=1, until_version=2)] == [2]
+        assert store.read_stream("missing", backwards=True, limit=1) == []
+
+    def test_type_filter(self, store: EventStore) -> None:
+        kinds = ["Placed", "Paid", "Shipped"]
+        for i in range(30):
+            store.append(f"order-{i % 7}", [E(kinds[i % 3], {"i": i})])
+        everything = store.read(limit=100)
+        for types in (["Paid"], ["Placed", "Shipped"], ["Paid", "Paid"], ["Unknown"]):
+            want = [e for e in everything if e.type in types]
+            assert store.read(limit=100, types=types) == want
+            assert list(store.iter_events(batch_size=4, types=types)) == want
+        paid = [e.position for e in everything if e.type == "Paid"]
+        assert [e.position for e in store.read(after=paid[2], limit=3, types=("Paid",))] == (
+            paid[3:6]
+        )
+        segment = [(1, 1)]
+        want = [e for e in everything if e.type == "Paid" and e.routing_hash & 1 == 1]
+        assert store.read(limit=100, segments=segment, types=["Paid"]) == want
+        for bad in ([], [""], "Paid", [None]):
+            with pytest.raises(InvalidInputError, match="types"):
+                store.read(types=bad)  # type: ignore[arg-type]
+
+    def test_read_upto_with_types_moves_past_events_of_other_types(self, store: EventStore) -> None:
+        store.append("a", [E("Wanted"), E("Other"), E("Wanted")])
+        store.append("b", [E("Other")] * 4)  # the newest events are of another type
+        events, upto = store.read_upto(0, 10, types=["Wanted"])
+        assert [e.position for e in events] == [1, 3]
+        assert upto == 7  # complete up to the head: a processor here is not lagging
+        assert store.read_upto(upto, 10, types=["Wanted"]) == ([], 7)
+        events, upto = store.read_upto(0, 1, types=["Wanted"])  # a full batch: its last event
+        assert [e.position for e in events] == [1] and upto == 1
+        events, upto = store.read_upto(1, 1, types=["Wanted"])
+        assert [e.position for e in events] == [3] and upto == 3
+
     def test_iter_events_and_scan_read_everything_in_batches(self, store: EventStore) -> None:
         for i in range(25):
             store.append(f"s{i % 4}", [E("A"), E("B")])
