@@ -51,6 +51,39 @@ class NewEvent:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def _not_serialisable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The stdlib's C encoder, built once: json.dumps with options builds a new encoder per call,
+# which cost more than the encoding itself for small events.
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _c_encoder is not None:
+    _encode_c = _c_encoder(
+        None, _not_serialisable, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+else:  # pragma: no cover - CPython has the C encoder
+
+    def _encode_c(value: Any, _level: int) -> tuple[str]:
+        return (_encoder.encode(value),)
+
+
+def encode_fast(value: Any) -> str:
+    """JSON text of a dict, for the append hot path. Raises TypeError, ValueError (including
+    UnicodeEncodeError) or RecursionError on anything :func:`encode_object` refuses; call that
+    for the message."""
+    if value.__class__ is not dict:
+        raise TypeError("not a dict")
+    if not value:
+        return _EMPTY_JSON
+    text = "".join(_encode_c(value, 0))
+    if "\\u0000" in text and _has_nul(value):
+        raise ValueError("NUL")
+    text.encode()  # lone surrogates raise UnicodeEncodeError, a ValueError
+    return text
+
+
 def encode_object(value: Any, what: str) -> str:
     """Serialise a JSON object, or raise InvalidInputError naming ``what`` was wrong.
 
@@ -59,7 +92,7 @@ def encode_object(value: Any, what: str) -> str:
     if not isinstance(value, dict):
         raise InvalidInputError(f"{what} must be a JSON object (dict), got {type(value).__name__}")
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
     if "\\u0000" in text and _has_nul(value):

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from ..db import Database
 from ..errors import InvalidInputError, StoreConnectionError
-from ..events import Event, NewEvent, check_text, encode_object
+from ..events import Event, NewEvent, check_text, encode_fast, encode_object
 from ..hashing import stable_hash
 
 SegmentSpec = Any  # an el.Segment or an (id, mask) pair
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedEvent:
-    type: str
-    data: str
-    metadata: str
+#: an event ready to store: (type, data as JSON text, metadata as JSON text)
+EncodedEvent = tuple[str, str, str]
 
 
 def segment_pairs(segments: Iterable[SegmentSpec] | None) -> list[tuple[int, int]] | None:
@@ -60,6 +56,7 @@ class EventStore(ABC):
     def __init__(self, db: Database) -> None:
         self.db = db
         self.events_table = db.table("events")
+        self._checked_types: set[str] = set()  # event types already validated
 
     # -- writing ---------------------------------------------------------------------------
     def append(
@@ -93,24 +90,32 @@ class EventStore(ABC):
                 f"append to stream {stream_id!r} needs at least one event: got an empty list "
                 "(nothing was written)"
             )
-        encoded = []
-        for i, event in enumerate(events):
-            if not isinstance(event, NewEvent):
-                raise InvalidInputError(
-                    f"event #{i} must be an el.NewEvent, got {type(event).__name__}"
-                )
-            if not isinstance(event.type, str) or not event.type:
-                raise InvalidInputError(f"event #{i}: type must be a non-empty string")
-            check_text(event.type, f"event #{i}: type")
-            encoded.append(
-                EncodedEvent(
-                    event.type,
-                    encode_object(event.data, f"event #{i} ({event.type}) data"),
-                    encode_object(event.metadata, f"event #{i} ({event.type}) metadata"),
-                )
-            )
+        encoded: list[EncodedEvent] = []
+        checked = self._checked_types
+        for event in events:
+            if event.__class__ is not NewEvent or event.type not in checked:
+                self._check_event(event, len(encoded))
+            try:
+                encoded.append((event.type, encode_fast(event.data), encode_fast(event.metadata)))
+            except (TypeError, ValueError, RecursionError):
+                i = len(encoded)  # the careful path, for the message
+                encode_object(event.data, f"event #{i} ({event.type}) data")
+                encode_object(event.metadata, f"event #{i} ({event.type}) metadata")
+                raise
         with self.db.guard(f"append to stream {stream_id!r}"):
             return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
+
+    def _check_event(self, event: Any, i: int) -> None:
+        if not isinstance(event, NewEvent):
+            raise InvalidInputError(
+                f"event #{i} must be an el.NewEvent, got {type(event).__name__}"
+            )
+        if not isinstance(event.type, str) or not event.type:
+            raise InvalidInputError(f"event #{i}: type must be a non-empty string")
+        check_text(event.type, f"event #{i}: type")
+        if len(self._checked_types) > 10_000:  # bounded: types are few, but who knows
+            self._checked_types.clear()
+        self._checked_types.add(event.type)
 
     @abstractmethod
     def _append(

@@ -186,9 +186,9 @@ class PostgresEventStore(EventStore):
             stream_id,
             expected_version,
             routing_hash,
-            [e.type for e in events],
-            [e.data for e in events],
-            [e.metadata for e in events],
+            [e[0] for e in events],
+            [e[1] for e in events],
+            [e[2] for e in events],
         )
         try:
             if conn is not None:

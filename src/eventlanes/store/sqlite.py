@@ -121,8 +121,8 @@ class SQLiteEventStore(EventStore):
         last = conn.execute(f"SELECT coalesce(max(position), 0) FROM {t}").fetchone()[0]
         now = time.time_ns() // 1000
         rows = [
-            (last + i, stream_id, current + i, e.type, e.data, e.metadata, now, routing_hash)
-            for i, e in enumerate(events, 1)
+            (last + i, stream_id, current + i, type_, data, meta, now, routing_hash)
+            for i, (type_, data, meta) in enumerate(events, 1)
         ]
         conn.executemany(f"INSERT INTO {t} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
         return [row[0] for row in rows]
