@@ -50,8 +50,16 @@ class Database(ABC):
         return f"{self.prefix}{name}"
 
     @abstractmethod
-    def transaction(self) -> AbstractContextManager[Any]:
-        """A connection inside a write transaction: committed on success, rolled back on error."""
+    def transaction(self, pipeline: bool = False) -> AbstractContextManager[Any]:
+        """A connection inside a write transaction: committed on success, rolled back on error.
+
+        ``pipeline=True`` (PostgreSQL; ignored by SQLite, which has no round trips): BEGIN and
+        the statements inside are sent without waiting for each result, so a transaction of
+        N statements costs about two round trips instead of N + 2. Statements whose result is
+        fetched (``fetchone()``...) or a :meth:`sync` wait for the results so far. Errors of
+        queued statements surface at the next sync or at the commit, not at ``execute``: code
+        that must check a statement's effect before committing (a fenced token update) calls
+        ``sync(conn)`` first."""
 
     @abstractmethod
     def connection(self) -> AbstractContextManager[Any]:
@@ -104,6 +112,10 @@ class Database(ABC):
     @abstractmethod
     def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
         """The eventlanes error for a driver or pool error (None: not a database error)."""
+
+    def sync(self, conn: Any) -> None:  # noqa: B027 - nothing to wait for by default
+        """Wait for the results of every statement sent on ``conn`` (pipeline mode); then
+        their cursors' ``rowcount`` and errors are known. A no-op outside pipeline mode."""
 
     def lock(self, conn: Any, key: str) -> None:  # noqa: B027 - a no-op by default
         """Serialise transactions on ``key`` until commit (no-op where writers are serialised)."""

@@ -116,9 +116,22 @@ class PostgresDatabase(Database):
             return self._pool
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        with self._get_pool().connection() as conn, conn.transaction():
-            yield conn
+    def transaction(self, pipeline: bool = False) -> Iterator[Any]:
+        with self._get_pool().connection() as conn:
+            if not pipeline:
+                with conn.transaction():
+                    yield conn
+                return
+            # The pipeline encloses the transaction: BEGIN, the statements and COMMIT are
+            # queued; leaving the transaction block syncs once for all of them.
+            with conn.pipeline(), conn.transaction():
+                yield conn
+
+    def sync(self, conn: Any) -> None:
+        if conn.pgconn.pipeline_status:  # pq.PipelineStatus.OFF is 0
+            # A nested pipeline block sends a Sync on exit and reads every pending result.
+            with conn.pipeline():
+                pass
 
     @contextmanager
     def connection(self) -> Iterator[Any]:

@@ -111,7 +111,7 @@ class SQLiteDatabase(Database):
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, pipeline: bool = False) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         # IMMEDIATE takes the write lock up front: a deferred transaction that upgrades to a
         # writer fails at once with SQLITE_BUSY instead of waiting.
