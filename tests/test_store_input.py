@@ -4,6 +4,7 @@ store: in the shipped contract)."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
@@ -84,6 +85,10 @@ def test_a_stored_row_that_is_not_a_json_object_fails_alone(store: el.EventStore
                 _ = corrupt.data, corrupt.metadata
             assert info.value.position == bad
             assert f"position {bad}" in str(info.value)
+            assert "corrupt=" in repr(corrupt)  # logging it does not raise
+            # Worker processes receive events pickled: still the same corrupt event there.
+            copy = pickle.loads(pickle.dumps(corrupt))
+            assert copy.corrupt == corrupt.corrupt and copy.stream_id == corrupt.stream_id
 
 
 def test_invalid_utf8_in_routing_fields_does_not_fail_the_read(tmp_path) -> None:

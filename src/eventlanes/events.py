@@ -296,9 +296,11 @@ class Event:
 
     def __repr__(self) -> str:
         where = f"source={self.source!r}, " if self.source else ""
+        corrupt = self.corrupt  # a log line about a corrupt event must not raise
+        what = f"corrupt={corrupt!r}" if corrupt is not None else f"data={self.data!r}"
         return (
             f"Event({where}position={self.position}, stream_id={self.stream_id!r}, "
-            f"version={self.version}, type={self.type!r}, data={self.data!r})"
+            f"version={self.version}, type={self.type!r}, {what})"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
