@@ -368,3 +368,41 @@ def _record(event: el.Event, ctx: el.Context) -> None:
         f"INSERT INTO {ctx.table('handled')} (stream_id, version, position) VALUES ({p}, {p}, {p})",
         (event.stream_id, event.version, event.position),
     )
+
+
+@pytest.mark.parametrize("mode", ["pooled", "tracking"])
+def test_type_filtered_reads_keep_the_token_moving(store_url: str, mode: str) -> None:
+    """A processor reads only the types its handlers take (in SQL), and its tokens still pass
+    the other events: at the head it is caught up, not lagging behind other types."""
+    app = el.App(store_url)
+    proc = app.processor("only-a", segments=2, mode=mode, batch_size=7)
+    seen: list[int] = []
+    proc.on("A")(lambda e, ctx: seen.append(e.position))
+    assert proc.handled_types() == frozenset({"A"})
+    everything = app.processor("all", segments=2)
+    everything.on_batch()(lambda events, ctx: None)
+    assert everything.handled_types() is None
+    for i in range(10):
+        app.store.append(f"s-{i}", [el.NewEvent("A")] + [el.NewEvent("B")] * 9)
+    app.start(["only-a"])
+    try:
+        app.wait_until_caught_up(30, ["only-a"])
+    finally:
+        app.stop()
+    view = app.status("only-a")
+    assert view.lag == 0 and all(s.position == app.store.head() for s in view.segments)
+    assert sorted(seen) == [e.position for e in app.store.iter_events() if e.type == "A"]
+    app.close()
+
+
+def test_names_are_matched_whole(tmp_path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/x.db")
+    with pytest.raises(el.InvalidInputError, match="invalid processor name"):
+        app.processor("x\n")
+    with pytest.raises(el.InvalidInputError, match="invalid source name"):
+        app.processor("y", sources={"legacy\n": f"sqlite:///{tmp_path}/y.db"})
+    from eventlanes.processing.context import Context
+
+    with pytest.raises(ValueError, match="invalid table name"):
+        Context("p", None, None, None, "sqlite", "?", "el_").table("rows\n")
+    app.close()

@@ -121,13 +121,3 @@ def test_postgres_stream_order_when_appender_wrote_other_rows_first(pg_url: str)
     assert [(e.type, e.version) for e in events] == [("V1", 1), ("V2", 2)]
     assert events[0].position < events[1].position
     store.close()
-
-
-def test_readers_see_only_committed_events(store: el.EventStore) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as other, store.db.transaction() as conn:
-        store.append("a", [E("A")], conn=conn)
-        assert other.submit(store.read).result() == []
-        assert other.submit(store.head).result() == 0
-    assert [e.type for e in store.read()] == ["A"]

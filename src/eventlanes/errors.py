@@ -50,3 +50,25 @@ class StopTimeoutError(EventlanesError):
 
 class ProcessorPausedError(ClaimLostError):
     """The processor is paused: its owners must let their claims go until it is resumed."""
+
+
+class DatabaseUnavailableError(StoreConnectionError):
+    """The database failed in a way that retrying later may cure: connection lost or refused,
+    server restarting, pool timeout, SQLite busy past its timeout, disk full. ``operation``
+    names what was being done (``"append to stream 'x'"``, ``"head"``...)."""
+
+    def __init__(self, operation: str, cause: str) -> None:
+        self.operation = operation
+        self.cause = cause
+        super().__init__(f"{operation} failed, the database is unavailable: {cause}")
+
+
+class CorruptEventError(EventlanesError):
+    """A stored event cannot be decoded (invalid UTF-8, data or metadata that is not a JSON
+    object). Raised when its ``data``/``metadata`` is accessed; other events of the same read
+    are unaffected."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        self.position = position
+        self.reason = reason
+        super().__init__(f"stored event at position {position} is corrupt: {reason}")

@@ -1,21 +1,45 @@
-"""Events: what is appended (:class:`NewEvent`) and what is read back (:class:`Event`)."""
+"""Events: what is appended (:class:`NewEvent`) and what is read back (:class:`Event`).
+
+Corrupt stored events. ``data`` and ``metadata`` are JSON objects. A stored row whose data or
+metadata is not one (an empty string, ``null``, an array, invalid JSON, invalid UTF-8: rows
+written behind the store's back) does not fail the read it is part of: the read returns it
+as an :class:`Event` like any other, whose routing fields (``position``, ``stream_id``,
+``version``, ``type``, ``routing_hash``) stay usable, and whose ``data``/``metadata`` raise
+:class:`~eventlanes.errors.CorruptEventError` (naming its position and the reason) when
+accessed. ``event.corrupt`` says so without raising: the reason, or None for a sound event.
+So the processing layer can fail or park just that event's key while the rest proceeds.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import InvalidInputError
+from .errors import CorruptEventError, InvalidInputError
 
 _EMPTY_JSON = "{}"
 
 try:  # orjson (the spark extra) decodes several times faster; Spark folds decode every event
-    from orjson import JSONDecodeError as _FastError
-    from orjson import loads as _fast_loads
+    import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the installed extras
-    _fast_loads = None
+    _orjson = None  # type: ignore[assignment]
+
+# orjson turns integers beyond 64 bits into floats, silently: text with a run of 19 or more
+# digits (which every such integer has) is decoded by the exact stdlib parser instead.
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+_LONG_DIGITS_B = re.compile(rb"[0-9]{19}")
+
+
+class Undecodable:
+    """Stands in for a stored value that could not even be read as text (invalid UTF-8)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,27 +51,115 @@ class NewEvent:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def _not_serialisable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The stdlib's C encoder, built once: json.dumps with options builds a new encoder per call,
+# which cost more than the encoding itself for small events.
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _c_encoder is not None:
+    _encode_c = _c_encoder(
+        None, _not_serialisable, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+else:  # pragma: no cover - CPython has the C encoder
+
+    def _encode_c(value: Any, _level: int) -> tuple[str]:
+        return (_encoder.encode(value),)
+
+
+def encode_fast(value: Any) -> str:
+    """JSON text of a dict, for the append hot path. Raises TypeError, ValueError (including
+    UnicodeEncodeError) or RecursionError on anything :func:`encode_object` refuses; call that
+    for the message."""
+    if value.__class__ is not dict:
+        raise TypeError("not a dict")
+    if not value:
+        return _EMPTY_JSON
+    text = "".join(_encode_c(value, 0))
+    if "\\u0000" in text and _has_nul(value):
+        raise ValueError("NUL")
+    text.encode()  # lone surrogates raise UnicodeEncodeError, a ValueError
+    return text
+
+
 def encode_object(value: Any, what: str) -> str:
-    """Serialise a JSON object, or raise InvalidInputError naming ``what`` was wrong."""
+    """Serialise a JSON object, or raise InvalidInputError naming ``what`` was wrong.
+
+    Refused as well, on every backend alike: NUL characters (PostgreSQL cannot store them) and
+    lone surrogates (not encodable as UTF-8), in keys or values."""
     if not isinstance(value, dict):
         raise InvalidInputError(f"{what} must be a JSON object (dict), got {type(value).__name__}")
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
+    if "\\u0000" in text and _has_nul(value):
+        raise InvalidInputError(f"{what} contains a NUL character (\\x00), which cannot be stored")
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise InvalidInputError(
+            f"{what} contains a lone surrogate {bad!r}, which is not valid UTF-8"
+        ) from None
+    return text
 
 
-def _decode(raw: str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(raw, dict):
+def check_text(value: str, what: str) -> None:
+    """Refuse NUL characters and lone surrogates in a stored string (stream id, type)."""
+    if "\x00" in value:
+        raise InvalidInputError(
+            f"{what} {value!r} contains a NUL character, which cannot be stored"
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"{what} {value!r} contains a lone surrogate, which is not valid UTF-8"
+        ) from None
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def decode_object(raw: Any) -> dict[str, Any]:
+    """A stored JSON object (text or UTF-8 bytes) as a dict; ValueError saying why it is not
+    one. ``None`` (a missing column value, e.g. from Parquet) is the empty object."""
+    if raw.__class__ is dict:
         return raw
-    if not raw or raw == _EMPTY_JSON:  # None: a missing column value (e.g. from Parquet)
+    if raw is None or raw == _EMPTY_JSON:
         return {}
-    if _fast_loads is not None:
+    if isinstance(raw, Undecodable):
+        raise ValueError(raw.reason)
+    if isinstance(raw, bytes | bytearray | memoryview):
         try:
-            return _fast_loads(raw)
-        except _FastError:  # e.g. integers beyond 64 bits, which json handles
-            pass
-    return json.loads(raw)
+            raw = bytes(raw).decode()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not isinstance(raw, str):
+        raise ValueError(f"a stored {type(raw).__name__}, not a JSON object")
+    if not raw:
+        raise ValueError("an empty string, not a JSON object")
+    try:
+        if _orjson is not None and not _LONG_DIGITS.search(raw):
+            value = _orjson.loads(raw)
+        else:
+            value = json.loads(raw)
+    except ValueError as exc:  # orjson's JSONDecodeError is a ValueError too
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if value.__class__ is not dict:
+        kind = "null" if value is None else type(value).__name__
+        raise ValueError(f"not a JSON object but {kind}")
+    return value
 
 
 class Event:
@@ -120,17 +232,37 @@ class Event:
 
     @property
     def data(self) -> dict[str, Any]:
+        """The event's data; CorruptEventError when the stored value is not a JSON object."""
         raw = self._data
         if raw.__class__ is not dict:  # decoded once, on first access
-            raw = self._data = _decode(raw)
-        return raw  # type: ignore[return-value]
+            raw = self._data = self._decoded(raw, "data")
+        return raw
 
     @property
     def metadata(self) -> dict[str, Any]:
+        """The event's metadata; CorruptEventError when the stored value is not a JSON object."""
         raw = self._metadata
         if raw.__class__ is not dict:
-            raw = self._metadata = _decode(raw)
-        return raw  # type: ignore[return-value]
+            raw = self._metadata = self._decoded(raw, "metadata")
+        return raw
+
+    def _decoded(self, raw: Any, what: str) -> dict[str, Any]:
+        if isinstance(raw, Undecodable):
+            raise CorruptEventError(self._position, raw.reason)
+        try:
+            return decode_object(raw)
+        except ValueError as exc:
+            raise CorruptEventError(self._position, f"{what} is {exc}") from None
+
+    @property
+    def corrupt(self) -> str | None:
+        """Why the stored event cannot be decoded, or None when it can (never raises)."""
+        try:
+            self.data  # noqa: B018 - decoding is the check
+            self.metadata  # noqa: B018
+        except CorruptEventError as exc:
+            return exc.reason
+        return None
 
     @property
     def recorded_at(self) -> datetime:
@@ -164,9 +296,11 @@ class Event:
 
     def __repr__(self) -> str:
         where = f"source={self.source!r}, " if self.source else ""
+        corrupt = self.corrupt  # a log line about a corrupt event must not raise
+        what = f"corrupt={corrupt!r}" if corrupt is not None else f"data={self.data!r}"
         return (
             f"Event({where}position={self.position}, stream_id={self.stream_id!r}, "
-            f"version={self.version}, type={self.type!r}, data={self.data!r})"
+            f"version={self.version}, type={self.type!r}, {what})"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -6,7 +6,7 @@ import re
 
 from .errors import InvalidInputError
 
-_PROCESSOR_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_PROCESSOR_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 
 
 def validate_processor_name(name: object) -> str:

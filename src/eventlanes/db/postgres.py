@@ -9,8 +9,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import InvalidInputError, StoreConnectionError
-from .base import Database
+from ..errors import (
+    DatabaseUnavailableError,
+    EventlanesError,
+    InvalidInputError,
+    StoreConnectionError,
+)
+from .base import Database, first_line
 from .url import DatabaseURL
 
 try:  # PostgreSQL support is an extra: pip install 'eventlanes[postgres]'
@@ -27,8 +32,8 @@ class PostgresDatabase(Database):
     now_ms = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
     for_update = " FOR UPDATE"
 
-    def __init__(self, url: DatabaseURL) -> None:
-        super().__init__(url)
+    def __init__(self, url: DatabaseURL, create: bool = True) -> None:
+        super().__init__(url, create)
         if psycopg is None:
             raise StoreConnectionError(
                 "PostgreSQL support needs psycopg 3: pip install 'eventlanes[postgres]'"
@@ -42,6 +47,15 @@ class PostgresDatabase(Database):
             raise InvalidInputError(
                 f"invalid pool sizes in {url.redacted!r}: need 0 <= min <= max, max >= 1"
             )
+        try:
+            self.pool_timeout = float(url.options.get("pool_timeout", "30"))
+        except ValueError:
+            self.pool_timeout = -1.0
+        if not 0 < self.pool_timeout <= 3600:
+            raise InvalidInputError(
+                f"invalid pool_timeout={url.options.get('pool_timeout')!r} in {url.redacted!r}: "
+                "seconds to wait for a connection, > 0 and <= 3600"
+            )
         self._pool: Any = None
         self._pool_pid = 0
         self._lock = threading.Lock()
@@ -54,11 +68,24 @@ class PostgresDatabase(Database):
     def connect(self, autocommit: bool = True) -> Any:
         """A new connection outside the pool (for LISTEN and long-lived readers)."""
         try:
-            return psycopg.connect(self.url.target, autocommit=autocommit, connect_timeout=10)
+            conn = psycopg.connect(self.url.target, autocommit=autocommit, connect_timeout=10)
+            self._configure(conn)
+            return conn
         except psycopg.Error as exc:
-            raise StoreConnectionError(
-                f"cannot connect to PostgreSQL store {self.url.redacted!r}: {exc}".strip()
+            if exc.sqlstate is None:  # refused, unreachable, timed out: may come back
+                raise DatabaseUnavailableError(
+                    f"connect to PostgreSQL store {self.url.redacted!r}", first_line(exc)
+                ) from exc
+            raise StoreConnectionError(  # refused by the server: bad password, no database
+                f"cannot connect to PostgreSQL store {self.url.redacted!r}: {first_line(exc)}"
             ) from exc
+
+    def _configure(self, conn: Any) -> None:
+        if not self.create:
+            # Read-only open: the server refuses every write of this session.
+            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            if not conn.autocommit:
+                conn.commit()
 
     def _get_pool(self) -> Any:
         pid = os.getpid()
@@ -73,6 +100,15 @@ class PostgresDatabase(Database):
                     min_size=self._pool_min,
                     max_size=self._pool_max,
                     kwargs={"autocommit": True},
+                    configure=self._configure,
+                    # A connection that went stale (server restarted, network cut) is
+                    # replaced at checkout instead of failing the caller's statement.
+                    check=ConnectionPool.check_connection,
+                    timeout=self.pool_timeout,
+                    # Give up a failing reconnection early: the next checkout starts a fresh
+                    # attempt at once, instead of waiting out a backoff grown while the
+                    # server was down.
+                    reconnect_timeout=self.pool_timeout,
                     open=True,
                     name=f"eventlanes-{self.prefix}",
                 )
@@ -80,9 +116,22 @@ class PostgresDatabase(Database):
             return self._pool
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        with self._get_pool().connection() as conn, conn.transaction():
-            yield conn
+    def transaction(self, pipeline: bool = False) -> Iterator[Any]:
+        with self._get_pool().connection() as conn:
+            if not pipeline:
+                with conn.transaction():
+                    yield conn
+                return
+            # The pipeline encloses the transaction: BEGIN, the statements and COMMIT are
+            # queued; leaving the transaction block syncs once for all of them.
+            with conn.pipeline(), conn.transaction():
+                yield conn
+
+    def sync(self, conn: Any) -> None:
+        if conn.pgconn.pipeline_status:  # pq.PipelineStatus.OFF is 0
+            # A nested pipeline block sends a Sync on exit and reads every pending result.
+            with conn.pipeline():
+                pass
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
@@ -95,7 +144,30 @@ class PostgresDatabase(Database):
             (self.lock_namespace, zlib.crc32(key.encode()) - 2**31),
         )
 
-    def run_ddl(self, statements: Sequence[str]) -> None:
+    def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
+        if not isinstance(exc, psycopg.Error):
+            return None
+        cause = f"{first_line(exc)} (PostgreSQL store {self.url.redacted!r})"
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            # Lost or refused connections, server shutdown or restart, pool timeouts (a
+            # PoolTimeout is an OperationalError), disk full, serialization failures.
+            return DatabaseUnavailableError(operation, cause)
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            return StoreConnectionError(f"{operation} failed: the store is read-only: {cause}")
+        if isinstance(exc, psycopg.DataError):
+            return InvalidInputError(f"{operation}: PostgreSQL refused the value: {cause}")
+        return StoreConnectionError(f"{operation} failed: {cause}")
+
+    def _exists(self, kind: str, name: str) -> bool:
+        sql = {
+            "table": "SELECT to_regclass(%s) IS NOT NULL",
+            "sequence": "SELECT to_regclass(%s) IS NOT NULL",
+            "function": "SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = %s "
+            "AND pg_function_is_visible(oid))",
+        }[kind]
+        return bool(self.query(sql, (name,))[0][0])
+
+    def _run_ddl(self, statements: Sequence[str]) -> None:
         with self.transaction() as conn:
             # Concurrent CREATE ... IF NOT EXISTS can still collide in the catalog: serialise.
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.lock_namespace,))

@@ -8,12 +8,22 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
-from ..errors import InvalidInputError, StoreConnectionError
-from .base import Database
+from ..errors import (
+    DatabaseUnavailableError,
+    EventlanesError,
+    InvalidInputError,
+    StoreConnectionError,
+)
+from .base import Database, first_line
 from .url import DatabaseURL
 
 _SYNC_LEVELS = {"off", "normal", "full", "extra"}
+# Primary result codes that a later retry may cure: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN,
+# PROTOCOL (https://sqlite.org/rescode.html).
+_TRANSIENT = {5, 6, 7, 10, 13, 14, 15}
+_READONLY = 8
 
 
 class SQLiteDatabase(Database):
@@ -21,8 +31,8 @@ class SQLiteDatabase(Database):
     param = "?"
     now_ms = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
-    def __init__(self, url: DatabaseURL) -> None:
-        super().__init__(url)
+    def __init__(self, url: DatabaseURL, create: bool = True) -> None:
+        super().__init__(url, create)
         self.path = url.target
         if self.path == ":memory:":
             raise InvalidInputError(
@@ -52,25 +62,45 @@ class SQLiteDatabase(Database):
         if conn is not None and local.pid == os.getpid():
             return conn
         try:
-            parent = Path(self.path).expanduser().resolve().parent
-            if not parent.is_dir():
+            path = Path(self.path).expanduser().resolve()
+            if not path.parent.is_dir():
                 raise StoreConnectionError(
                     f"cannot open SQLite store {self.url.url!r}: "
-                    f"directory {str(parent)!r} does not exist"
+                    f"directory {str(path.parent)!r} does not exist"
                 )
+            if not self.create and not path.is_file():
+                raise StoreConnectionError(
+                    f"cannot open SQLite store {self.url.url!r} read-only (create=False): "
+                    f"file {str(path)!r} does not exist"
+                )
+            read_only_fs = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+            if self.create and read_only_fs:
+                raise StoreConnectionError(
+                    f"cannot open SQLite store {self.url.url!r} for writing: the file system "
+                    "is read-only (open_store(url, create=False) reads it)"
+                )
+            # mode=ro: SQLite itself refuses every write (and never creates the file). On a
+            # read-only file system nobody can change the file, and SQLite could not create
+            # the WAL index it needs: immutable.
+            uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if read_only_fs else "")
             conn = sqlite3.connect(
-                self.path,
+                uri if not self.create else self.path,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_ms / 1000,
+                uri=not self.create,
             )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise StoreConnectionError(
-                    f"cannot open SQLite store {self.url.url!r}: "
-                    f"WAL mode unavailable (got {mode!r})"
-                )
+            if self.create:
+                # Setting the journal mode writes the header: only when we may write.
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreConnectionError(
+                        f"cannot open SQLite store {self.url.url!r}: "
+                        f"WAL mode unavailable (got {mode!r})"
+                    )
+            else:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a database?
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         except sqlite3.DatabaseError as exc:
             raise StoreConnectionError(f"cannot open SQLite store {self.url.url!r}: {exc}") from exc
@@ -81,7 +111,7 @@ class SQLiteDatabase(Database):
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, pipeline: bool = False) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         # IMMEDIATE takes the write lock up front: a deferred transaction that upgrades to a
         # writer fails at once with SQLITE_BUSY instead of waiting.
@@ -93,7 +123,14 @@ class SQLiteDatabase(Database):
                 conn.execute("ROLLBACK")
             raise
         else:
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT (disk full, I/O error) can leave the transaction open: end
+                # it, or every later BEGIN on this thread's connection would fail.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
@@ -107,9 +144,28 @@ class SQLiteDatabase(Database):
         try:
             yield conn
         finally:
-            conn.execute("COMMIT")
+            if conn.in_transaction:
+                conn.execute("COMMIT")
 
-    def run_ddl(self, statements: Sequence[str]) -> None:
+    def translate(self, exc: BaseException, operation: str) -> EventlanesError | None:
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        code = getattr(exc, "sqlite_errorcode", None)
+        primary = None if code is None else code & 0xFF
+        cause = f"{first_line(exc)} (SQLite store {self.url.url!r})"
+        if primary in _TRANSIENT:
+            return DatabaseUnavailableError(operation, cause)
+        if primary == _READONLY:
+            return StoreConnectionError(f"{operation} failed: the store is read-only: {cause}")
+        return StoreConnectionError(f"{operation} failed: {cause}")
+
+    def _exists(self, kind: str, name: str) -> bool:
+        if kind != "table":  # SQLite has no sequences or stored functions
+            return True
+        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+        return self._conn().execute(sql, (name,)).fetchone() is not None
+
+    def _run_ddl(self, statements: Sequence[str]) -> None:
         conn = self._conn()
         if conn.in_transaction:  # first use of a component inside this thread's transaction
             for statement in statements:

@@ -8,14 +8,14 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ..errors import InvalidInputError
 
-_PREFIX_RE = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
+_PREFIX_RE = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 DEFAULT_PREFIX = "el_"
 SCHEMES = ("sqlite", "postgresql", "postgres")
 
 
 def validate_prefix(prefix: str) -> str:
     """Table prefixes end up in SQL text, so only a safe identifier shape is accepted."""
-    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
         raise InvalidInputError(
             f"invalid table prefix {prefix!r}: use 1-40 lowercase letters, digits or '_', "
             "not starting with a digit"
@@ -44,7 +44,15 @@ class DatabaseURL:
 
 
 # Options eventlanes understands in the query string; everything else goes to libpq.
-_OWN_OPTIONS = {"prefix", "pool_min", "pool_max", "synchronous", "busy_timeout", "notify"}
+_OWN_OPTIONS = {
+    "prefix",
+    "pool_min",
+    "pool_max",
+    "pool_timeout",
+    "synchronous",
+    "busy_timeout",
+    "notify",
+}
 
 
 def parse_url(url: str) -> DatabaseURL:

@@ -156,6 +156,9 @@ class Aggregation(Processor):
         self.stages.append(stage)
         return stage
 
+    def handled_types(self) -> frozenset[str] | None:
+        return self.folds.types()
+
     @property
     def states(self) -> StateTable:
         return self.runtime.states

@@ -63,7 +63,7 @@ class Context:
 
     def table(self, name: str) -> str:
         """``name`` under the store's table prefix: projections live beside the tokens."""
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise ValueError(f"invalid table name {name!r}: lowercase letters, digits and '_'")
         return f"{self.prefix}{name}"
 

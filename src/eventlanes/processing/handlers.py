@@ -54,6 +54,15 @@ class HandlerSet:
     def __bool__(self) -> bool:
         return bool(self._entries or self.batch_handlers)
 
+    def types(self) -> frozenset[str] | None:
+        """The event types some handler takes; None when one takes every event."""
+        named: set[str] = set()
+        for types, _ in (*self._entries, *self.batch_handlers):
+            if types is None:
+                return None
+            named |= types
+        return frozenset(named) or None
+
 
 class FunctionsByType:
     """Plain functions by event type (aggregation fns, republisher mappings)."""
@@ -79,3 +88,9 @@ class FunctionsByType:
 
     def handles(self, event_type: str) -> bool:
         return bool(self.any) or event_type in self.by_type
+
+    def types(self) -> frozenset[str] | None:
+        """The event types with a function; None when one takes every event."""
+        if self.any:
+            return None
+        return frozenset(self.by_type) or None

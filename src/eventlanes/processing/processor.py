@@ -168,6 +168,10 @@ class Processor:
         self.handlers.reset_handlers.append(handler)
         return handler
 
+    def handled_types(self) -> frozenset[str] | None:
+        """The event types this processor reads (None: all); the others are passed over."""
+        return self.handlers.types()
+
     def token_spec(self) -> tuple[str, int, Initial]:
         """What the token store needs to create this processor's rows."""
         return self.name, self.segments, self.initial

@@ -22,6 +22,9 @@ class BatchReader:
         self.sources = sources
         self.by_stream = proc.policy.by_stream
         self.routing_hash = proc.policy.routing_hash
+        # Only the types some handler takes are read (filtered in SQL); tokens still move past
+        # the others, so a processor at the head never looks behind.
+        self.types = proc.handled_types()
 
     def read(self, states: Sequence[SegmentState]) -> tuple[list[Event], Upto, bool]:
         """The next batch for ``states``: events, how far it is complete, and whether it moves
@@ -31,12 +34,14 @@ class BatchReader:
         segs = [(st.segment.id, st.segment.mask) for st in states] if self.by_stream else None
         if len(self.sources) == 1:
             after = min(st.token.position for st in states)
-            events, upto = self.sources[0][1].read_upto(after, proc.batch_size, segs)
+            events, upto = self.sources[0][1].read_upto(after, proc.batch_size, segs, self.types)
             return events, upto, upto > after
         afters = {
             name: min(st.token.source(name).position for st in states) for name, _ in self.sources
         }
-        events, uptos = read_merged(self.sources, afters, proc.batch_size, segs, proc.order)
+        events, uptos = read_merged(
+            self.sources, afters, proc.batch_size, segs, proc.order, self.types
+        )
         return events, uptos, any(uptos[n] > afters[n] for n in uptos)
 
     def share(

@@ -57,6 +57,9 @@ class Republisher(Processor):
         """Decorator: ``fn(event)`` returns an ``el.NewEvent``, a list of them, or None."""
         return self.functions.on(*types)
 
+    def handled_types(self) -> frozenset[str] | None:
+        return self.functions.types()
+
     def target(self) -> EventStore:
         if self.to_store is None:
             return self.runtime.store

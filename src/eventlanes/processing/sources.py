@@ -29,7 +29,7 @@ def validate_sources(sources: dict[str, Any] | None) -> dict[str, Any]:
     if not isinstance(sources, dict):
         raise InvalidInputError("sources must be a dict of name -> store URL or EventStore")
     for name, target in sources.items():
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(
                 f"invalid source name {name!r}: 1-31 lowercase letters, digits, '_'"
             )
@@ -51,11 +51,12 @@ def read_merged(
     limit: int,
     segments: list[tuple[int, int]] | None,
     order: OrderKey,
+    types: frozenset[str] | None = None,
 ) -> tuple[list[Event], dict[str, int]]:
     """A merged batch and, per source, the position it is complete up to."""
     parts = []
     for name, store in sources:
-        events, upto = store.read_upto(afters[name], limit, segments)
+        events, upto = store.read_upto(afters[name], limit, segments, types)
         if name:
             for event in events:
                 event._source = name  # which source: set by the reader, before anyone sees it

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from ..db import Database
-from ..errors import InvalidInputError
-from ..events import Event, NewEvent, encode_object
+from ..errors import InvalidInputError, StoreConnectionError
+from ..events import Event, NewEvent, check_text, encode_fast, encode_object
 from ..hashing import stable_hash
 
 SegmentSpec = Any  # an el.Segment or an (id, mask) pair
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedEvent:
-    type: str
-    data: str
-    metadata: str
+#: an event ready to store: (type, data as JSON text, metadata as JSON text)
+EncodedEvent = tuple[str, str, str]
 
 
 def segment_pairs(segments: Iterable[SegmentSpec] | None) -> list[tuple[int, int]] | None:
@@ -42,10 +38,15 @@ def segment_pairs(segments: Iterable[SegmentSpec] | None) -> list[tuple[int, int
     return pairs
 
 
+_MAX = 2**63 - 1  # positions and versions are signed 64-bit integers in both databases
+
+
 def _check_positive(value: Any, what: str, allow_zero: bool = True) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         bound = "a non-negative" if allow_zero else "a positive"
         raise InvalidInputError(f"{what} must be {bound} integer, got {value!r}")
+    if value > _MAX:
+        raise InvalidInputError(f"{what} must be below 2**63 (a 64-bit integer), got {value!r}")
     return value
 
 
@@ -55,6 +56,7 @@ class EventStore(ABC):
     def __init__(self, db: Database) -> None:
         self.db = db
         self.events_table = db.table("events")
+        self._checked_types: set[str] = set()  # event types already validated
 
     # -- writing ---------------------------------------------------------------------------
     def append(
@@ -71,30 +73,49 @@ class EventStore(ABC):
         N, ``None`` accepts any. A mismatch raises :class:`ConcurrencyError` and writes nothing.
         ``conn``: an open transaction of the caller's (from the same database) to append in.
         """
+        if not self.db.create:
+            raise StoreConnectionError(
+                f"cannot append to stream {stream_id!r}: store {self.db.url.redacted!r} was "
+                "opened read-only (create=False)"
+            )
         if not isinstance(stream_id, str) or not stream_id.strip():
             raise InvalidInputError(f"stream id must be a non-empty string, got {stream_id!r}")
+        check_text(stream_id, "stream id")
         if expected_version is not None:
             _check_positive(expected_version, "expected_version")
         if isinstance(events, NewEvent):
             events = [events]
-        encoded = []
-        for i, event in enumerate(events):
-            if not isinstance(event, NewEvent):
-                raise InvalidInputError(
-                    f"event #{i} must be an el.NewEvent, got {type(event).__name__}"
-                )
-            if not isinstance(event.type, str) or not event.type:
-                raise InvalidInputError(f"event #{i}: type must be a non-empty string")
-            encoded.append(
-                EncodedEvent(
-                    event.type,
-                    encode_object(event.data, f"event #{i} ({event.type}) data"),
-                    encode_object(event.metadata, f"event #{i} ({event.type}) metadata"),
-                )
+        if not events:
+            raise InvalidInputError(
+                f"append to stream {stream_id!r} needs at least one event: got an empty list "
+                "(nothing was written)"
             )
-        if not encoded:
-            raise InvalidInputError("append needs at least one event")
-        return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
+        encoded: list[EncodedEvent] = []
+        checked = self._checked_types
+        for event in events:
+            if event.__class__ is not NewEvent or event.type not in checked:
+                self._check_event(event, len(encoded))
+            try:
+                encoded.append((event.type, encode_fast(event.data), encode_fast(event.metadata)))
+            except (TypeError, ValueError, RecursionError):
+                i = len(encoded)  # the careful path, for the message
+                encode_object(event.data, f"event #{i} ({event.type}) data")
+                encode_object(event.metadata, f"event #{i} ({event.type}) metadata")
+                raise
+        with self.db.guard(f"append to stream {stream_id!r}"):
+            return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
+
+    def _check_event(self, event: Any, i: int) -> None:
+        if not isinstance(event, NewEvent):
+            raise InvalidInputError(
+                f"event #{i} must be an el.NewEvent, got {type(event).__name__}"
+            )
+        if not isinstance(event.type, str) or not event.type:
+            raise InvalidInputError(f"event #{i}: type must be a non-empty string")
+        check_text(event.type, f"event #{i}: type")
+        if len(self._checked_types) > 10_000:  # bounded: types are few, but who knows
+            self._checked_types.clear()
+        self._checked_types.add(event.type)
 
     @abstractmethod
     def _append(
@@ -108,30 +129,64 @@ class EventStore(ABC):
 
     # -- reading ---------------------------------------------------------------------------
     def read(
-        self, after: int = 0, limit: int = 1000, segments: Iterable[SegmentSpec] | None = None
+        self,
+        after: int = 0,
+        limit: int = 1000,
+        segments: Iterable[SegmentSpec] | None = None,
+        types: Iterable[str] | None = None,
     ) -> list[Event]:
         """Events with position > ``after`` in store order, at most ``limit``.
 
         ``segments``: only events whose stored routing hash matches one of the (id, mask)
-        segments (evaluated in SQL). Never returns an event past one that a concurrent
-        writer may still commit below it (no skipped events).
+        segments; ``types``: only events of these types (both evaluated in SQL, the types by
+        an index). Never returns an event past one that a concurrent writer may still commit
+        below it (no skipped events).
         """
         _check_positive(after, "after")
         _check_positive(limit, "limit", allow_zero=False)
-        return self._read(after, limit, segment_pairs(segments))
+        cond, params = self._filter(segment_pairs(segments), types)
+        with self.db.guard(f"read after position {after}"):
+            return self._read(after, limit, cond, params)
 
     def read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None = None
+        self,
+        after: int,
+        limit: int,
+        segments: list[tuple[int, int]] | None = None,
+        types: Iterable[str] | None = None,
     ) -> tuple[list[Event], int]:
         """Like :meth:`read`, also returning the position the read is complete up to: the last
-        event's when the batch is full, else the horizon the read saw (so a consumer whose
-        segments had no events there can still move its token on)."""
-        return self._read_upto(after, limit, segments)
+        event's when the batch is full, else the horizon the read saw. Events filtered out
+        (other segments, other types) are passed over too: a consumer at the head is not
+        lagging because the last events were not for it."""
+        _check_positive(after, "after")
+        _check_positive(limit, "limit", allow_zero=False)
+        cond, params = self._filter(segments, types)
+        with self.db.guard(f"read after position {after}"):
+            return self._read_upto(after, limit, cond, params)
 
     @abstractmethod
     def _read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+        self, after: int, limit: int, cond: str, params: list[Any]
     ) -> tuple[list[Event], int]: ...
+
+    def _filter(
+        self, pairs: list[tuple[int, int]] | None, types: Iterable[str] | None
+    ) -> tuple[str, list[Any]]:
+        cond, by_segment = segment_sql(pairs, self.db.param)
+        params: list[Any] = list(by_segment)
+        if types is not None:
+            if isinstance(types, str):
+                raise InvalidInputError(f"types must be a list of event types, got {types!r}")
+            names = list(dict.fromkeys(types))
+            if not names or not all(isinstance(t, str) and t for t in names):
+                raise InvalidInputError(
+                    f"types must be a non-empty list of non-empty strings, got {names!r} "
+                    "(pass None to read every type)"
+                )
+            cond += f" AND type IN ({', '.join([self.db.param] * len(names))})"
+            params = [*params, *names]
+        return cond, params
 
     #: the channel that wakes up consumers (PostgreSQL NOTIFY), if the backend has one
     notify_channel: str | None = None
@@ -142,11 +197,13 @@ class EventStore(ABC):
         batch_size: int = 5000,
         segments: Iterable[SegmentSpec] | None = None,
         until: int | None = None,
+        types: Iterable[str] | None = None,
     ) -> Iterator[Event]:
         """Every event after ``after`` (up to ``until`` when given), read in batches."""
-        pairs = segment_pairs(segments)
+        cond, params = self._filter(segment_pairs(segments), types)
         while True:
-            batch = self._read(after, batch_size, pairs)
+            with self.db.guard(f"read after position {after}"):
+                batch = self._read(after, batch_size, cond, params)
             for event in batch:
                 if until is not None and event.position > until:
                     return
@@ -156,9 +213,7 @@ class EventStore(ABC):
             after = batch[-1].position
 
     @abstractmethod
-    def _read(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
-    ) -> list[Event]: ...
+    def _read(self, after: int, limit: int, cond: str, params: list[Any]) -> list[Event]: ...
 
     #: the SELECT list that ``Event(*row)`` takes, per backend
     columns_sql: str = ""
@@ -181,51 +236,91 @@ class EventStore(ABC):
             f"WHERE position > {p} AND position <= {p}{cond} ORDER BY position LIMIT {p}"
         )
         while True:
-            with self.db.connection() as conn:
-                rows = conn.execute(sql, (after, until, *params, chunk)).fetchall()
+            with self.db.guard(f"scan after position {after}"), self.db.connection() as conn:
+                rows = self._raw_rows(conn, sql, (after, until, *params, chunk))
             if rows:
                 yield rows
             if len(rows) < chunk:
                 return
             after = rows[-1][0]
 
+    def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Rows for :meth:`scan`; CorruptEventError where a row cannot even be read."""
+        return conn.execute(sql, params).fetchall()
+
     def read_stream(
-        self, stream_id: str, after_version: int = 0, limit: int | None = None
+        self,
+        stream_id: str,
+        after_version: int = 0,
+        limit: int | None = None,
+        *,
+        backwards: bool = False,
+        until_version: int | None = None,
     ) -> list[Event]:
-        """Events of one stream with version > ``after_version``, in version order."""
+        """Events of one stream with ``after_version < version <= until_version``, in version
+        order; ``backwards=True``: newest first (``limit=1``: the stream's last event; page
+        back with ``until_version`` = the oldest version seen - 1)."""
         _check_positive(after_version, "after_version")
         if limit is not None:
             _check_positive(limit, "limit", allow_zero=False)
-        return self._read_stream(stream_id, after_version, limit)
+        if until_version is not None:
+            _check_positive(until_version, "until_version")
+        with self.db.guard(f"read stream {stream_id!r}"):
+            return self._read_stream(stream_id, after_version, until_version, limit, backwards)
+
+    def _stream_sql(self, until_version: int | None, backwards: bool) -> str:
+        p = self.db.param
+        until = "" if until_version is None else f" AND version <= {p}"
+        return (
+            f"SELECT {self.columns_sql} FROM {self.events_table} WHERE stream_id = {p} "
+            f"AND version > {p}{until} ORDER BY version{' DESC' if backwards else ''} LIMIT {p}"
+        )
 
     @abstractmethod
     def _read_stream(
-        self, stream_id: str, after_version: int, limit: int | None
+        self,
+        stream_id: str,
+        after_version: int,
+        until_version: int | None,
+        limit: int | None,
+        backwards: bool,
     ) -> list[Event]: ...
 
-    @abstractmethod
     def head(self) -> int:
         """Highest position a reader can safely read now (0 if the store is empty)."""
+        with self.db.guard("head"):
+            return self._head()
 
     @abstractmethod
+    def _head(self) -> int: ...
+
     def stream_version(self, stream_id: str) -> int:
         """Current version of a stream (0 if it does not exist)."""
+        with self.db.guard(f"version of stream {stream_id!r}"):
+            return self._stream_version(stream_id)
+
+    @abstractmethod
+    def _stream_version(self, stream_id: str) -> int: ...
 
     def position_at(self, when: datetime) -> int | None:
         """First position recorded at or after ``when`` (timezone-aware); None if none yet."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise InvalidInputError(f"position_at needs a timezone-aware datetime, got {when!r}")
-        return self._position_at(when)
+        with self.db.guard(f"position at {when.isoformat()}"):
+            return self._position_at(when)
 
     @abstractmethod
     def _position_at(self, when: datetime) -> int | None: ...
 
     def count(self, until: int | None = None) -> int:
         """Events stored (with ``until``: those at or below that position)."""
-        if until is None:
-            return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
-        sql = self.db.sql(f"SELECT count(*) FROM {self.events_table} WHERE position <= ?")
-        return self.db.query(sql, (until,))[0][0]
+        if until is not None:
+            _check_positive(until, "until")
+        with self.db.guard("count"):
+            if until is None:
+                return self.db.query(f"SELECT count(*) FROM {self.events_table}")[0][0]
+            sql = self.db.sql(f"SELECT count(*) FROM {self.events_table} WHERE position <= ?")
+            return self.db.query(sql, (until,))[0][0]
 
     def close(self) -> None:
         self.db.close()

@@ -1,19 +1,70 @@
 """SQLite event store. Writers are serialised by SQLite's write lock, so positions are handed
-out in commit order and a reader can never miss an event committed late."""
+out in commit order and a reader can never miss an event committed late.
+
+A row with text that is not valid UTF-8 (written behind the store's back) makes sqlite3 fail
+the whole fetch. Reads then fetch the same rows again with a tolerant text factory and return
+that event as a corrupt one (see :mod:`eventlanes.events`) next to the others.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..db.sqlite import SQLiteDatabase
-from ..errors import ConcurrencyError
-from ..events import Event
-from .base import EncodedEvent, EventStore, segment_sql
+from ..errors import ConcurrencyError, CorruptEventError
+from ..events import Event, Undecodable
+from .base import EncodedEvent, EventStore
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _COLUMNS = "position, stream_id, version, type, data, metadata, recorded_at, routing_hash"
+_TEXT_COLUMNS = {1: "stream_id", 3: "type", 4: "data", 5: "metadata"}
+
+
+class _BadText(bytes):
+    """Stored text that is not valid UTF-8, as fetched by the tolerant text factory."""
+
+
+def _tolerant_text(raw: bytes) -> str | _BadText:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return _BadText(raw)
+
+
+def _fetch(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "decode to UTF-8" not in str(exc):
+            raise
+    conn.text_factory = _tolerant_text
+    try:
+        rows = conn.execute(sql, params).fetchall()
+    finally:
+        conn.text_factory = str
+    return [_repair(row) if any(type(v) is _BadText for v in row) else row for row in rows]
+
+
+def _repair(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row with invalid UTF-8: routing text decoded with replacement characters, and the
+    reason in place of data and metadata (raised when they are accessed)."""
+    values = list(row)
+    bad = [name for i, name in _TEXT_COLUMNS.items() if type(values[i]) is _BadText]
+    for i in (1, 3):
+        if type(values[i]) is _BadText:
+            values[i] = bytes(values[i]).decode(errors="replace")
+    reason = f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not valid UTF-8"
+    if bad[0] in ("stream_id", "type"):  # the event cannot be trusted at all
+        values[4] = values[5] = Undecodable(reason)
+    else:
+        for i in (4, 5):
+            if type(values[i]) is _BadText:
+                values[i] = Undecodable(f"{_TEXT_COLUMNS[i]} is not valid UTF-8")
+    return tuple(values)
 
 
 class SQLiteEventStore(EventStore):
@@ -35,6 +86,8 @@ class SQLiteEventStore(EventStore):
                     routing_hash INTEGER NOT NULL,
                     UNIQUE (stream_id, version))""",
                 f"CREATE INDEX IF NOT EXISTS {t}_recorded_at ON {t} (recorded_at)",
+                # Type filters: the rows of one type in position order.
+                f"CREATE INDEX IF NOT EXISTS {t}_type ON {t} (type, position)",
             ]
         )
 
@@ -68,51 +121,64 @@ class SQLiteEventStore(EventStore):
         last = conn.execute(f"SELECT coalesce(max(position), 0) FROM {t}").fetchone()[0]
         now = time.time_ns() // 1000
         rows = [
-            (last + i, stream_id, current + i, e.type, e.data, e.metadata, now, routing_hash)
-            for i, e in enumerate(events, 1)
+            (last + i, stream_id, current + i, type_, data, meta, now, routing_hash)
+            for i, (type_, data, meta) in enumerate(events, 1)
         ]
         conn.executemany(f"INSERT INTO {t} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
         return [row[0] for row in rows]
 
-    def _read(self, after: int, limit: int, segments: list[tuple[int, int]] | None) -> list[Event]:
-        cond, params = segment_sql(segments, "?")
+    def _read(self, after: int, limit: int, cond: str, params: list[Any]) -> list[Event]:
         sql = (
             f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ?{cond} "
             "ORDER BY position LIMIT ?"
         )
         with self.db.connection() as conn:
-            rows = conn.execute(sql, (after, *params, limit)).fetchall()
+            rows = _fetch(conn, sql, (after, *params, limit))
         return [Event(*row) for row in rows]
 
     def _read_upto(
-        self, after: int, limit: int, segments: list[tuple[int, int]] | None
+        self, after: int, limit: int, cond: str, params: list[Any]
     ) -> tuple[list[Event], int]:
-        cond, params = segment_sql(segments, "?")
         # One read transaction: the head and the events come from the same snapshot.
         with self.db.snapshot() as conn:  # type: ignore[attr-defined]
             head = conn.execute(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")
             head = head.fetchone()[0]
-            rows = conn.execute(
+            rows = _fetch(
+                conn,
                 f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ? AND position <= ?"
                 f"{cond} ORDER BY position LIMIT ?",
                 (after, head, *params, limit),
-            ).fetchall()
+            )
         events = [Event(*row) for row in rows]
         return events, events[-1].position if len(events) == limit else max(after, head)
 
-    def _read_stream(self, stream_id: str, after_version: int, limit: int | None) -> list[Event]:
-        sql = (
-            f"SELECT {_COLUMNS} FROM {self.events_table} WHERE stream_id = ? AND version > ? "
-            "ORDER BY version LIMIT ?"
-        )
+    def _read_stream(
+        self,
+        stream_id: str,
+        after_version: int,
+        until_version: int | None,
+        limit: int | None,
+        backwards: bool,
+    ) -> list[Event]:
+        sql = self._stream_sql(until_version, backwards)
+        until = () if until_version is None else (until_version,)
+        params = (stream_id, after_version, *until, -1 if limit is None else limit)
         with self.db.connection() as conn:
-            rows = conn.execute(sql, (stream_id, after_version, -1 if limit is None else limit))
-            return [Event(*row) for row in rows.fetchall()]
+            rows = _fetch(conn, sql, params)
+        return [Event(*row) for row in rows]
 
-    def head(self) -> int:
+    def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        rows = _fetch(conn, sql, params)
+        for row in rows:
+            for value in row[4:6]:
+                if isinstance(value, Undecodable):  # bulk readers get no Event to carry it
+                    raise CorruptEventError(row[0], value.reason)
+        return rows
+
+    def _head(self) -> int:
         return self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")[0][0]
 
-    def stream_version(self, stream_id: str) -> int:
+    def _stream_version(self, stream_id: str) -> int:
         sql = f"SELECT coalesce(max(version), 0) FROM {self.events_table} WHERE stream_id = ?"
         return self.db.query(sql, (stream_id,))[0][0]
 

@@ -78,11 +78,16 @@ class EmbeddedPostgres:
                 "--no-sync",
             ]
         )
-        opts = (
+        self._opts = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} "
             f"-c max_connections={max_connections} -c fsync={'on' if fsync else 'off'} "
             "-c shared_buffers=256MB"
         )
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (again, after :meth:`halt`) on the same port and data."""
         self._run(
             [
                 str(self.bin / "pg_ctl"),
@@ -91,15 +96,27 @@ class EmbeddedPostgres:
                 "-l",
                 str(self.root / "log"),
                 "-o",
-                opts,
+                self._opts,
                 "-w",
                 "-t",
                 "60",
                 "start",
             ]
         )
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self._wait_ready()
+
+    def halt(self, mode: str = "immediate") -> None:
+        """Stop the server but keep its data and port (``pg_ctl stop -m mode``): ``immediate``
+        is a crash for the clients (connections cut, recovery at the next start)."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"unknown pg_ctl stop mode {mode!r}")
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])
+
+    def restart(self, mode: str = "immediate", down_for: float = 0.0) -> None:
+        """Halt, stay down ``down_for`` seconds, start again on the same port."""
+        self.halt(mode)
+        time.sleep(down_for)
+        self.start()
 
     @staticmethod
     def _open_path(path: Path) -> None:

@@ -243,7 +243,9 @@ class SQLTokenStore(TokenStore):
     def _store_in(
         self, conn: Any, params: tuple[Any, ...], processor: str, seg: int, owner: str
     ) -> None:
-        if conn.execute(self._store_sql, params).rowcount != 1:
+        cur = conn.execute(self._store_sql, params)
+        self.db.sync(conn)  # in pipeline mode the rowcount is known only after a sync
+        if cur.rowcount != 1:
             self._lost(conn, processor, seg, owner)
 
     def _lost(self, conn: Any, processor: str, segment_id: int, owner: str) -> None:
