@@ -62,6 +62,8 @@ class Heartbeat:
             held = set(self.tokens.extend_all(self.processor, self.owner))
             if self.announce:
                 self.tokens.heartbeat(self.processor, self.owner)
+            if self.on_held is not None:
+                self.on_held(held)
         except Exception as exc:  # noqa: BLE001 - the database may come back: keep beating
             self.failures += 1
             log.warning(
@@ -71,8 +73,6 @@ class Heartbeat:
         if self.failures:
             log.info("%s: heartbeat works again after %d failure(s)", self.processor, self.failures)
         self.failures = 0
-        if self.on_held is not None:
-            self.on_held(held)
         return held
 
     def _run(self) -> None:
