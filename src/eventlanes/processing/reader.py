@@ -48,6 +48,10 @@ class BatchReader:
         self, states: Sequence[SegmentState], events: list[Event]
     ) -> dict[SegmentState, list[Event]]:
         """Each event to the held segment that owns it, unless that segment has seen it."""
+        only = states[0] if len(states) == 1 else None
+        if only is not None and only.segment.mask == 0 and only.token.is_plain:
+            if not only.token.sources:  # the whole hash space, nothing seen ahead: no hashing
+                return {only: events}
         shares: dict[SegmentState, list[Event]] = {st: [] for st in states}
         by_mask: dict[int, dict[int, SegmentState]] = {}
         for st in states:
