@@ -29,3 +29,8 @@ class ConcurrencyError(EventlanesError):
 
 class ClaimLostError(EventlanesError):
     """A token write was refused because another owner holds (or stole) the claim."""
+
+
+class SparkJobError(EventlanesError):
+    """A Spark job could not run, or read other data than the store holds (executors missing
+    code, a replay that read fewer or more events than the store has)."""

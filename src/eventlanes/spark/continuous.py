@@ -22,14 +22,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import open_database
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SparkJobError
 from ..processing.admin import claim_all
 from ..processing.aggregation import Aggregation, Entry, StateTable
 from ..processing.runner import node_name
 from ..tokens import Token
-from .bulk import _pow2, collect_states, fold_aggregation, fold_stages, save_states
+from .bulk import (
+    check_read,
+    collect_states,
+    fold_aggregation,
+    fold_stages,
+    functions_of,
+    heartbeat,
+    save_states,
+)
 from .fold import spec_of
-from .session import get_session
+from .session import get_session, partitions_of, register
+from .ship import executor_url, first_line, open_readonly, preflight
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -42,6 +51,7 @@ class StoredStates:
     name: str
 
     def __call__(self, keys: list[str]) -> dict[str, Entry]:
+        open_readonly(self.url).close()  # never create a database the driver does not use
         db = open_database(self.url)
         try:
             table = StateTable(db)
@@ -70,7 +80,8 @@ class ContinuousAggregation:
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
         self.app, self.agg = app, agg
         self.spark = spark or get_session()
-        self.n = _pow2(partitions or self.spark.sparkContext.defaultParallelism)
+        self.url = executor_url(app.url, self.spark.sparkContext.master)
+        self.n = partitions_of(self.spark, partitions)
         self.checkpoint = checkpoint
         self.trigger_seconds = trigger_seconds
         self.max_rows = max_rows
@@ -89,12 +100,15 @@ class ContinuousAggregation:
     def start(self, available_now: bool = False) -> None:
         app, agg = self.app, self.agg
         # The local engine must not run this aggregation at the same time: hold every claim.
+        preflight(self.spark, functions_of(agg), self.url, head=app.store.head())
+        register(self.spark)  # on whatever session runs the query
         self._records = claim_all(app, agg, self.owner, self.wait, None)
-        threading.Thread(target=self._heartbeat, daemon=True).start()
+        args = (app.tokens, agg.name, self.owner, self._stop)
+        threading.Thread(target=heartbeat, args=args, daemon=True).start()
         start = min(r.token.position for r in self._records)
         reader = (
             self.spark.readStream.format("eventlanes")
-            .option("url", app.url)
+            .option("url", self.url)
             .option("after", str(start))
             .option("partitions", str(self.n))
         )
@@ -112,10 +126,6 @@ class ContinuousAggregation:
         )
         self.query = writer.trigger(**trigger).start()
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self.app.tokens.claim_timeout / 3):
-            self.app.tokens.extend_all(self.agg.name, self.owner)
-
     def _sink(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
@@ -126,15 +136,19 @@ class ContinuousAggregation:
             return  # Spark ran this micro-batch again after a restart: already written
         batch = batch.persist()
         try:
-            end = batch.agg(F.max("position")).first()[0]
+            end, rows = batch.agg(F.max("position"), F.count("*")).first()
             if end is None:
                 return
+            # Write nothing unless the executors read every event after the stored token.
+            after = min(r.token.position for r in app.tokens.status(agg.name))
+            expected = app.store.count(until=end) - app.store.count(until=after)
+            check_read(agg.name, f"micro-batch {batch_id} read", rows, expected)
             spec = spec_of(agg, app.store.events_table)
-            folded = fold_aggregation(spec, batch, self.n, StoredStates(app.url, agg.name))
+            folded = fold_aggregation(spec, batch, self.n, StoredStates(self.url, agg.name))
             if spec.stages:
                 folded = folded.cache()
             states = collect_states(folded)
-            url = app.url
+            url = self.url
             for plan in fold_stages(spec, folded, self.n, lambda s: StoredStates(url, s)):
                 for name, entries in collect_states(plan).items():
                     states.setdefault(name, {}).update(entries)
@@ -161,14 +175,37 @@ class ContinuousAggregation:
         self._records = []
 
 
+def plan(app: Any, names: list[str]) -> tuple[list[str], list[str]]:
+    """Which processors ``run --engine spark`` runs (aggregations) and which it does not."""
+    wanted = names or list(app.processors)
+    runs = [n for n in wanted if isinstance(app.get(n), Aggregation)]
+    skipped = [n for n in wanted if n not in runs]
+    if names and skipped:
+        raise InvalidInputError(
+            f"--engine spark runs aggregations; {', '.join(map(repr, skipped))} "
+            "is not one: run it with --engine local"
+        )
+    if not runs:
+        raise InvalidInputError("--engine spark runs aggregations, and this app defines none")
+    return runs, skipped
+
+
 def run(
-    app: Any, names: list[str], checkpoint: str, master: str | None = None, **options: Any
+    app: Any,
+    names: list[str],
+    checkpoint: str,
+    master: str | None = None,
+    spark: Any = None,
+    conf: dict[str, str] | None = None,
+    py_files: Any = (),
+    archives: Any = (),
+    **options: Any,
 ) -> None:
     """``eventlanes run APP --engine spark``: run until SIGINT/SIGTERM, then stop cleanly."""
-    spark = get_session(master)
-    names = names or [n for n, p in app.processors.items() if isinstance(p, Aggregation)]
-    if not names:
-        raise InvalidInputError("--engine spark runs aggregations, and this app defines none")
+    names, _ = plan(app, names)
+    if spark is None and master:
+        executor_url(app.url, master)  # a store executors cannot see: refused before a JVM
+    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
     runners = [
         ContinuousAggregation(app, n, f"{checkpoint}/{n}", spark=spark, **options) for n in names
     ]
@@ -180,7 +217,8 @@ def run(
         while not stop.wait(0.5):
             for runner in runners:
                 if runner.query is not None and runner.query.exception() is not None:
-                    raise RuntimeError(f"{runner.agg.name}: {runner.query.exception()}")
+                    error = first_line(runner.query.exception())
+                    raise SparkJobError(f"{runner.agg.name}: the streaming query failed: {error}")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
