@@ -150,7 +150,7 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
 
         def position() -> int:
             assert run.poll() is None, run.stderr.read()[-3000:]  # type: ignore[union-attr]
-            return min(p for _, p in tokens(app, "totals"))
+            return min((p for _, p in tokens(app, "totals")), default=0)
 
         wait_for(lambda: position() > 0, timeout=120, what="the first micro-batch")
         for seed in range(3, 6):  # appended while the query runs

@@ -41,7 +41,9 @@ class _Group(click.Group):
                 from .spark.ship import first_line
 
                 message = f"Spark failed: {first_line(exc)}"
-            console.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+            from rich.markup import escape
+
+            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
             sys.exit(2)
 
 

@@ -1,16 +1,21 @@
-"""Continuous aggregations on Spark Structured Streaming.
+"""Continuous aggregations on Spark: ``eventlanes run --engine spark``.
 
-The store is a streaming source (offsets = positions, each micro-batch reads ``(start, end]``
-split by routing hash). ``foreachBatch`` folds each micro-batch with the user's code on Arrow
-batches onto the states already stored, then writes, in one transaction: the new states, the
-micro-batch id, and every segment's token (mirrored, so ``eventlanes status`` shows progress).
-A micro-batch Spark runs again after a crash finds its id recorded and is skipped; the states'
-source offsets drop anything folded twice anyway. The stateless ``foreachBatch`` fold is the
-one used: on the same backlog it ran about 2x as fast as Spark's own stateful operator
-(``transformWithStateInPandas`` with RocksDB state; ``benchmarks/bench_spark_state.py``), with
-lower append-to-state latency, and it needs neither a state store nor protobuf.
+A loop on the driver runs micro-batches: it reads the events after the stored token (at most
+``max_rows``) with the same range reader as a bulk replay (no registered data source, nothing
+planned in a Python process on the driver), folds them with the user's code on Arrow batches
+onto the states stored so far, checks that Spark read every event of the range, then writes,
+in one transaction fenced by the claims: the new states, every segment's token (so
+``eventlanes status`` shows progress) and a row in ``{prefix}spark_batches``. The token store
+is the checkpoint: a runner killed at any point resumes from the last committed batch, exactly.
 
-Table ``{prefix}spark_batches``: (aggregation, batch_id) of every micro-batch written.
+Why not Structured Streaming over a Python ``DataSourceStreamReader`` (what this module used
+first): Spark runs that source's offset planning in a Python process on the driver, started
+with the executors' interpreter (``PYSPARK_PYTHON``). On a cluster that interpreter is the
+nodes' (``python3``, ``./environment/bin/python`` from ``--archives``), which the driver does
+not have: the query failed at start. The stateless fold is the one used: on the same backlog
+it ran about 2x as fast as Spark's own stateful operator (``transformWithStateInPandas`` with
+RocksDB state; ``benchmarks/bench_spark_state.py``), and needs neither a state store nor
+protobuf.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import open_database
-from ..errors import InvalidInputError, SparkJobError
+from ..errors import EventlanesError, InvalidInputError, SparkJobError
 from ..processing.admin import claim_all
 from ..processing.aggregation import Aggregation, Entry, StateTable
 from ..processing.runner import node_name
@@ -37,8 +42,9 @@ from .bulk import (
     save_states,
 )
 from .fold import spec_of
-from .session import get_session, partitions_of, register
+from .session import get_session, partitions_of
 from .ship import executor_url, first_line, open_readonly, preflight
+from .source import read_events
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -62,13 +68,14 @@ class StoredStates:
 
 
 class ContinuousAggregation:
-    """One streaming query per aggregation; ``start()``, ``stop()``."""
+    """One aggregation kept up to date on Spark: ``start()``, ``stop()``; ``error`` is set if
+    a micro-batch failed (the loop then stops; nothing of that batch was written)."""
 
     def __init__(
         self,
         app: Any,
         name: str,
-        checkpoint: str,
+        checkpoint: str | None = None,
         spark: Any = None,
         trigger_seconds: float = 1.0,
         max_rows: int | None = None,
@@ -82,7 +89,7 @@ class ContinuousAggregation:
         self.spark = spark or get_session()
         self.url = executor_url(app.url, self.spark.sparkContext.master)
         self.n = partitions_of(self.spark, partitions)
-        self.checkpoint = checkpoint
+        self.checkpoint = checkpoint  # unused: progress lives in the token store (see module)
         self.trigger_seconds = trigger_seconds
         self.max_rows = max_rows
         self.wait = wait
@@ -93,83 +100,78 @@ class ContinuousAggregation:
              "batch_id BIGINT NOT NULL, end_position BIGINT NOT NULL, "
              "PRIMARY KEY (aggregation, batch_id))"]
         )  # fmt: skip
-        self.query: Any = None
+        self.error: BaseException | None = None
         self._records: list = []
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
 
-    def start(self, available_now: bool = False) -> None:
+    def start(self) -> None:
         app, agg = self.app, self.agg
-        # The local engine must not run this aggregation at the same time: hold every claim.
         preflight(self.spark, functions_of(agg), self.url, head=app.store.head())
-        register(self.spark)  # on whatever session runs the query
+        # The local engine must not run this aggregation at the same time: hold every claim.
         self._records = claim_all(app, agg, self.owner, self.wait, None)
-        args = (app.tokens, agg.name, self.owner, self._stop)
-        threading.Thread(target=heartbeat, args=args, daemon=True).start()
-        start = min(r.token.position for r in self._records)
-        reader = (
-            self.spark.readStream.format("eventlanes")
-            .option("url", self.url)
-            .option("after", str(start))
-            .option("partitions", str(self.n))
-        )
-        if self.max_rows:
-            reader = reader.option("max_rows", str(self.max_rows))
-        writer = (
-            reader.load()
-            .writeStream.foreachBatch(self._sink)
-            .option("checkpointLocation", self.checkpoint)
-        )
-        trigger = (
-            {"availableNow": True}
-            if available_now
-            else {"processingTime": f"{self.trigger_seconds} seconds"}
-        )
-        self.query = writer.trigger(**trigger).start()
+        beat = threading.Thread(target=heartbeat, args=(app.tokens, agg.name, self.owner,
+                                self._stop), daemon=True)  # fmt: skip
+        loop = threading.Thread(target=self._loop, daemon=True)
+        self._threads = [beat, loop]
+        for thread in self._threads:
+            thread.start()
 
-    def _sink(self, batch: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        app, agg = self.app, self.agg
-        db = app.db
-        done = db.sql(f"SELECT 1 FROM {self.batches} WHERE aggregation = ? AND batch_id = ?")
-        if db.query(done, (agg.name, batch_id)):
-            return  # Spark ran this micro-batch again after a restart: already written
-        batch = batch.persist()
-        try:
-            end, rows = batch.agg(F.max("position"), F.count("*")).first()
-            if end is None:
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.run_batch()
+            except BaseException as exc:  # noqa: BLE001 - reported through ``error``
+                self.error = exc
                 return
-            # Write nothing unless the executors read every event after the stored token.
-            after = min(r.token.position for r in app.tokens.status(agg.name))
-            expected = app.store.count(until=end) - app.store.count(until=after)
-            check_read(agg.name, f"micro-batch {batch_id} read", rows, expected)
-            spec = spec_of(agg, app.store.events_table)
-            folded = fold_aggregation(spec, batch, self.n, StoredStates(self.url, agg.name))
-            if spec.stages:
-                folded = folded.cache()
+            if not busy:
+                self._stop.wait(self.trigger_seconds)
+
+    def run_batch(self) -> bool:
+        """Fold the events after the stored token (at most ``max_rows``) onto the stored
+        states; write states and tokens in one transaction. False: nothing new."""
+        app, agg = self.app, self.agg
+        after = min(r.token.position for r in app.tokens.status(agg.name))
+        head = app.store.head()
+        if head <= after:
+            return False
+        end = min(head, after + self.max_rows) if self.max_rows else head
+        expected = app.store.count(until=end) - app.store.count(until=after)
+        df, read = read_events(self.spark, self.url, after, end, self.n)
+        spec = spec_of(agg, app.store.events_table)
+        folded = fold_aggregation(spec, df, self.n, StoredStates(self.url, agg.name))
+        if spec.stages:
+            folded = folded.cache()
+        try:
             states = collect_states(folded)
+            check_read(agg.name, f"micro-batch ({after:,}, {end:,}] read", read.total(), expected)
             url = self.url
             for plan in fold_stages(spec, folded, self.n, lambda s: StoredStates(url, s)):
                 for name, entries in collect_states(plan).items():
                     states.setdefault(name, {}).update(entries)
-            with db.transaction() as conn:
-                conn.execute(
-                    db.sql(f"INSERT INTO {self.batches} (aggregation, batch_id, end_position) "
-                           "VALUES (?, ?, ?)"), (agg.name, batch_id, end),
-                )  # fmt: skip
-                for name in states:
-                    save_states(app, conn, name, states)
-                for record in self._records:
-                    app.tokens.store(agg.name, record.segment.id, Token(end), self.owner, conn=conn)
+        finally:
             if spec.stages:
                 folded.unpersist()
-        finally:
-            batch.unpersist()
+        db = app.db
+        with db.transaction() as conn:
+            next_id = db.sql(f"SELECT coalesce(max(batch_id), -1) + 1 FROM {self.batches} "
+                             "WHERE aggregation = ?")  # fmt: skip
+            (batch_id,) = conn.execute(next_id, (agg.name,)).fetchone()
+            conn.execute(
+                db.sql(f"INSERT INTO {self.batches} (aggregation, batch_id, end_position) "
+                       "VALUES (?, ?, ?)"), (agg.name, batch_id, end),
+            )  # fmt: skip
+            for name in states:
+                save_states(app, conn, name, states)
+            for record in self._records:  # fenced: a stolen claim fails the whole commit
+                app.tokens.store(agg.name, record.segment.id, Token(end), self.owner, conn=conn)
+        return True
 
     def stop(self) -> None:
         self._stop.set()
-        if self.query is not None:
-            self.query.stop()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         for record in self._records:
             self.app.tokens.release(self.agg.name, record.segment.id, self.owner)
         self._records = []
@@ -216,9 +218,11 @@ def run(
             runner.start()
         while not stop.wait(0.5):
             for runner in runners:
-                if runner.query is not None and runner.query.exception() is not None:
-                    error = first_line(runner.query.exception())
-                    raise SparkJobError(f"{runner.agg.name}: the streaming query failed: {error}")
+                if runner.error is not None:
+                    if isinstance(runner.error, EventlanesError):
+                        raise runner.error
+                    error = first_line(runner.error)
+                    raise SparkJobError(f"{runner.agg.name}: a micro-batch failed: {error}")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -39,6 +39,7 @@ def get_session(
     active = SparkSession.getActiveSession()
     if active is not None and master is None and not conf and not archives:
         _add_py_files(active, py_files)
+        register(active)
         return active
     master = master or os.environ.get("EVENTLANES_SPARK_MASTER", "local[2]")
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -81,6 +82,7 @@ def get_session(
                 os.environ[key] = value
     spark.sparkContext.setLogLevel("ERROR")
     _add_py_files(spark, py_files)
+    register(spark)  # the streaming source (batch reads need none), for Structured Streaming
     return spark
 
 
