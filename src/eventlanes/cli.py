@@ -28,7 +28,7 @@ class _Group(click.Group):
     """Turns eventlanes errors (and Spark's) into one clear line and exit code 2, not a
     traceback; ``--debug`` shows the full trace."""
 
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except Exception as exc:

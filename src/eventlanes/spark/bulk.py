@@ -77,6 +77,7 @@ def functions_of(proc: Any) -> list[Callable[..., Any]]:
     """The user's functions a replay of ``proc`` runs on executors (their modules ship)."""
     found: list[Any] = []
     if isinstance(proc, Aggregation):
+        agg: Any
         for agg in (proc, *proc.stages):
             found += [agg.key, getattr(agg, "initial_state", None), getattr(agg, "initial", None)]
             found += [f for fs in agg.folds.by_type.values() for f in fs] + list(agg.folds.any)

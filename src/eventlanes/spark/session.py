@@ -68,18 +68,20 @@ def get_session(
     # packages). Anywhere else the executors' own Python runs (PYSPARK_PYTHON or python3 on
     # the nodes): the driver's path would not exist there. SparkContext reads the variable
     # once, when it starts: set it only for that moment.
-    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    saved: dict[str, str | None] = {
+        k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")
+    }
     if local:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     try:
         spark = builder.getOrCreate()
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
             else:
-                os.environ[key] = value
+                os.environ[name] = old
     spark.sparkContext.setLogLevel("ERROR")
     _add_py_files(spark, py_files)
     register(spark)  # the streaming source (batch reads need none), for Structured Streaming

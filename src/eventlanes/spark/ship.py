@@ -172,8 +172,12 @@ def check(_rows, modules, url):
                 break
     if not result["missing"]:
         import eventlanes
-        from eventlanes.spark.ship import open_readonly
         result["eventlanes"] = eventlanes.__version__
+        try:
+            from eventlanes.spark.ship import open_readonly
+        except Exception as exc:
+            result["missing"].append(("eventlanes.spark.ship", f"{type(exc).__name__}: {exc}"))
+            url = None
         if url:
             try:
                 store = open_readonly(url)
@@ -190,14 +194,14 @@ def check(_rows, modules, url):
 def _check_function() -> Callable[..., Any]:
     namespace: dict[str, Any] = {"__name__": "_eventlanes_preflight"}
     exec(compile(_CHECK_SOURCE, "<eventlanes preflight>", "exec"), namespace)
-    return namespace["check"]  # type: ignore[no-any-return]
+    return namespace["check"]
 
 
 def _run_check(spark: Any, modules: list[str], url: str | None) -> dict[str, Any]:
     check = _check_function()
     rdd = spark.sparkContext.parallelize([0], 1)
     try:
-        return rdd.mapPartitions(lambda rows: check(rows, modules, url)).collect()[0]  # type: ignore[no-any-return]
+        return rdd.mapPartitions(lambda rows: check(rows, modules, url)).collect()[0]
     except Exception as exc:
         raise SparkJobError(
             f"executors cannot run Python: {first_line(exc)}. The executors' Python is "
@@ -216,7 +220,12 @@ def preflight(
     the store opens read-only there (at a head not behind ``head``, the driver's view).
     Raises a one-line error otherwise."""
     modules = user_modules(functions)
-    ship(spark, modules)
+    own = module_file("eventlanes")
+    if own is not None and not _is_installed(own):
+        modules_to_ship = [*modules, "eventlanes"]  # a source tree: executors run this copy
+    else:
+        modules_to_ship = modules
+    ship(spark, modules_to_ship)
     result = _run_check(spark, modules, url)
     if result["missing"] and result["missing"][0][0] == "eventlanes":
         ship(spark, ["eventlanes"])  # pure Python: the driver's own copy, same version
@@ -224,6 +233,13 @@ def preflight(
     if result["missing"]:
         name, error = result["missing"][0]
         raise SparkJobError(f"executors cannot import {name} ({error}): {SHIP_HINT}")
+    import eventlanes
+
+    if result["eventlanes"] != eventlanes.__version__:
+        raise SparkJobError(
+            f"executors run eventlanes {result['eventlanes']}, the driver "
+            f"{eventlanes.__version__}: install the same version on every node, or ship it"
+        )
     store = result["store"]
     if url and store is not None and store[0] == "error":
         redacted = parse_url(url).redacted

@@ -203,7 +203,7 @@ class StoreStreamReader(DataSourceStreamReader):
         cap = getattr(limit, "max_rows", None) or self.max_rows
         return {"position": min(head, begin + cap) if cap else head}
 
-    def partitions(self, start: dict, end: dict) -> list[Slice]:  # type: ignore[override]
+    def partitions(self, start: dict, end: dict) -> list[Slice]:
         return _slices(int(start["position"]), int(end["position"]), self.n)
 
     def read(self, partition: Slice) -> Iterator[Any]:  # type: ignore[override]
