@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,39 +101,40 @@ def test_cli_replays_an_aggregation_and_a_projection(spark_cluster, tmp_path) ->
     )
 
 
-def test_spark_submit_job_with_its_own_session_replays_a_file_uri_export(
-    spark_cluster, tmp_path
-) -> None:
-    """The README's recipe: eventlanes as a --py-files zip, the job builds its own session
-    (getOrCreate), the export is a file:// URI; the app's module ships by itself."""
+def readme_recipe() -> str:
+    """The shell block of the README's "Running on a Spark cluster" that calls spark-submit."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Running on a Spark cluster") :]
+    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    (recipe,) = [b for b in blocks if "spark-submit" in b]
+    return recipe
+
+
+def test_readme_spark_submit_recipe_replays_a_file_uri_export(spark_cluster, tmp_path) -> None:
+    """The README's recipe, run as written: eventlanes as a --py-files zip, a job that builds
+    its own session (getOrCreate), a Parquet export given as a file:// URI; the app's module
+    ships by itself."""
     url = f"sqlite:///{tmp_path}/events.db"
     fill(url, 10_000)
+    recipe = readme_recipe().replace("shop.app:app screws-per-robot", f"{APP} by_function")
+    recipe = recipe.replace('--master "$MASTER"', '--master "$MASTER" $CONF')
+    shutil.copy(ROOT / "tests" / "apps" / "spark_job.py", tmp_path / "spark_job.py")
     export = f"file://{tmp_path}/export"
-    done = cli(spark_cluster, "export", url, "--parquet", export, url=url)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "export" / "_eventlanes.json").is_file()  # not a folder named file:
-    fill(url, 1_000, seed=2)  # after the export: not replayed, left to the live processor
-    package = tmp_path / "eventlanes.zip"
-    subprocess.run([sys.executable, "-m", "zipfile", "-c", str(package),
-                    str(ROOT / "src" / "eventlanes")], check=True)  # fmt: skip
-    with zipfile.ZipFile(package) as z:
-        assert "eventlanes/processing/__init__.py" in z.namelist()
-    from tests.spark_cluster import spark_home
-
+    bin_dir = str(Path(sys.executable).parent)  # python, eventlanes and spark-submit
     env = spark_cluster.driver_env(
-        EVENTLANES_TEST_APP_URL=url, PYTHONPATH=str(ROOT), PYSPARK_PYTHON="python3",
-        PYSPARK_DRIVER_PYTHON=sys.executable,
+        EVENTLANES_TEST_APP_URL=url, STORE=url, EXPORT=export, MASTER=spark_cluster.master,
+        CONF=" ".join(spark_cluster.cli_conf()), PYSPARK_DRIVER_PYTHON=sys.executable,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     )  # fmt: skip
-    submit = [str(spark_home() / "bin" / "spark-submit"), "--master", spark_cluster.master,
-              *spark_cluster.cli_conf(), "--py-files", str(package),
-              str(ROOT / "tests" / "apps" / "spark_job.py"), APP, "by_function", "--parquet",
-              export]  # fmt: skip
-    result = subprocess.run(submit, cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=180)  # fmt: skip
+    result = subprocess.run(["bash", "-euc", recipe], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=240)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert (tmp_path / "export" / "_eventlanes.json").is_file()  # not a folder named file:
+    with zipfile.ZipFile(tmp_path / "eventlanes.zip") as z:
+        assert "eventlanes/processing/__init__.py" in z.namelist()
     assert "by_function: read 10000 events up to 10000" in result.stdout
     app = open_app(url)
-    assert states(app, "by_function") == plain_fold(url, until=10_000)
+    assert states(app, "by_function") == plain_fold(url)
     assert {p for _, p in tokens(app, "by_function")} == {10_000}
 
 

@@ -129,7 +129,7 @@ def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
 @_spark_options
 @click.option("--checkpoint", default="eventlanes-checkpoints", show_default=True,
-              help="--engine spark: the streaming checkpoint directory")  # fmt: skip
+              help="--engine spark: unused (progress lives in the token store)")  # fmt: skip
 @click.option("--trigger", default=1.0, show_default=True, help="--engine spark: seconds per batch")
 def run(
     app_spec: str,

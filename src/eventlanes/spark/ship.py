@@ -103,7 +103,9 @@ def user_modules(functions: Iterable[Callable[..., Any]]) -> list[str]:
     roots: set[Path] = set()
     for top in list(tops):
         path = module_file(top)
-        if path is None or _is_installed(path) or top == "eventlanes":
+        # Not shipped: installed packages, eventlanes (see preflight), and modules imported
+        # from a zip (``--py-files``: Spark already ships those).
+        if path is None or not path.exists() or _is_installed(path) or top == "eventlanes":
             tops.discard(top)
         else:
             roots.add(path.parent)
@@ -112,7 +114,7 @@ def user_modules(functions: Iterable[Callable[..., Any]]) -> list[str]:
         if top in tops or top == "eventlanes" or "." in name:
             continue
         path = module_file(top)
-        if path is not None and path.parent in roots and not _is_installed(path):
+        if path is not None and path.parent in roots and path.exists():
             tops.add(top)
     return sorted(tops)
 
@@ -221,7 +223,7 @@ def preflight(
     Raises a one-line error otherwise."""
     modules = user_modules(functions)
     own = module_file("eventlanes")
-    if own is not None and not _is_installed(own):
+    if own is not None and own.is_dir() and not _is_installed(own):
         modules_to_ship = [*modules, "eventlanes"]  # a source tree: executors run this copy
     else:
         modules_to_ship = modules
