@@ -216,3 +216,25 @@ def test_export_and_manifest_through_a_file_uri(tmp_path, monkeypatch) -> None:
     assert manifest["paths"][0] == f"{uri}/events-00000.parquet"
     with pytest.raises(el.InvalidInputError, match="cannot open"):
         export_parquet(store, "nosuchscheme://bucket/x")
+
+
+def test_engine_spark_says_what_it_runs_and_refuses_what_it_cannot(tmp_path) -> None:
+    from eventlanes.spark.continuous import plan
+    from tests.apps.cluster_app import define
+
+    app = define(el.App(f"sqlite:///{tmp_path}/a.db"))
+    assert plan(app, []) == (["totals", "by_function"], ["recorder"])
+    assert plan(app, ["by_function"]) == (["by_function"], [])
+    with pytest.raises(el.InvalidInputError, match="'recorder' is not one"):
+        plan(app, ["totals", "recorder"])
+
+
+def test_relative_sqlite_urls_resolve_locally_and_are_refused_on_clusters(tmp_path) -> None:
+    from eventlanes.spark.ship import executor_url
+
+    assert executor_url("sqlite:///ev.db?prefix=x_", "local[2]").startswith("sqlite:////")
+    assert executor_url("sqlite:///ev.db?prefix=x_", "local[2]").endswith("/ev.db?prefix=x_")
+    assert executor_url(f"sqlite:///{tmp_path}/ev.db", "yarn") == f"sqlite:///{tmp_path}/ev.db"
+    for master in ("spark://h:7077", "yarn", "k8s://https://h"):
+        with pytest.raises(el.InvalidInputError, match="relative SQLite path"):
+            executor_url("sqlite:///ev.db", master)
