@@ -27,8 +27,8 @@ class PostgresDatabase(Database):
     now_ms = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
     for_update = " FOR UPDATE"
 
-    def __init__(self, url: DatabaseURL) -> None:
-        super().__init__(url)
+    def __init__(self, url: DatabaseURL, create: bool = True) -> None:
+        super().__init__(url, create)
         if psycopg is None:
             raise StoreConnectionError(
                 "PostgreSQL support needs psycopg 3: pip install 'eventlanes[postgres]'"
@@ -54,11 +54,20 @@ class PostgresDatabase(Database):
     def connect(self, autocommit: bool = True) -> Any:
         """A new connection outside the pool (for LISTEN and long-lived readers)."""
         try:
-            return psycopg.connect(self.url.target, autocommit=autocommit, connect_timeout=10)
+            conn = psycopg.connect(self.url.target, autocommit=autocommit, connect_timeout=10)
+            self._configure(conn)
+            return conn
         except psycopg.Error as exc:
             raise StoreConnectionError(
                 f"cannot connect to PostgreSQL store {self.url.redacted!r}: {exc}".strip()
             ) from exc
+
+    def _configure(self, conn: Any) -> None:
+        if not self.create:
+            # Read-only open: the server refuses every write of this session.
+            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            if not conn.autocommit:
+                conn.commit()
 
     def _get_pool(self) -> Any:
         pid = os.getpid()
@@ -73,6 +82,7 @@ class PostgresDatabase(Database):
                     min_size=self._pool_min,
                     max_size=self._pool_max,
                     kwargs={"autocommit": True},
+                    configure=self._configure,
                     open=True,
                     name=f"eventlanes-{self.prefix}",
                 )
@@ -95,7 +105,16 @@ class PostgresDatabase(Database):
             (self.lock_namespace, zlib.crc32(key.encode()) - 2**31),
         )
 
-    def run_ddl(self, statements: Sequence[str]) -> None:
+    def _exists(self, kind: str, name: str) -> bool:
+        sql = {
+            "table": "SELECT to_regclass(%s) IS NOT NULL",
+            "sequence": "SELECT to_regclass(%s) IS NOT NULL",
+            "function": "SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = %s "
+            "AND pg_function_is_visible(oid))",
+        }[kind]
+        return bool(self.query(sql, (name,))[0][0])
+
+    def _run_ddl(self, statements: Sequence[str]) -> None:
         with self.transaction() as conn:
             # Concurrent CREATE ... IF NOT EXISTS can still collide in the catalog: serialise.
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.lock_namespace,))

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 from ..errors import InvalidInputError, StoreConnectionError
 from .base import Database
@@ -21,8 +22,8 @@ class SQLiteDatabase(Database):
     param = "?"
     now_ms = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
-    def __init__(self, url: DatabaseURL) -> None:
-        super().__init__(url)
+    def __init__(self, url: DatabaseURL, create: bool = True) -> None:
+        super().__init__(url, create)
         self.path = url.target
         if self.path == ":memory:":
             raise InvalidInputError(
@@ -52,25 +53,36 @@ class SQLiteDatabase(Database):
         if conn is not None and local.pid == os.getpid():
             return conn
         try:
-            parent = Path(self.path).expanduser().resolve().parent
-            if not parent.is_dir():
+            path = Path(self.path).expanduser().resolve()
+            if not path.parent.is_dir():
                 raise StoreConnectionError(
                     f"cannot open SQLite store {self.url.url!r}: "
-                    f"directory {str(parent)!r} does not exist"
+                    f"directory {str(path.parent)!r} does not exist"
+                )
+            if not self.create and not path.is_file():
+                raise StoreConnectionError(
+                    f"cannot open SQLite store {self.url.url!r} read-only (create=False): "
+                    f"file {str(path)!r} does not exist"
                 )
             conn = sqlite3.connect(
-                self.path,
+                # mode=ro: SQLite itself refuses every write (and never creates the file).
+                f"file:{quote(str(path))}?mode=ro" if not self.create else self.path,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_ms / 1000,
+                uri=not self.create,
             )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise StoreConnectionError(
-                    f"cannot open SQLite store {self.url.url!r}: "
-                    f"WAL mode unavailable (got {mode!r})"
-                )
+            if self.create:
+                # Setting the journal mode writes the header: only when we may write.
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreConnectionError(
+                        f"cannot open SQLite store {self.url.url!r}: "
+                        f"WAL mode unavailable (got {mode!r})"
+                    )
+            else:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a database?
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         except sqlite3.DatabaseError as exc:
             raise StoreConnectionError(f"cannot open SQLite store {self.url.url!r}: {exc}") from exc
@@ -109,7 +121,13 @@ class SQLiteDatabase(Database):
         finally:
             conn.execute("COMMIT")
 
-    def run_ddl(self, statements: Sequence[str]) -> None:
+    def _exists(self, kind: str, name: str) -> bool:
+        if kind != "table":  # SQLite has no sequences or stored functions
+            return True
+        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+        return self._conn().execute(sql, (name,)).fetchone() is not None
+
+    def _run_ddl(self, statements: Sequence[str]) -> None:
         conn = self._conn()
         if conn.in_transaction:  # first use of a component inside this thread's transaction
             for statement in statements:

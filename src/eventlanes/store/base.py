@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ..db import Database
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, StoreConnectionError
 from ..events import Event, NewEvent, encode_object
 from ..hashing import stable_hash
 
@@ -71,6 +71,11 @@ class EventStore(ABC):
         N, ``None`` accepts any. A mismatch raises :class:`ConcurrencyError` and writes nothing.
         ``conn``: an open transaction of the caller's (from the same database) to append in.
         """
+        if not self.db.create:
+            raise StoreConnectionError(
+                f"cannot append to stream {stream_id!r}: store {self.db.url.redacted!r} was "
+                "opened read-only (create=False)"
+            )
         if not isinstance(stream_id, str) or not stream_id.strip():
             raise InvalidInputError(f"stream id must be a non-empty string, got {stream_id!r}")
         if expected_version is not None:
