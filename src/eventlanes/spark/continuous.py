@@ -43,7 +43,7 @@ from .bulk import (
 )
 from .fold import spec_of
 from .session import get_session, partitions_of
-from .ship import executor_url, first_line, open_readonly, preflight
+from .ship import executor_url, first_line, preflight
 from .source import read_events
 
 log = logging.getLogger("eventlanes.spark")
@@ -57,8 +57,7 @@ class StoredStates:
     name: str
 
     def __call__(self, keys: list[str]) -> dict[str, Entry]:
-        open_readonly(self.url).close()  # never create a database the driver does not use
-        db = open_database(self.url)
+        db = open_database(self.url, create=False)  # reads only: never creates anything
         try:
             table = StateTable(db)
             with db.connection() as conn:

@@ -12,7 +12,6 @@ what is missing and how to ship it, instead of a Py4J trace after four task retr
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import sys
 import sysconfig
@@ -39,13 +38,7 @@ def open_readonly(url: str) -> Any:
     store raises StoreConnectionError."""
     from ..store import open_store
 
-    if "create" in inspect.signature(open_store).parameters:
-        return open_store(url, create=False)  # type: ignore[call-arg]
-    # Until the store's own read-only open is there: refuse what sqlite3 would create.
-    parsed = parse_url(url)
-    if parsed.backend == "sqlite" and not os.path.isfile(parsed.target):
-        raise StoreConnectionError(f"no SQLite store at {parsed.target!r} (from {url!r})")
-    return open_store(url)
+    return open_store(url, create=False)
 
 
 def executor_url(url: str, master: str | None) -> str:
