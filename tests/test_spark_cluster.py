@@ -152,7 +152,9 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
     try:
 
         def position() -> int:
-            assert run.poll() is None, run.stderr.read()[-3000:]  # type: ignore[union-attr]
+            if run.poll() is not None:
+                out, err = run.communicate()
+                raise AssertionError(f"the runner exited: {out}{err[-3000:]}")
             return min((p for _, p in tokens(app, "totals")), default=0)
 
         wait_for(lambda: position() > 0, timeout=120, what="the first micro-batch")

@@ -93,6 +93,7 @@ class ContinuousAggregation:
         self.max_rows = max_rows
         self.wait = wait
         self.owner = f"spark:{node_name()}"
+        app.aggregate_states  # noqa: B018 - creates the states table: executors only read it
         self.batches = app.db.table("spark_batches")
         app.db.run_ddl(
             [f"CREATE TABLE IF NOT EXISTS {self.batches} (aggregation TEXT NOT NULL, "
