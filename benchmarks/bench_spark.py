@@ -64,7 +64,9 @@ def _replay_in_subprocess(
         "print(json.dumps([r.events / r.seconds for r in rs]))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True, env=env)  # fmt: skip
+                         env=env)  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"replay on {master} failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -268,7 +270,10 @@ def run_cluster(events: int = 1_000_000, keys: int = KEYS) -> None:
     if _stored_sums(url) != want:
         raise AssertionError("local[2] replay differs from a plain fold")
     with tempfile.TemporaryDirectory() as root:
-        cluster = spark_cluster.start(Path(root))
+        # The executors import this module, whose package needs rich (a dependency of
+        # eventlanes that nodes installing it would have).
+        rich = ("rich", "markdown_it", "mdurl", "pygments")
+        cluster = spark_cluster.start(Path(root), extra=rich)
         try:
             remote = _replay_in_subprocess(url, cluster.master, env=env)
         finally:

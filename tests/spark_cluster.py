@@ -41,24 +41,42 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def executor_python(root: Path) -> Path:
+def executor_python(root: Path, name: str = "executor-venv", extra: tuple[str, ...] = ()) -> Path:
     """A venv whose Python sees only PySpark's worker dependencies."""
-    venv = root / "executor-venv"
+    venv = root / name
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     deps = root / "executor-deps"
+    if deps.is_dir():
+        (site,) = (venv / "lib").glob("python3*/site-packages")
+        (site / "executor-deps.pth").write_text(f"{deps}\n")
+        return venv / "bin" / "python"
     deps.mkdir()
-    for name in EXECUTOR_PACKAGES:
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.origin, f"{name} is not installed"
+    for package_name in (*EXECUTOR_PACKAGES, *extra):
+        spec = importlib.util.find_spec(package_name)
+        assert spec is not None and spec.origin, f"{package_name} is not installed"
         package = Path(spec.origin).parent
-        (deps / name).symlink_to(package)
-        libs = package.with_name(f"{name}.libs")  # vendored shared libraries of some wheels
+        (deps / package_name).symlink_to(package)
+        libs = package.with_name(f"{package_name}.libs")  # vendored shared libraries of some wheels
         if libs.is_dir():
             (deps / libs.name).symlink_to(libs)
     (site,) = (venv / "lib").glob("python3*/site-packages")
     (site / "executor-deps.pth").write_text(f"{deps}\n")
     return venv / "bin" / "python"
+
+
+def pack_environment(root: Path) -> Path:
+    """``env.tar.gz``: a venv packed as ``--archives env.tar.gz#environment`` expects it, used
+    with ``PYSPARK_PYTHON=./environment/bin/python``. Its packages are links to this machine's
+    (a real packed venv copies them: hundreds of MB, which one machine does not need), so it
+    proves the archive is unpacked and its interpreter is the one the executors run."""
+    import tarfile
+
+    python = executor_python(root, "packed-venv")
+    archive = root / "env.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(python.parent.parent, arcname=".")
+    return archive
 
 
 @dataclass
@@ -123,14 +141,14 @@ def _daemon_env(cluster_root: Path, path_first: Path | None = None) -> dict[str,
     return env
 
 
-def start(root: Path, timeout: float = 90.0) -> Cluster:
+def start(root: Path, timeout: float = 90.0, extra: tuple[str, ...] = ()) -> Cluster:
     """Start the Master and one Worker (2 cores, 1 GB for executors); wait until the Worker has
     registered. Raises (after stopping what started) if it does not within ``timeout``."""
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         raise RuntimeError("Java 17+ is needed for the Spark cluster tests")
     root.mkdir(parents=True, exist_ok=True)
     (root / "conf").mkdir(exist_ok=True)
-    python = executor_python(root)
+    python = executor_python(root, extra=extra)
     port, ui = _free_port(), _free_port()
     spark_class = str(spark_home() / "bin" / "spark-class")
     cluster = Cluster(f"spark://127.0.0.1:{port}", python, root)

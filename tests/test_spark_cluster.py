@@ -139,14 +139,21 @@ def test_readme_spark_submit_recipe_replays_a_file_uri_export(spark_cluster, tmp
 
 
 def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) -> None:
+    """`run --engine spark` with the executors' Python from a packed environment
+    (--archives, PYSPARK_PYTHON=./environment/bin/python: not a path on the driver)."""
+    from tests.spark_cluster import pack_environment
+
     url = f"sqlite:///{tmp_path}/events.db"
     fill(url, 5_000)
     app = open_app(url)
-    env = spark_cluster.driver_env(EVENTLANES_TEST_APP_URL=url)
+    archive = pack_environment(spark_cluster.root)
+    env = spark_cluster.driver_env(
+        EVENTLANES_TEST_APP_URL=url, PYSPARK_PYTHON="./environment/bin/python"
+    )
     run = subprocess.Popen(
         [sys.executable, "-m", "eventlanes.cli", "run", APP, "--engine", "spark",
-         "--processor", "totals", "--master", spark_cluster.master, *spark_cluster.cli_conf(),
-         "--checkpoint", str(tmp_path / "ckpt"), "--trigger", "0.5"],
+         "--master", spark_cluster.master, *spark_cluster.cli_conf(),
+         "--archives", f"{archive}#environment", "--trigger", "0.5"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -162,11 +169,15 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
             fill(url, 1_000, seed=seed)
             time.sleep(0.3)
         wait_for(lambda: position() == 8_000, timeout=120, what="the appended events")
+        app_by_function = [p for _, p in tokens(app, "by_function")]
+        wait_for(lambda: min(p for _, p in tokens(app, "by_function")) == 8_000, timeout=60,
+                 what="the second aggregation")  # fmt: skip
+        del app_by_function
     finally:
         run.send_signal(signal.SIGTERM)
         out, err = run.communicate(timeout=60)
-    assert "spark: running totals" in out, out + err[-3000:]
-    assert states(app, "totals") == plain_fold(url)
+    assert "spark: running totals, by_function; not running recorder" in out, out + err[-3000:]
+    assert states(app, "totals") == states(app, "by_function") == plain_fold(url)
 
 
 def test_relative_sqlite_url_on_a_cluster_is_refused_and_changes_nothing(

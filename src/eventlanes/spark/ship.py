@@ -214,17 +214,23 @@ def preflight(
     """Ship the app's modules, check on one executor that eventlanes and they import and that
     the store opens read-only there (at a head not behind ``head``, the driver's view).
     Raises a one-line error otherwise."""
+    functions = list(functions)
     modules = user_modules(functions)
+    # Import on the executor exactly the modules that define the functions (a package's
+    # submodule may import what the executors lack).
+    defining = sorted({m for f in functions if (m := getattr(f, "__module__", None))
+                       and m != "__main__" and m.split(".")[0] in modules})  # fmt: skip
     own = module_file("eventlanes")
     if own is not None and own.is_dir() and not _is_installed(own):
         modules_to_ship = [*modules, "eventlanes"]  # a source tree: executors run this copy
     else:
         modules_to_ship = modules
     ship(spark, modules_to_ship)
-    result = _run_check(spark, modules, url)
+    checked = [*modules, *defining]
+    result = _run_check(spark, checked, url)
     if result["missing"] and result["missing"][0][0] == "eventlanes":
         ship(spark, ["eventlanes"])  # pure Python: the driver's own copy, same version
-        result = _run_check(spark, modules, url)
+        result = _run_check(spark, checked, url)
     if result["missing"]:
         name, error = result["missing"][0]
         raise SparkJobError(f"executors cannot import {name} ({error}): {SHIP_HINT}")
