@@ -11,6 +11,11 @@ order (sorted by position within each key) and folds with the user's own code on
 * Transactional projections (``ctx.execute`` handlers): ``on_reset`` handlers run first; each
   Spark partition then handles one segment in position order, committing its writes and the
   segment's token together every ``chunk`` events; at the end every token is set to ``E``.
+
+Before anything is written: a preflight job ships the app's modules and checks on an executor
+that they import and that the store opens there (read-only); after the fold, the rows Spark
+read must equal the store's count of events up to ``E`` (and, for projections, the events
+handled too), or the replay fails without writing states or moving tokens to ``E``.
 """
 
 from __future__ import annotations
