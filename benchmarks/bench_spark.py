@@ -49,7 +49,9 @@ def fill(url: str, events: int, keys: int, skewed: bool = False) -> None:
     store.close()
 
 
-def _replay_in_subprocess(url: str, master: str, parquet: str | None = None) -> list[float]:
+def _replay_in_subprocess(
+    url: str, master: str, parquet: str | None = None, env: dict[str, str] | None = None
+) -> list[float]:
     """Each master needs its own JVM: replay twice in a child process (the first run includes
     the JVM's warm-up), return the events/s of both."""
     code = (
@@ -62,7 +64,9 @@ def _replay_in_subprocess(url: str, master: str, parquet: str | None = None) -> 
         "print(json.dumps([r.events / r.seconds for r in rs]))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+                         env=env)  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"replay on {master} failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -236,3 +240,57 @@ def _continuous_in_subprocess(url: str, runner: str) -> tuple[float, float, floa
                          check=True)  # fmt: skip
     backlog, p50, p90 = json.loads(out.stdout.strip().splitlines()[-1])
     return backlog, p50, p90
+
+
+def _stored_sums(url: str) -> dict[str, tuple[int, int]]:
+    app = el.App(url)
+    sql = app.db.sql(f"SELECT key, value FROM {app.db.table('aggregates')} WHERE aggregation = ?")
+    sums = {
+        k: (json.loads(v)["sum"], json.loads(v)["n"]) for k, v in app.db.query(sql, ("totals",))
+    }
+    app.close()
+    return sums
+
+
+def run_cluster(events: int = 1_000_000, keys: int = KEYS) -> None:
+    """Replay of the same store on a standalone cluster (a Master and one 2-core Worker on this
+    machine, started from the pyspark package; executors with their own Python, eventlanes and
+    the benchmark module shipped by the preflight) and on local[2], each in a fresh driver JVM.
+    Both results are checked against a plain Python fold."""
+    import tempfile
+
+    from tests import spark_cluster
+
+    DATA.mkdir(exist_ok=True)
+    url = fresh_store("spark-bench-cluster.db", events, keys)
+    want = plain_fold(url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    local = _replay_in_subprocess(url, "local[2]", env={**env, "PYSPARK_PYTHON": sys.executable})
+    if _stored_sums(url) != want:
+        raise AssertionError("local[2] replay differs from a plain fold")
+    with tempfile.TemporaryDirectory() as root:
+        # The executors import this module, whose package needs rich (a dependency of
+        # eventlanes that nodes installing it would have).
+        rich = ("rich", "markdown_it", "mdurl", "pygments")
+        cluster = spark_cluster.start(Path(root), extra=rich)
+        try:
+            remote = _replay_in_subprocess(url, cluster.master, env=env)
+        finally:
+            cluster.stop()
+    if _stored_sums(url) != want:
+        raise AssertionError("cluster replay differs from a plain fold")
+    print_table(
+        f"Spark replay of {events:,} events / {keys:,} keys from SQLite: standalone cluster "
+        "(1 worker, 2 cores, this machine) vs local[2] (events/s)",
+        ["master", "first run (JVM warm-up)", "second run, warm", "ratio to local[2] (warm)"],
+        [
+            ["local[2]", *local, "1.00x"],
+            ["spark:// standalone", *remote, f"{remote[1] / local[1]:.2f}x"],
+        ],
+    )
+
+
+if __name__ == "__main__":
+    if "--cluster" in sys.argv:
+        run_cluster()

@@ -97,3 +97,16 @@ def spark():
     session = get_session("local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """One Spark standalone cluster (a Master and one Worker on 127.0.0.1) for the whole test
+    session; its executors cannot import eventlanes or the tests' apps on their own."""
+    from tests import spark_cluster as cluster_module
+
+    cluster = cluster_module.start(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -180,7 +180,8 @@ def test_export_overwrites_an_export_refuses_other_files_and_checks_the_store(tm
         read_manifest(str(out), shorter)
     # A stray copy is not read: a replay reads exactly the files the manifest lists.
     (out / "events-00000 (1).parquet").write_bytes((out / "events-00000.parquet").read_bytes())
-    assert read_manifest(str(out), store)["paths"] == [str(out / "events-00000.parquet")]
+    # Paths are URIs: Spark reads them on executors the same way from any filesystem.
+    assert read_manifest(str(out), store)["paths"] == [f"file://{out}/events-00000.parquet"]
     # A listed file lost or replaced by a shorter one: refused, or the replay would skip events.
     export_parquet(store, str(tmp_path / "short"), rows_per_file=10)
     (tmp_path / "short" / "events-00002.parquet").write_bytes(
@@ -194,3 +195,46 @@ def test_export_overwrites_an_export_refuses_other_files_and_checks_the_store(tm
     (out / MANIFEST).unlink()
     with pytest.raises(el.InvalidInputError, match="not a complete eventlanes export"):
         read_manifest(str(out), store)
+
+
+def test_export_and_manifest_through_a_file_uri(tmp_path, monkeypatch) -> None:
+    """file:// goes through the filesystem layer: no local folder named "file:", and a replay
+    given the URI reads the same files."""
+    from eventlanes.spark.export import MANIFEST, export_parquet, read_manifest
+
+    monkeypatch.chdir(tmp_path)
+    store = el.open_store(f"sqlite:///{tmp_path}/a.db")
+    store.append("s", [el.NewEvent("T", {"i": i}) for i in range(12)])
+    uri = f"file://{tmp_path}/exported"
+    assert export_parquet(store, uri, rows_per_file=5) == 12
+    assert not (tmp_path / "file:").exists()
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == [
+        MANIFEST, "events-00000.parquet", "events-00001.parquet", "events-00002.parquet"
+    ]  # fmt: skip
+    manifest = read_manifest(uri, store)
+    assert manifest["events"] == 12
+    assert manifest["paths"][0] == f"{uri}/events-00000.parquet"
+    with pytest.raises(el.InvalidInputError, match="cannot open"):
+        export_parquet(store, "nosuchscheme://bucket/x")
+
+
+def test_engine_spark_says_what_it_runs_and_refuses_what_it_cannot(tmp_path) -> None:
+    from eventlanes.spark.continuous import plan
+    from tests.apps.cluster_app import define
+
+    app = define(el.App(f"sqlite:///{tmp_path}/a.db"))
+    assert plan(app, []) == (["totals", "by_function"], ["recorder"])
+    assert plan(app, ["by_function"]) == (["by_function"], [])
+    with pytest.raises(el.InvalidInputError, match="'recorder' is not one"):
+        plan(app, ["totals", "recorder"])
+
+
+def test_relative_sqlite_urls_resolve_locally_and_are_refused_on_clusters(tmp_path) -> None:
+    from eventlanes.spark.ship import executor_url
+
+    assert executor_url("sqlite:///ev.db?prefix=x_", "local[2]").startswith("sqlite:////")
+    assert executor_url("sqlite:///ev.db?prefix=x_", "local[2]").endswith("/ev.db?prefix=x_")
+    assert executor_url(f"sqlite:///{tmp_path}/ev.db", "yarn") == f"sqlite:///{tmp_path}/ev.db"
+    for master in ("spark://h:7077", "yarn", "k8s://https://h"):
+        with pytest.raises(el.InvalidInputError, match="relative SQLite path"):
+            executor_url("sqlite:///ev.db", master)

@@ -46,14 +46,30 @@ err_console = Console(stderr=True)
 log = logging.getLogger("eventlanes.cli")
 
 
+def _is_spark_failure(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
+
+
 class _Group(click.Group):
-    """Turns eventlanes errors into one clear line and exit code 2, not a traceback."""
+    """Turns eventlanes errors (and Spark's) into one clear line and exit code 2, not a
+    traceback; ``--debug`` shows the full trace."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except EventlanesError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+        except Exception as exc:
+            if ctx.params.get("debug") or not (
+                isinstance(exc, EventlanesError) or _is_spark_failure(exc)
+            ):
+                raise
+            message = str(exc)
+            if _is_spark_failure(exc):
+                from .spark.ship import first_line
+
+                message = f"Spark failed: {first_line(exc)}"
+            from rich.markup import escape
+
+            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
             sys.exit(2)
 
 
@@ -73,12 +89,42 @@ class _Group(click.Group):
     show_default=True,
     help="text (rich on a terminal) or json (one object a line)",
 )
+@click.option("--debug", is_flag=True, help="show full tracebacks of errors")
 @click.pass_context
-def main(ctx: click.Context, log_level: str, log_format: str) -> None:  # fmt: skip
+def main(ctx: click.Context, log_level: str, log_format: str, debug: bool) -> None:  # fmt: skip
     """Parallel, per-key ordered, resumable, exactly-once event processing."""
     ctx.obj = {"log_level": log_level.lower(), "log_format": log_format}
     logsetup.setup(log_level.lower(), log_format, err_console)
     logging.captureWarnings(True)
+
+
+def _spark_options(command: Any) -> Any:
+    """--master, --conf, --py-files, --archives: the options of spark-submit."""
+    for option in reversed([
+        click.option("--master", help="Spark master: local[N], spark://host:port, yarn, "
+                     "k8s://... (default: the active session, $EVENTLANES_SPARK_MASTER or "
+                     "local[2])"),
+        click.option("--conf", "conf", multiple=True, metavar="K=V",
+                     help="a Spark setting (repeatable)"),
+        click.option("--py-files", "py_files", default="",
+                     help="comma-separated wheels, zips or .py files for the executors"),
+        click.option("--archives", default="",
+                     help="comma-separated archives for the executors, e.g. a packed "
+                     "virtualenv env.tar.gz#environment (with PYSPARK_PYTHON="
+                     "./environment/bin/python)"),
+    ]):  # fmt: skip
+        command = option(command)
+    return command
+
+
+def _spark_kwargs(conf: tuple[str, ...], py_files: str, archives: str) -> dict[str, Any]:
+    from .spark.session import parse_conf
+
+    return {
+        "conf": parse_conf(conf),
+        "py_files": [p for p in py_files.split(",") if p],
+        "archives": [a for a in archives.split(",") if a],
+    }
 
 
 @main.command()
@@ -209,9 +255,9 @@ class _Metrics:
 @click.option("--balance", is_flag=True,
               help="split/merge segments so the live nodes share them evenly")  # fmt: skip
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
-@click.option("--master", help="--engine spark: the Spark master (default local[2])")
+@_spark_options
 @click.option("--checkpoint", default="eventlanes-checkpoints", show_default=True,
-              help="--engine spark: the streaming checkpoint directory")  # fmt: skip
+              help="--engine spark: unused (progress lives in the token store)")  # fmt: skip
 @click.option("--trigger", default=1.0, show_default=True, help="--engine spark: seconds per batch")
 def run(
     app_spec: str,
@@ -226,6 +272,9 @@ def run(
     balance: bool,
     engine: str,
     master: str | None,
+    conf: tuple[str, ...],
+    py_files: str,
+    archives: str,
     checkpoint: str,
     trigger: float,
 ) -> None:
@@ -236,9 +285,20 @@ def run(
     for name in names:
         app.get(name)
     if engine == "spark":
+        from .spark.continuous import plan
         from .spark.continuous import run as run_spark
 
-        run_spark(app, list(processors), checkpoint, master, trigger_seconds=trigger)
+        runs, skipped = plan(app, list(processors))
+        console.print(
+            f"spark: running {', '.join(runs)}"
+            + (
+                f"; not running {', '.join(skipped)} (not aggregations: use --engine local)"
+                if skipped
+                else ""
+            )  # fmt: skip
+        )
+        run_spark(app, runs, checkpoint, master, trigger_seconds=trigger,
+                  **_spark_kwargs(conf, py_files, archives))  # fmt: skip
         return
     if processes < 1:
         raise InvalidInputError("--processes must be >= 1")
@@ -454,31 +514,41 @@ def reset(app_spec: str, processor: str, to: str, wait: bool, timeout: float | N
 
 @main.command()
 @click.argument("app_spec", metavar="MODULE:APP")
-@click.argument("name")
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
 @click.option("--engine", type=click.Choice(["spark"]), default="spark", show_default=True)
-@click.option("--master", help="Spark master (default local[2] or $EVENTLANES_SPARK_MASTER)")
-@click.option("--parquet", type=click.Path(), help="read a Parquet export instead of the store")
+@_spark_options
+@click.option("--parquet", help="read a Parquet export (path or file://, hdfs://, s3a:// URI)")
+@click.option("--partitions", type=int, help="Spark partitions (default: the parallelism)")
 @click.option("--wait", is_flag=True, help="wait for running nodes to stop instead of refusing")
-def replay(app_spec: str, name: str, engine: str, master: str | None, parquet: str | None,
-           wait: bool) -> None:  # fmt: skip
-    """Replay a processor or aggregation from the start on Spark; the live processor then
-    continues from the replay's end position."""
+def replay(app_spec: str, names: tuple[str, ...], engine: str, master: str | None,
+           conf: tuple[str, ...], py_files: str, archives: str, parquet: str | None,
+           partitions: int | None, wait: bool) -> None:  # fmt: skip
+    """Replay processors or aggregations from the start on Spark (one after the other, on one
+    session); the live processor then continues from the replay's end position."""
     from .spark import replay as spark_replay
 
     app = load_app(app_spec)
-    app.get(name)
-    result = spark_replay(app, name, master=master, parquet=parquet, wait=wait)
-    console.print(
-        f"{name}: replayed {result.events:,} events up to position {result.end:,} in "
-        f"{result.seconds:.1f} s ({result.keys:,} states); every segment continues from there"
-    )
+    for name in names:
+        app.get(name)
+    spark = _spark_kwargs(conf, py_files, archives)
+    for name in names:
+        result = spark_replay(
+            app, name, master=master, parquet=parquet, wait=wait, partitions=partitions, **spark
+        )
+        console.print(
+            f"{name}: Spark read and replayed {result.events:,} events up to position "
+            f"{result.end:,} in {result.seconds:.1f} s ({result.keys:,} states); every segment "
+            "continues from there"
+        )
 
 
 @main.command()
 @click.argument("url")
-@click.option("--parquet", "directory", required=True, type=click.Path(), help="output directory")
+@click.option("--parquet", "directory", required=True,
+              help="output directory: a path or a file://, hdfs://, s3a:// URI")  # fmt: skip
 def export(url: str, directory: str) -> None:
-    """Export a store's events to Parquet files (for Spark replays)."""
+    """Export a store's events to Parquet files (for Spark replays), with pyarrow (no Spark
+    job: one reader of the store)."""
     from .spark.export import export_parquet
 
     with open_store(url) as store:

@@ -72,3 +72,8 @@ class CorruptEventError(EventlanesError):
         self.position = position
         self.reason = reason
         super().__init__(f"stored event at position {position} is corrupt: {reason}")
+
+
+class SparkJobError(EventlanesError):
+    """A Spark job could not run, or read other data than the store holds (executors missing
+    code, a replay that read fewer or more events than the store has)."""

@@ -49,9 +49,8 @@ class BatchReader:
     ) -> dict[SegmentState, list[Event]]:
         """Each event to the held segment that owns it, unless that segment has seen it."""
         only = states[0] if len(states) == 1 else None
-        if only is not None and only.segment.mask == 0 and only.token.is_plain:
-            if not only.token.sources:  # the whole hash space, nothing seen ahead: no hashing
-                return {only: events}
+        if only and only.segment.mask == 0 and only.token.is_plain and not only.token.sources:
+            return {only: events}  # the whole hash space, nothing seen ahead: no hashing
         shares: dict[SegmentState, list[Event]] = {st: [] for st in states}
         by_mask: dict[int, dict[int, SegmentState]] = {}
         for st in states:

@@ -11,13 +11,13 @@ from .session import get_session
 __all__ = ["get_session", "replay", "export_parquet"]
 
 
-def replay(*args, **kwargs):  # type: ignore[no-untyped-def]
+def replay(*args, **kwargs):
     from .bulk import replay as _replay
 
     return _replay(*args, **kwargs)
 
 
-def export_parquet(*args, **kwargs):  # type: ignore[no-untyped-def]
+def export_parquet(*args, **kwargs):
     from .export import export_parquet as _export
 
     return _export(*args, **kwargs)

@@ -11,14 +11,22 @@ order (sorted by position within each key) and folds with the user's own code on
 * Transactional projections (``ctx.execute`` handlers): ``on_reset`` handlers run first; each
   Spark partition then handles one segment in position order, committing its writes and the
   segment's token together every ``chunk`` events; at the end every token is set to ``E``.
+
+Before anything is written: a preflight job ships the app's modules and checks on an executor
+that they import and that the store opens there (read-only); after the fold, the rows Spark
+read must equal the store's count of events up to ``E`` (and, for projections, the events
+handled too), or the replay fails without writing states or moving tokens to ``E``.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SparkJobError
 from ..processing.aggregation import Aggregation
 from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
@@ -26,42 +34,80 @@ from ..processing.dispatch import Dispatch
 from ..tokens import Token
 from .export import read_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
-from .session import get_session
+from .session import get_session, partitions_of
+from .ship import executor_url, first_line, preflight
+
+log = logging.getLogger("eventlanes.spark")
 
 
 @dataclass(frozen=True)
 class ReplayResult:
     name: str
     end: int  # the position every segment's token was set to
-    events: int  # events read
+    events: int  # events Spark read and folded (checked equal to the store's count up to end)
     keys: int  # aggregation states written (0 for projections)
     seconds: float
 
 
-def _events(spark: Any, app: Any, end: int, partitions: int, files: list[str] | None) -> Any:
-    """The events up to ``end``: from the store, or exactly the files of a Parquet export."""
+@dataclass
+class _Input:
+    """The events up to ``end`` and how to learn how many rows Spark read of them."""
+
+    df: Any
+    end: int
+    expected: int  # events in (0, end] in the store (or the export)
+    read: Callable[[], int | None]  # rows Spark read, once the plan has run
+
+
+def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Input:
+    """The events up to the store's head, or exactly the files of a Parquet export."""
     from pyspark.sql import functions as F
 
-    from .source import SCHEMA
+    from .source import SCHEMA, read_events
 
-    if files is not None:
+    if parquet:  # the export's end: the live processor folds what came after it
+        export = read_manifest(parquet, app.store)
+        end, files, expected = export["end"], export["paths"], export["events"]
         if not files:  # an export of an empty store
-            return spark.createDataFrame([], SCHEMA)
-        return spark.read.schema(SCHEMA).parquet(*files).where(F.col("position") <= end)
-    return (
-        spark.read.format("eventlanes")
-        .option("url", app.url)
-        .option("until", str(end))
-        .option("partitions", str(partitions))
-        .load()
-    )
+            return _Input(spark.createDataFrame([], SCHEMA), end, 0, lambda: 0)
+        df = spark.read.schema(SCHEMA).parquet(*files).where(F.col("position") <= end)
+        return _Input(df, end, expected, df.count)  # Spark's own row count of those files
+    end = app.store.head()
+    df, counter = read_events(spark, url, 0, end, n)
+    return _Input(df, end, app.store.count(until=end), counter.total)
 
 
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+def functions_of(proc: Any) -> list[Callable[..., Any]]:
+    """The user's functions a replay of ``proc`` runs on executors (their modules ship)."""
+    found: list[Any] = []
+    if isinstance(proc, Aggregation):
+        agg: Any
+        for agg in (proc, *proc.stages):
+            found += [agg.key, getattr(agg, "initial_state", None), getattr(agg, "initial", None)]
+            found += [f for fs in agg.folds.by_type.values() for f in fs] + list(agg.folds.any)
+    else:
+        handlers = proc.handlers
+        found += [h for _, h in handlers._entries] + [h for _, h in handlers.batch_handlers]
+        found.append(getattr(proc.policy, "_key", None))
+    return [f for f in found if f is not None]
+
+
+def hold_every_segment(app: Any, proc: Any, owner: str, wait: bool) -> tuple[list, Heartbeat]:
+    """Every segment's claim, kept by the shared heartbeat (it survives database errors)."""
+    app.initialize(proc.name)
+    records = claim_all(app.tokens, proc.name, owner, wait, None)
+    return records, Heartbeat(app.tokens, proc.name, owner, announce=False).start()
+
+
+def check_read(name: str, what: str, read: int | None, expected: int) -> int:
+    """Refuse to write anything unless Spark read exactly the store's events."""
+    if read != expected:
+        got = "an incomplete or inconsistent set of" if read is None else f"{read:,}"
+        raise SparkJobError(
+            f"{name}: Spark {what} {got} events but the store holds {expected:,} up to the "
+            "replay's end: nothing was written (do executors see the same store?)"
+        )
+    return read
 
 
 def replay(
@@ -72,32 +118,45 @@ def replay(
     parquet: str | None = None,
     partitions: int | None = None,
     wait: bool = False,
+    conf: dict[str, str] | None = None,
+    py_files: Iterable[str] = (),
+    archives: Iterable[str] = (),
 ) -> ReplayResult:
-    import time
-
+    """Replay ``name`` from the start on ``spark`` (any session: built by the user, by
+    ``spark-submit``, in a notebook) or on a new one for ``master``."""
     proc = app.get(name)
-    spark = spark or get_session(master)
-    n = _pow2(partitions or spark.sparkContext.defaultParallelism)
+    if not isinstance(proc, Aggregation) and (
+        proc.guarantee.value != "exactly-once" or proc.sources
+    ):
+        raise InvalidInputError(
+            f"{proc.name!r}: Spark replays single-source exactly-once processors (this one is "
+            f"{proc.guarantee.value}" + (", with several sources)" if proc.sources else ")")
+        )
+    # A store executors cannot see is refused before a JVM starts, where the master says so.
+    url = executor_url(app.url, master) if spark is None and master else None
+    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
+    url = url or executor_url(app.url, spark.sparkContext.master)
+    n = partitions_of(spark, partitions)
+    # Before any write: code and store reachable from an executor, or one clear error.
+    preflight(spark, functions_of(proc), url, head=app.store.head())
     owner = f"spark-replay:{node_name()}"
-    app.initialize(name)
-    records = claim_all(app.tokens, proc.name, owner, wait, None)
-    beat = Heartbeat(app.tokens, proc.name, owner, announce=False).start()
+    records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
     try:
-        if parquet:  # the export's end: the live processor folds what came after it
-            export = read_manifest(parquet, app.store)
-            end, files = export["end"], export["paths"]
-        else:
-            end, files = app.store.head(), None
-        df = _events(spark, app, end, n, files)
-        if isinstance(proc, Aggregation):
-            events, keys = _aggregation(app, proc, df, n, end, owner, records)
-        else:
-            events, keys = _projection(app, proc, df, end, owner, records), 0
+        source = _input(spark, app, url, n, parquet)
+        try:
+            if isinstance(proc, Aggregation):
+                events, keys = _aggregation(app, proc, source, n, owner, records)
+            else:
+                events, keys = _projection(app, proc, source, url, owner, records), 0
+        except Exception as exc:
+            if type(exc).__module__.startswith(("pyspark", "py4j")):
+                raise SparkJobError(f"{name}: the Spark job failed: {first_line(exc)}") from exc
+            raise
     finally:
         beat.stop()
         release_all(app.tokens, proc.name, owner, records)
-    return ReplayResult(name, end, events, keys, time.perf_counter() - start)
+    return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
 
 
 def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None) -> Any:
@@ -179,19 +238,20 @@ def save_states(app: Any, conn: Any, name: str, states: Encoded) -> None:
 
 
 def _aggregation(
-    app: Any, agg: Aggregation, df: Any, n: int, end: int, owner: str, records: list
+    app: Any, agg: Aggregation, source: _Input, n: int, owner: str, records: list
 ) -> tuple[int, int]:
     spec = spec_of(agg, app.store.events_table)
     if agg.declaration is not None:  # native column expressions, no Python per event
         from .declarative import declared_states
 
         folded: Any = None
-        states = {agg.name: declared_states(agg.declaration, df, app.store.events_table)}
+        states = {agg.name: declared_states(agg.declaration, source.df, app.store.events_table)}
     else:
-        folded = fold_aggregation(spec, df, n)
+        folded = fold_aggregation(spec, source.df, n)
         if spec.stages:
             folded = folded.cache()
         states = collect_states(folded)
+    events = check_read(agg.name, "read", source.read(), source.expected)
     for plan in fold_stages(spec, folded, n):
         for name, entries in collect_states(plan).items():
             states.setdefault(name, {}).update(entries)
@@ -204,10 +264,10 @@ def _aggregation(
         for name in names:
             save_states(app, conn, name, states)
         for record in records:
-            app.tokens.store(agg.name, record.segment.id, Token(end), owner, conn=conn)
+            app.tokens.store(agg.name, record.segment.id, Token(source.end), owner, conn=conn)
     if spec.stages:
         folded.unpersist()
-    return app.store.count(until=end), sum(len(v) for v in states.values())
+    return events, sum(len(v) for v in states.values())
 
 
 @dataclass
@@ -250,7 +310,9 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
     from ..events import Event
     from ..segments import Segment
     from ..tokens import SQLTokenStore
+    from .ship import open_readonly
 
+    open_readonly(spec.url).close()  # never create a database the driver does not use
     db = open_database(spec.url)
     tokens = SQLTokenStore(db, spec.claim_timeout)
     masks = dict(spec.segments)
@@ -288,12 +350,7 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
         )
 
 
-def _projection(app: Any, proc: Any, df: Any, end: int, owner: str, records: list) -> int:
-    if proc.guarantee.value != "exactly-once" or proc.sources:
-        raise InvalidInputError(
-            f"{proc.name!r}: Spark replays single-source exactly-once processors (this one is "
-            f"{proc.guarantee.value}" + (", with several sources)" if proc.sources else ")")
-        )
+def _projection(app: Any, proc: Any, source: _Input, url: str, owner: str, records: list) -> int:
     dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
     db = app.db
     with db.transaction() as conn:  # like a reset: reset handlers, tokens back to the start
@@ -302,16 +359,21 @@ def _projection(app: Any, proc: Any, df: Any, end: int, owner: str, records: lis
         for record in records:
             app.tokens.store(proc.name, record.segment.id, Token(0), owner, conn=conn)
     segments = [(r.segment.id, r.segment.mask) for r in records]
-    spec = _ProjectionSpec(proc.name, app.url, owner, dispatch, proc.policy, segments,
+    spec = _ProjectionSpec(proc.name, url, owner, dispatch, proc.policy, segments,
                            app.tokens.claim_timeout, 5000)  # fmt: skip
     from pyspark.sql.types import LongType, StructField, StructType
 
+    df = source.df
     n = len(segments)
     schema = StructType([*df.schema.fields, StructField("seg", LongType())])
     routed = df.mapInArrow(lambda it: _route(spec, it), schema)
     ordered = routed.repartition(n, "seg").sortWithinPartitions("seg", "position")
     counts = ordered.mapInArrow(lambda it: _handle(spec, it), "seg long, events long").collect()
+    # Each segment's token is at the last event its handlers committed; all move to the end
+    # only if Spark read and handled every event of the store.
+    check_read(proc.name, "read", source.read(), source.expected)
+    handled = check_read(proc.name, "handled", sum(r["events"] for r in counts), source.expected)
     with db.transaction() as conn:
         for record in records:
-            app.tokens.store(proc.name, record.segment.id, Token(end), owner, conn=conn)
-    return sum(r["events"] for r in counts)
+            app.tokens.store(proc.name, record.segment.id, Token(source.end), owner, conn=conn)
+    return handled

@@ -1,16 +1,21 @@
-"""Continuous aggregations on Spark Structured Streaming.
+"""Continuous aggregations on Spark: ``eventlanes run --engine spark``.
 
-The store is a streaming source (offsets = positions, each micro-batch reads ``(start, end]``
-split by routing hash). ``foreachBatch`` folds each micro-batch with the user's code on Arrow
-batches onto the states already stored, then writes, in one transaction: the new states, the
-micro-batch id, and every segment's token (mirrored, so ``eventlanes status`` shows progress).
-A micro-batch Spark runs again after a crash finds its id recorded and is skipped; the states'
-source offsets drop anything folded twice anyway. The stateless ``foreachBatch`` fold is the
-one used: on the same backlog it ran about 2x as fast as Spark's own stateful operator
-(``transformWithStateInPandas`` with RocksDB state; ``benchmarks/bench_spark_state.py``), with
-lower append-to-state latency, and it needs neither a state store nor protobuf.
+A loop on the driver runs micro-batches: it reads the events after the stored token (at most
+``max_rows``) with the same range reader as a bulk replay (no registered data source, nothing
+planned in a Python process on the driver), folds them with the user's code on Arrow batches
+onto the states stored so far, checks that Spark read every event of the range, then writes,
+in one transaction fenced by the claims: the new states, every segment's token (so
+``eventlanes status`` shows progress) and a row in ``{prefix}spark_batches``. The token store
+is the checkpoint: a runner killed at any point resumes from the last committed batch, exactly.
 
-Table ``{prefix}spark_batches``: (aggregation, batch_id) of every micro-batch written.
+Why not Structured Streaming over a Python ``DataSourceStreamReader`` (what this module used
+first): Spark runs that source's offset planning in a Python process on the driver, started
+with the executors' interpreter (``PYSPARK_PYTHON``). On a cluster that interpreter is the
+nodes' (``python3``, ``./environment/bin/python`` from ``--archives``), which the driver does
+not have: the query failed at start. The stateless fold is the one used: on the same backlog
+it ran about 2x as fast as Spark's own stateful operator (``transformWithStateInPandas`` with
+RocksDB state; ``benchmarks/bench_spark_state.py``), and needs neither a state store nor
+protobuf.
 """
 
 from __future__ import annotations
@@ -21,14 +26,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import open_database
-from ..errors import InvalidInputError
+from ..errors import EventlanesError, InvalidInputError, SparkJobError
 from ..processing.aggregation import Aggregation, Entry, StateTable
 from ..processing.claims import Heartbeat, claim_all, node_name, release_all
+from ..processing.weather import Backoff, is_transient
 from ..signals import run_until_signal
 from ..tokens import Token
-from .bulk import _pow2, collect_states, fold_aggregation, fold_stages, save_states
+from .bulk import (
+    check_read,
+    collect_states,
+    fold_aggregation,
+    fold_stages,
+    functions_of,
+    save_states,
+)
 from .fold import spec_of
-from .session import get_session
+from .session import get_session, partitions_of
+from .ship import executor_url, first_line, preflight
+from .source import read_events
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -41,7 +56,7 @@ class StoredStates:
     name: str
 
     def __call__(self, keys: list[str]) -> dict[str, Entry]:
-        db = open_database(self.url)
+        db = open_database(self.url, create=False)  # reads only: never creates anything
         try:
             table = StateTable(db)
             with db.connection() as conn:
@@ -51,13 +66,14 @@ class StoredStates:
 
 
 class ContinuousAggregation:
-    """One streaming query per aggregation; ``start()``, ``stop()``."""
+    """One aggregation kept up to date on Spark: ``start()``, ``stop()``; ``error`` is set if
+    a micro-batch failed (the loop then stops; nothing of that batch was written)."""
 
     def __init__(
         self,
         app: Any,
         name: str,
-        checkpoint: str,
+        checkpoint: str | None = None,
         spark: Any = None,
         trigger_seconds: float = 1.0,
         max_rows: int | None = None,
@@ -69,112 +85,148 @@ class ContinuousAggregation:
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
         self.app, self.agg = app, agg
         self.spark = spark or get_session()
-        self.n = _pow2(partitions or self.spark.sparkContext.defaultParallelism)
-        self.checkpoint = checkpoint
+        self.url = executor_url(app.url, self.spark.sparkContext.master)
+        self.n = partitions_of(self.spark, partitions)
+        self.checkpoint = checkpoint  # unused: progress lives in the token store (see module)
         self.trigger_seconds = trigger_seconds
         self.max_rows = max_rows
         self.wait = wait
         self.owner = f"spark:{node_name()}"
+        app.aggregate_states  # noqa: B018 - creates the states table: executors only read it
         self.batches = app.db.table("spark_batches")
         app.db.run_ddl(
             [f"CREATE TABLE IF NOT EXISTS {self.batches} (aggregation TEXT NOT NULL, "
              "batch_id BIGINT NOT NULL, end_position BIGINT NOT NULL, "
              "PRIMARY KEY (aggregation, batch_id))"]
         )  # fmt: skip
-        self.query: Any = None
+        self.error: BaseException | None = None
         self._records: list = []
         self._beat: Heartbeat | None = None
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
 
-    def start(self, available_now: bool = False) -> None:
+    def start(self) -> None:
         app, agg = self.app, self.agg
+        preflight(self.spark, functions_of(agg), self.url, head=app.store.head())
         # The local engine must not run this aggregation at the same time: hold every claim.
         app.initialize(agg.name)
         self._records = claim_all(app.tokens, agg.name, self.owner, self.wait, None)
         self._beat = Heartbeat(app.tokens, agg.name, self.owner, announce=False).start()
-        start = min(r.token.position for r in self._records)
-        reader = (
-            self.spark.readStream.format("eventlanes")
-            .option("url", app.url)
-            .option("after", str(start))
-            .option("partitions", str(self.n))
-        )
-        if self.max_rows:
-            reader = reader.option("max_rows", str(self.max_rows))
-        writer = (
-            reader.load()
-            .writeStream.foreachBatch(self._sink)
-            .option("checkpointLocation", self.checkpoint)
-        )
-        trigger = (
-            {"availableNow": True}
-            if available_now
-            else {"processingTime": f"{self.trigger_seconds} seconds"}
-        )
-        self.query = writer.trigger(**trigger).start()
+        loop = threading.Thread(target=self._loop, daemon=True)
+        self._threads = [loop]
+        loop.start()
 
-    def _sink(self, batch: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        app, agg = self.app, self.agg
-        db = app.db
-        done = db.sql(f"SELECT 1 FROM {self.batches} WHERE aggregation = ? AND batch_id = ?")
-        if db.query(done, (agg.name, batch_id)):
-            return  # Spark ran this micro-batch again after a restart: already written
-        batch = batch.persist()
-        try:
-            end = batch.agg(F.max("position")).first()[0]
-            if end is None:
+    def _loop(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                busy = self.run_batch()
+                backoff.reset()
+            except BaseException as exc:  # noqa: BLE001 - reported through ``error``
+                if isinstance(exc, Exception) and is_transient(exc):
+                    delay = backoff.next()  # the database is away: the batch is tried again
+                    log.warning("%s: database unavailable (%s); retrying in %.0f s",
+                                self.agg.name, exc, delay)  # fmt: skip
+                    self._stop.wait(delay)
+                    continue
+                self.error = exc
                 return
-            spec = spec_of(agg, app.store.events_table)
-            folded = fold_aggregation(spec, batch, self.n, StoredStates(app.url, agg.name))
-            if spec.stages:
-                folded = folded.cache()
+            if not busy:
+                self._stop.wait(self.trigger_seconds)
+
+    def run_batch(self) -> bool:
+        """Fold the events after the stored token (at most ``max_rows``) onto the stored
+        states; write states and tokens in one transaction. False: nothing new."""
+        app, agg = self.app, self.agg
+        after = min(r.token.position for r in app.tokens.status(agg.name))
+        head = app.store.head()
+        if head <= after:
+            return False
+        end = min(head, after + self.max_rows) if self.max_rows else head
+        expected = app.store.count(until=end) - app.store.count(until=after)
+        df, read = read_events(self.spark, self.url, after, end, self.n)
+        spec = spec_of(agg, app.store.events_table)
+        folded = fold_aggregation(spec, df, self.n, StoredStates(self.url, agg.name))
+        if spec.stages:
+            folded = folded.cache()
+        try:
             states = collect_states(folded)
-            url = app.url
+            check_read(agg.name, f"micro-batch ({after:,}, {end:,}] read", read.total(), expected)
+            url = self.url
             for plan in fold_stages(spec, folded, self.n, lambda s: StoredStates(url, s)):
                 for name, entries in collect_states(plan).items():
                     states.setdefault(name, {}).update(entries)
-            with db.transaction() as conn:
-                conn.execute(
-                    db.sql(f"INSERT INTO {self.batches} (aggregation, batch_id, end_position) "
-                           "VALUES (?, ?, ?)"), (agg.name, batch_id, end),
-                )  # fmt: skip
-                for name in states:
-                    save_states(app, conn, name, states)
-                for record in self._records:
-                    app.tokens.store(agg.name, record.segment.id, Token(end), self.owner, conn=conn)
+        finally:
             if spec.stages:
                 folded.unpersist()
-        finally:
-            batch.unpersist()
+        db = app.db
+        with db.transaction() as conn:
+            next_id = db.sql(f"SELECT coalesce(max(batch_id), -1) + 1 FROM {self.batches} "
+                             "WHERE aggregation = ?")  # fmt: skip
+            (batch_id,) = conn.execute(next_id, (agg.name,)).fetchone()
+            conn.execute(
+                db.sql(f"INSERT INTO {self.batches} (aggregation, batch_id, end_position) "
+                       "VALUES (?, ?, ?)"), (agg.name, batch_id, end),
+            )  # fmt: skip
+            for name in states:
+                save_states(app, conn, name, states)
+            for record in self._records:  # fenced: a stolen claim fails the whole commit
+                app.tokens.store(agg.name, record.segment.id, Token(end), self.owner, conn=conn)
+        return True
 
     def stop(self) -> None:
         self._stop.set()
-        if self.query is not None:
-            self.query.stop()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         if self._beat is not None:
             self._beat.stop()
         release_all(self.app.tokens, self.agg.name, self.owner, self._records)
         self._records = []
 
 
+def plan(app: Any, names: list[str]) -> tuple[list[str], list[str]]:
+    """Which processors ``run --engine spark`` runs (aggregations) and which it does not."""
+    wanted = names or list(app.processors)
+    runs = [n for n in wanted if isinstance(app.get(n), Aggregation)]
+    skipped = [n for n in wanted if n not in runs]
+    if names and skipped:
+        raise InvalidInputError(
+            f"--engine spark runs aggregations; {', '.join(map(repr, skipped))} "
+            "is not one: run it with --engine local"
+        )
+    if not runs:
+        raise InvalidInputError("--engine spark runs aggregations, and this app defines none")
+    return runs, skipped
+
+
 def run(
-    app: Any, names: list[str], checkpoint: str, master: str | None = None, **options: Any
+    app: Any,
+    names: list[str],
+    checkpoint: str,
+    master: str | None = None,
+    spark: Any = None,
+    conf: dict[str, str] | None = None,
+    py_files: Any = (),
+    archives: Any = (),
+    **options: Any,
 ) -> None:
     """``eventlanes run APP --engine spark``: run until SIGINT/SIGTERM, then stop cleanly."""
-    spark = get_session(master)
-    names = names or [n for n, p in app.processors.items() if isinstance(p, Aggregation)]
-    if not names:
-        raise InvalidInputError("--engine spark runs aggregations, and this app defines none")
+    names, _ = plan(app, names)
+    if spark is None and master:
+        executor_url(app.url, master)  # a store executors cannot see: refused before a JVM
+    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
     runners = [
         ContinuousAggregation(app, n, f"{checkpoint}/{n}", spark=spark, **options) for n in names
     ]
 
     def failed() -> bool:
         for runner in runners:
-            if runner.query is not None and runner.query.exception() is not None:
-                raise RuntimeError(f"{runner.agg.name}: {runner.query.exception()}")
+            if runner.error is not None:
+                if isinstance(runner.error, EventlanesError):
+                    raise runner.error
+                error = first_line(runner.error)
+                raise SparkJobError(f"{runner.agg.name}: a micro-batch failed: {error}")
         return False
 
     try:

@@ -53,7 +53,8 @@ def spec_of(agg: Aggregation, source: str) -> FoldSpec:
         FoldSpec(s.name, s.key, s.initial, dict(s.folds.by_type), list(s.folds.any), source)
         for s in agg.stages
     ]
-    return FoldSpec(agg.name, agg.key, agg.initial_state, dict(agg.folds.by_type),
+    key: Callable[[Any], Any] = agg.key
+    return FoldSpec(agg.name, key, agg.initial_state, dict(agg.folds.by_type),
                     list(agg.folds.any), source, stages, agg.key_field)  # fmt: skip
 
 

@@ -1,50 +1,118 @@
-"""A lean SparkSession for this machine size, and the store's data source registered on it."""
+"""SparkSessions: lean settings for ``local[N]``, the cluster's own defaults everywhere else.
+
+``local[N]`` runs in this process on this machine: bind to 127.0.0.1, run Python workers with
+this interpreter, size partitions by the N cores, UI off. For ``spark://``, ``yarn``,
+``k8s://`` (or a session the user built, e.g. by ``spark-submit`` or in a notebook) none of
+that holds: executors run elsewhere, with their own Python, and the cluster's defaults and the
+user's ``--conf`` settings apply.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-_registered: set[int] = set()
+from ..errors import InvalidInputError
 
 
-def get_session(master: str | None = None, app_name: str = "eventlanes") -> Any:
-    """The active SparkSession, or a new one tuned for small machines: UI and progress bar off,
-    shuffle partitions = cores, bound to 127.0.0.1, Python workers reused, Arrow on."""
+def is_local(master: str | None) -> bool:
+    return master is None or master == "local" or master.startswith("local[")
+
+
+def get_session(
+    master: str | None = None,
+    app_name: str = "eventlanes",
+    conf: Mapping[str, str] | None = None,
+    py_files: Iterable[str] = (),
+    archives: Iterable[str] = (),
+) -> Any:
+    """The active SparkSession when no master is given, else a new one.
+
+    ``conf``: extra Spark settings (applied last: they win). ``py_files``: wheels, zips or
+    ``.py`` files for the executors' Python path. ``archives``: e.g. a packed virtualenv,
+    ``env.tar.gz#environment`` (then set ``PYSPARK_PYTHON=./environment/bin/python``)."""
     from pyspark.sql import SparkSession
 
+    py_files, archives = list(py_files), list(archives)
     active = SparkSession.getActiveSession()
-    if active is not None and master is None:
+    if active is not None and master is None and not conf and not archives:
+        _add_py_files(active, py_files)
         register(active)
         return active
     master = master or os.environ.get("EVENTLANES_SPARK_MASTER", "local[2]")
-    # Python workers run this interpreter (the venv with eventlanes), and import the user's
-    # modules (handlers are pickled by reference): give them the driver's import roots.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    roots = [p for p in (os.getcwd(), *sys.path[:3]) if p and os.path.isdir(p)]
-    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *current]))
-    cores = _cores(master)
-    spark = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(cores))
-        .config("spark.default.parallelism", str(cores))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.adaptive.enabled", "false")  # keep partitions = segments
-        .getOrCreate()
+    builder = SparkSession.builder.master(master).appName(app_name)
+    local = is_local(master)
+    if local:
+        cores = _cores(master)
+        for key, value in {
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": str(cores),
+            "spark.default.parallelism": str(cores),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.python.worker.reuse": "true",
+            "spark.sql.adaptive.enabled": "false",  # keep partitions = segments
+        }.items():
+            builder = builder.config(key, value)
+    builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true").config(
+        "spark.sql.session.timeZone", "UTC"
     )
+    if archives:
+        builder = builder.config("spark.archives", ",".join(archives))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    # Local Python workers run this interpreter (the one with eventlanes and the app's
+    # packages). Anywhere else the executors' own Python runs (PYSPARK_PYTHON or python3 on
+    # the nodes): the driver's path would not exist there. SparkContext reads the variable
+    # once, when it starts: set it only for that moment.
+    saved: dict[str, str | None] = {
+        k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")
+    }
+    if local:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    _add_py_files(spark, py_files)
+    register(spark)  # the streaming source (batch reads need none), for Structured Streaming
     return spark
+
+
+def _add_py_files(spark: Any, py_files: list[str]) -> None:
+    for path in py_files:
+        if "://" not in path and not os.path.exists(path):
+            raise InvalidInputError(f"--py-files: {path!r} does not exist")
+        spark.sparkContext.addPyFile(path)
+
+
+def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
+    """``--conf k=v`` options (repeatable) as a dict."""
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInputError(f"invalid --conf {pair!r}: use key=value")
+        conf[key.strip()] = value
+    return conf
+
+
+def partitions_of(spark: Any, partitions: int | None) -> int:
+    """A power of two (segments are masks): ``partitions`` or the session's parallelism."""
+    n = partitions or spark.sparkContext.defaultParallelism
+    p = 1
+    while p < n:
+        p *= 2
+    return p
 
 
 def _cores(master: str) -> int:
@@ -58,9 +126,8 @@ def _cores(master: str) -> int:
 
 
 def register(spark: Any) -> None:
-    if id(spark) in _registered:
-        return
+    """The store's streaming data source, on whatever session runs the continuous query
+    (registering again is cheap and harmless)."""
     from .source import StoreDataSource
 
     spark.dataSource.register(StoreDataSource)
-    _registered.add(id(spark))

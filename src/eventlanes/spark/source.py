@@ -1,9 +1,16 @@
-"""A Spark 4 Python data source over an eventlanes store (SQLite file or PostgreSQL).
+"""Reading an eventlanes store (SQLite file or PostgreSQL) into Spark.
 
 No PyPI package ships a SQLite JDBC driver, and one Python reader serves both backends, with
-keyset pagination, as Arrow record batches. A batch read splits the positions ``(after, until]``
-into contiguous ranges, one per partition: each reads only its own rows off the primary key.
-Streaming offsets are store positions: a micro-batch reads ``(start, end]``, each partition one
+keyset pagination, as Arrow record batches. Executors open the store read-only.
+
+Batch reads (:func:`read_events`) need no registered data source and no Python planning
+process on the driver: the driver splits the positions ``(after, until]`` into contiguous
+ranges, a DataFrame of one range per partition is built in the JVM, and ``mapInArrow`` reads
+each range on an executor, counting the rows it read (per range, so a retried task does not
+count twice) for the caller to check against the store.
+
+The streaming data source remains for Structured Streaming. Streaming offsets are store
+positions: a micro-batch reads ``(start, end]``, each partition one
 routing-hash slice ``routing_hash & mask == i`` of it.
 
 Options: ``url`` (store URL), ``after``/``until`` (batch reads), ``partitions`` (a power of
@@ -13,8 +20,10 @@ two), ``max_rows`` (streaming: most positions per micro-batch).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from pyspark.accumulators import AccumulatorParam
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -50,10 +59,10 @@ def arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
 
 
 def read_slice(url: str, part: Slice) -> Iterator[Any]:
-    from ..store import open_store
+    from .ship import open_readonly
 
     segments = [(part.index, part.mask)] if part.mask else None
-    store = open_store(url)
+    store = open_readonly(url)
     try:
         for rows in store.scan(part.after, part.until, segments, chunk=20_000):
             yield arrow_batch(rows)
@@ -66,6 +75,68 @@ def _ranges(after: int, until: int, partitions: int) -> list[Slice]:
     width = max(1, -(-(until - after) // partitions))
     bounds = list(range(after, until, width)) + [until]
     return [Slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)] or [Slice(after, until)]
+
+
+class RangeCounts(AccumulatorParam):
+    """Rows read per range: ``{range index: rows}``. A task that runs again (retry,
+    speculation, a lost shuffle) reports the same range again: it replaces, never adds."""
+
+    def zero(self, value: dict[int, int]) -> dict[int, int]:
+        return {}
+
+    def addInPlace(self, value1: dict[int, int], value2: dict[int, int]) -> dict[int, int]:
+        for index, rows in value2.items():
+            if value1.get(index, rows) != rows:
+                value1[index] = -1  # two reads of one range disagree: never a valid total
+            else:
+                value1[index] = rows
+        return value1
+
+
+@dataclass
+class ReadCount:
+    """What a batch read read: compare with the store before writing anything."""
+
+    accumulator: Any
+    ranges: int
+
+    def total(self) -> int | None:
+        """Rows read, or None if a range was not read or two reads of it disagreed."""
+        counts = self.accumulator.value
+        if len(counts) != self.ranges or any(v < 0 for v in counts.values()):
+            return None
+        return sum(counts.values())
+
+
+def _read_ranges(url: str, counter: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    for batch in batches:
+        for index, after, until in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+            rows = 0
+            for out in read_slice(url, Slice(after, until)):
+                rows += out.num_rows
+                yield out
+            counter.add({index: rows})
+
+
+def read_events(
+    spark: Any, url: str, after: int, until: int, partitions: int
+) -> tuple[Any, ReadCount]:
+    """The events in positions ``(after, until]`` as a DataFrame of ``SCHEMA``, one range per
+    partition, and the count of rows the executors read (valid once the plan has run)."""
+    from pyspark.sql import functions as F
+
+    ranges = _ranges(after, until, partitions)
+    counter = spark.sparkContext.accumulator({}, RangeCounts())
+    k = len(ranges)
+    bounds = spark.range(0, k, 1, k).select(
+        F.col("id").alias("index"),
+        F.element_at(F.array(*[F.lit(r.after) for r in ranges]), F.col("id").cast("int") + 1)
+        .cast("long").alias("after"),
+        F.element_at(F.array(*[F.lit(r.until) for r in ranges]), F.col("id").cast("int") + 1)
+        .cast("long").alias("until"),
+    )  # fmt: skip
+    df = bounds.mapInArrow(lambda it: _read_ranges(url, counter, it), SCHEMA)
+    return df, ReadCount(counter, k)
 
 
 def _slices(after: int, until: int, partitions: int) -> list[Slice]:
@@ -118,9 +189,9 @@ class StoreStreamReader(DataSourceStreamReader):
 
     def _head(self) -> int:
         if self._store is None:
-            from ..store import open_store
+            from .ship import open_readonly
 
-            self._store = open_store(self.url)
+            self._store = open_readonly(self.url)
         return self._store.head()
 
     def initialOffset(self) -> dict:
@@ -132,7 +203,7 @@ class StoreStreamReader(DataSourceStreamReader):
         cap = getattr(limit, "max_rows", None) or self.max_rows
         return {"position": min(head, begin + cap) if cap else head}
 
-    def partitions(self, start: dict, end: dict) -> list[Slice]:  # type: ignore[override]
+    def partitions(self, start: dict, end: dict) -> list[Slice]:
         return _slices(int(start["position"]), int(end["position"]), self.n)
 
     def read(self, partition: Slice) -> Iterator[Any]:  # type: ignore[override]

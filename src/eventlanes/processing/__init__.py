@@ -1,0 +1,1 @@
+"""Processors: handlers, runners, aggregations, claims and dead letters."""
