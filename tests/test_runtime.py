@@ -406,3 +406,34 @@ def test_names_are_matched_whole(tmp_path) -> None:
     with pytest.raises(ValueError, match="invalid table name"):
         Context("p", None, None, None, "sqlite", "?", "el_").table("rows\n")
     app.close()
+
+
+def test_a_failing_statement_is_pinned_on_its_event(store_url: str) -> None:
+    """On PostgreSQL a batch is pipelined: a statement's error surfaces later, on another
+    statement. The failed batch is redone plain, so dead-letter mode parks the event whose
+    statement failed, not a later one."""
+    app = el.App(store_url)
+    proc = app.processor("uniq", on_error="dead_letter", batch_size=50)
+    table = app.db.table("uniq")
+    app.db.run_ddl([f"CREATE TABLE {table} (code TEXT PRIMARY KEY, position BIGINT)"])
+
+    @proc.on_any
+    def insert(event: el.Event, ctx: el.Context) -> None:
+        p = ctx.param
+        ctx.execute(f"INSERT INTO {table} (code, position) VALUES ({p}, {p})",
+                    (event.data["code"], event.position))  # fmt: skip
+        if event.data["code"] == "d":  # a read that syncs, in the event after the failure
+            ctx.execute(f"SELECT count(*) FROM {table}").fetchone()
+
+    codes = ["a", "b", "c", "a", "d", "e"]  # the 4th repeats the 1st: a duplicate key
+    for i, code in enumerate(codes):
+        app.store.append(f"s-{i}", [el.NewEvent("Coded", {"code": code})])
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert [d.position for d in app.dead_letter_list("uniq")] == [4]
+    rows = app.db.query(f"SELECT code FROM {table} ORDER BY position")
+    assert [r[0] for r in rows] == ["a", "b", "c", "d", "e"]
+    app.close()

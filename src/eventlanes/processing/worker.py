@@ -56,6 +56,9 @@ class SegmentWorker:
         self.observer = runtime.observer
         #: seconds a token that moved in memory (no events of ours) may wait to be stored
         self.persist_every = 1.0
+        #: PostgreSQL: a batch's statements, token update and commit sent without a round trip
+        #: each (pipeline mode); a failed pipelined batch is redone plain to blame the right event
+        self.pipeline = runtime.db.backend == "postgresql"
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         """Handle ``events`` (already filtered for the segment) and move its token to ``upto``
@@ -65,11 +68,23 @@ class SegmentWorker:
             self._recheck_parked(st, events)
         parking = Parking(st.parked) if self.dead_letter else None
         parked_now: list[int] = []
+        pipeline = self.pipeline
         while True:
             parked_now.clear()
             started = time.perf_counter()
             try:
-                self._commit(st, events, new_token, parking, parked_now)
+                try:
+                    self._commit(st, events, new_token, parking, parked_now, pipeline)
+                except ClaimLostError:
+                    raise
+                except Exception:
+                    if not pipeline:
+                        raise
+                    # In pipeline mode a statement's error surfaces later, on another statement
+                    # (perhaps another event's handler): redo the batch without it, so that a
+                    # failure is pinned on the event that caused it.
+                    pipeline = False
+                    continue
             except ClaimLostError as exc:
                 log.info("%s %s: claim lost, batch rolled back (%s)", self.name, st.segment, exc)
                 st.mark_lost()
@@ -111,6 +126,7 @@ class SegmentWorker:
         new_token: Any,
         parking: Parking | None,
         parked_now: list[int],
+        pipeline: bool = False,
     ) -> None:
         db = self.runtime.db
         with ExitStack() as stack:
@@ -118,7 +134,7 @@ class SegmentWorker:
 
             def begin() -> Any:  # the transaction starts at the first query
                 if not opened:
-                    opened.append(stack.enter_context(db.transaction()))
+                    opened.append(stack.enter_context(db.transaction(pipeline=pipeline)))
                 return opened[0]
 
             def park(event: Event, key: str | None, reason: str) -> None:
