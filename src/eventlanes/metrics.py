@@ -20,9 +20,9 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -33,7 +33,22 @@ from .health import lag_seconds, store_first_after
 from .observe import Observer
 
 if TYPE_CHECKING:
-    from .app import App
+    from .processing.admin import ProcessorView
+    from .store import EventStore
+
+
+class Inspected(Protocol):
+    """What the status collector reads (an ``App`` is one): the store, the processors' names
+    and their status."""
+
+    @property
+    def store(self) -> EventStore: ...
+
+    @property
+    def processors(self) -> Mapping[str, object]: ...
+
+    def status(self, name: str) -> ProcessorView: ...
+
 
 log = logging.getLogger("eventlanes.metrics")
 
@@ -112,7 +127,7 @@ class StatusCollector(Collector):
     consecutive errors, dead letters waiting. ``eventlanes_status_up`` is 0 when the read
     failed (database down), so an alert can tell "no lag" from "no data"."""
 
-    def __init__(self, app: App, processors: list[str] | None = None) -> None:
+    def __init__(self, app: Inspected, processors: list[str] | None = None) -> None:
         self.app = app
         self.names = processors
         self._lock = threading.Lock()  # one scrape at a time reads the database
@@ -179,7 +194,9 @@ class _WorkerFiles(Collector):
 
 
 def registry_for(
-    app: App, observer: PrometheusObserver | None = None, processors: list[str] | None = None
+    app: Inspected,
+    observer: PrometheusObserver | None = None,
+    processors: list[str] | None = None,
 ) -> CollectorRegistry:
     """What one scrape returns: this process's observer (or, in multiprocess mode, the sum of
     the workers' files) plus the status collector."""

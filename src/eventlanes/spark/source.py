@@ -59,10 +59,10 @@ def arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
 
 
 def read_slice(url: str, part: Slice) -> Iterator[Any]:
-    from .ship import open_readonly
+    from ..store import open_store
 
     segments = [(part.index, part.mask)] if part.mask else None
-    store = open_readonly(url)
+    store = open_store(url, create=False)
     try:
         for rows in store.scan(part.after, part.until, segments, chunk=20_000):
             yield arrow_batch(rows)
@@ -189,9 +189,9 @@ class StoreStreamReader(DataSourceStreamReader):
 
     def _head(self) -> int:
         if self._store is None:
-            from .ship import open_readonly
+            from ..store import open_store
 
-            self._store = open_readonly(self.url)
+            self._store = open_store(self.url, create=False)
         return self._store.head()
 
     def initialOffset(self) -> dict:
