@@ -191,3 +191,19 @@ def test_worker_process_logs_come_out_formatted_as_json(tmp_path) -> None:
     assert parking and parking[0]["level"] == "WARNING" and parking[0]["time"].endswith("Z")
     assert parking[0]["process"] != proc.pid  # it came from a worker process
     assert any(r["message"].startswith("ready: 2 worker process(es)") for r in records)
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_module_with_a_syntax_error_is_one_line(tmp_path, processes: str) -> None:
+    (tmp_path / "broken_app.py").write_text(
+        'import eventlanes as el\napp = el.App("sqlite:///x.db"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "eventlanes.cli", "run", "broken_app:app", "--processes",
+         processes, "--no-progress"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot import 'broken_app'")
+    assert "syntax error at" in lines[0] and "broken_app.py:2" in lines[0]

@@ -77,3 +77,8 @@ class CorruptEventError(EventlanesError):
 class SparkJobError(EventlanesError):
     """A Spark job could not run, or read other data than the store holds (executors missing
     code, a replay that read fewer or more events than the store has)."""
+
+
+class FieldTypeError(InvalidInputError):
+    """An event's property does not have the type a declarative aggregation declared for it
+    (raised while folding, naming the event)."""

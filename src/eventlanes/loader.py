@@ -26,6 +26,11 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidInputError(f"cannot import {module_name!r} for app {spec!r}: {exc}") from exc
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else module_name
+        raise InvalidInputError(
+            f"cannot import {module_name!r} for app {spec!r}: syntax error at {where}: {exc.msg}"
+        ) from exc
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):

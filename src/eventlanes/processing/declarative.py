@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import FieldTypeError, InvalidInputError
 from ..events import Event
 from .chains import dedupe
 from .states import Entry
@@ -125,10 +125,6 @@ def first(field: str, type: Any = str, *, where: Mapping[str, Any] | None = None
 def last(field: str, type: Any = str, *, where: Mapping[str, Any] | None = None) -> Op:
     """The value of the latest folded event that has the property (not null)."""
     return _op("last", field, type, where, (int, float, str, bool))
-
-
-class FieldTypeError(InvalidInputError):
-    """An event's property does not have the declared type (raised while folding)."""
 
 
 def _as_text(value: Any) -> str:
