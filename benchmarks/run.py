@@ -22,6 +22,8 @@ BENCHMARKS = {
     "metrics": "benchmarks.bench_metrics",
     "spark": "benchmarks.bench_spark",
     "aggregation": "benchmarks.bench_aggregation",
+    "types": "benchmarks.bench_types",
+    "postgres": "benchmarks.bench_postgres",
 }
 
 
