@@ -413,7 +413,7 @@ def test_a_failing_statement_is_pinned_on_its_event(store_url: str) -> None:
     statement. The failed batch is redone plain, so dead-letter mode parks the event whose
     statement failed, not a later one."""
     app = el.App(store_url)
-    proc = app.processor("uniq", on_error="dead_letter", batch_size=50)
+    proc = app.processor("uniq", on_error="dead_letter", batch_size=50, pipeline=True)
     table = app.db.table("uniq")
     app.db.run_ddl([f"CREATE TABLE {table} (code TEXT PRIMARY KEY, position BIGINT)"])
 
@@ -436,4 +436,41 @@ def test_a_failing_statement_is_pinned_on_its_event(store_url: str) -> None:
     assert [d.position for d in app.dead_letter_list("uniq")] == [4]
     rows = app.db.query(f"SELECT code FROM {table} ORDER BY position")
     assert [r[0] for r in rows] == ["a", "b", "c", "d", "e"]
+    app.close()
+
+
+def test_only_passing_database_errors_are_waited_out(tmp_path) -> None:
+    from eventlanes.processing.weather import is_transient
+
+    conn = sqlite3.connect(f"{tmp_path}/x.db")
+    with pytest.raises(sqlite3.OperationalError) as syntax:
+        conn.execute("SELEC 1")
+    locker = sqlite3.connect(f"{tmp_path}/x.db", isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    waiter = sqlite3.connect(f"{tmp_path}/x.db", timeout=0.05)
+    with pytest.raises(sqlite3.OperationalError) as locked:
+        waiter.execute("CREATE TABLE t (x)")
+    assert is_transient(locked.value) and not is_transient(syntax.value)
+    assert is_transient(el.DatabaseUnavailableError("head", "the server is restarting"))
+    assert not is_transient(el.StoreConnectionError("the store is read-only"))
+    for c in (conn, locker, waiter):
+        c.close()
+
+
+def test_an_aggregation_key_of_none_fails_its_segment_clearly(store_url: str) -> None:
+    app = el.App(store_url, claim_timeout=2)
+    agg = app.aggregation("by-k", key=lambda e: e.data.get("k"), initial=lambda: {"n": 0})
+    agg.on("E")(lambda state, event: state.update(n=state["n"] + 1))
+    app.store.append("s", [el.NewEvent("E", {"k": "a"}), el.NewEvent("E", {})])
+    app.start()
+    try:
+        failing = wait_for(
+            lambda: next((s for s in app.status("by-k").segments if s.last_error), None),
+            timeout=15,
+            what="the error in status",
+        )
+    finally:
+        app.stop()
+    assert "event 2 (E): the aggregation key is None" in failing.last_error
+    assert agg.get("None") is None  # never folded into a state named "None"
     app.close()

@@ -22,7 +22,8 @@ from .url import DatabaseURL
 _SYNC_LEVELS = {"off", "normal", "full", "extra"}
 # Primary result codes that a later retry may cure: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN,
 # PROTOCOL (https://sqlite.org/rescode.html).
-_TRANSIENT = {5, 6, 7, 10, 13, 14, 15}
+#: SQLite primary result codes that pass: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
+TRANSIENT = frozenset({5, 6, 7, 10, 13, 14, 15})
 _READONLY = 8
 
 
@@ -153,7 +154,7 @@ class SQLiteDatabase(Database):
         code = getattr(exc, "sqlite_errorcode", None)
         primary = None if code is None else code & 0xFF
         cause = f"{first_line(exc)} (SQLite store {self.url.url!r})"
-        if primary in _TRANSIENT:
+        if primary in TRANSIENT:
             return DatabaseUnavailableError(operation, cause)
         if primary == _READONLY:
             return StoreConnectionError(f"{operation} failed: the store is read-only: {cause}")

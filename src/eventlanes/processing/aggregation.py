@@ -119,11 +119,18 @@ class Aggregation(Processor):
         _check_callables(name, key_fn, initial)
         self.key: Callable[[Event], Any] = key_fn
         folds = self.folds
+
         # Route by the aggregation key so each key's state lives in exactly one segment; events
         # no fold handles have no key (and are skipped).
-        policy = SequencingPolicy(
-            lambda e: key_fn(e) if folds.handles(e.type) else None, f"aggregation({name})"
-        )
+        def route(event: Event) -> Any:
+            if not folds.handles(event.type):
+                return None
+            try:
+                return key_fn(event)
+            except Exception:  # noqa: BLE001 - the segment's worker fails on it, clearly
+                return None
+
+        policy = SequencingPolicy(route, f"aggregation({name})")
         if "guarantee" in options:
             raise InvalidInputError(f"aggregation {name!r}: the guarantee is 'aggregation'")
         super().__init__(runtime, name, policy=policy, guarantee="aggregation", **options)
@@ -177,6 +184,14 @@ class Aggregation(Processor):
 CACHE_LIMIT = 200_000
 
 
+def _keyless(key: Any, event: Event) -> str:
+    if key is None:  # never folded into a state named "None"
+        raise InvalidInputError(
+            f"event {event.position} ({event.type}): the aggregation key is None"
+        )
+    return str(key)
+
+
 class AggregationWorker(SegmentWorker):
     """Folds a segment's batches into states held in memory; writes the states changed since
     the last write, with the segment's token, every ``persist_every`` seconds.
@@ -218,7 +233,8 @@ class AggregationWorker(SegmentWorker):
             return mine, decl.keys(mine)
         handles, key = self.agg.folds.handles, self.agg.key
         mine = [e for e in events if handles(e.type)]
-        return mine, [k if (k := key(e)).__class__ is str else str(k) for e in mine]
+        keys = [k if (k := key(e)).__class__ is str else _keyless(k, e) for e in mine]
+        return mine, keys
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         seg = st.segment.id
@@ -324,7 +340,7 @@ class AggregationWorker(SegmentWorker):
         self.flushed_at[seg] = st.persisted_at
         self.changed.pop(seg, None)
         self.outputs.pop(seg, None)
-        if sum(len(e) for e in self.entries.values()) > CACHE_LIMIT:
+        if sum(len(e) for e in list(self.entries.values())) > CACHE_LIMIT:
             self.entries.pop(seg, None)  # bounded memory: read back from the table
 
     def _flush_downstream(self, seg: int) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,8 @@ from .worker import SegmentWorker
 if TYPE_CHECKING:
     from .processor import Processor
     from .runtime import Runtime
+
+log = logging.getLogger("eventlanes.processing")
 
 
 class LaneWorker(SegmentWorker):
@@ -71,8 +74,8 @@ class LaneWorker(SegmentWorker):
             stopped = False
             while (item := await queue.get()) is not None:
                 index, event = item
-                if stopped:
-                    continue  # behind a failure of this lane: runs again after the back-off
+                if stopped or st.lost:
+                    continue  # behind a failure, or the claim is gone: runs again elsewhere
                 replay = is_replay(st.token, event)
                 try:
                     for handler in dispatch.for_event(event, replay):
@@ -91,11 +94,18 @@ class LaneWorker(SegmentWorker):
                     tracker.done(index)
 
         async def committer() -> None:
-            while True:
+            while not st.lost:
                 await asyncio.sleep(0.05)
                 position = tracker.committable()
-                if position is not None:
+                if position is None:
+                    continue
+                try:
                     self._commit_token(st, position)
+                except ClaimLostError:
+                    st.mark_lost()  # the lanes stop taking events; the batch ends LOST
+                except Exception as exc:  # noqa: BLE001 - retried at the next tick, or at the end
+                    log.warning("%s %s: committing %s failed: %s", self.name, st.segment,
+                                position, exc)  # fmt: skip
 
         workers = [asyncio.create_task(lane(q)) for q in queues]
         commits = asyncio.create_task(committer())
@@ -114,6 +124,8 @@ class LaneWorker(SegmentWorker):
             return self._finish_failed(st, tracker, exc)
         finally:
             commits.cancel()
+        if st.lost:  # events were skipped once the claim went: commit nothing more
+            return Outcome.LOST
         try:
             if tracker.failed:
                 return self._finish_failed(st, tracker, None)
@@ -124,6 +136,8 @@ class LaneWorker(SegmentWorker):
         except ClaimLostError:
             st.mark_lost()
             return Outcome.LOST
+        except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
+            return self.back_off(st, exc)
 
     def _finish_failed(self, st: SegmentState, tracker: CommitTracker, exc: Any) -> Outcome:
         """Commit what is contiguous before the failure, then back off."""

@@ -111,10 +111,17 @@ class PooledLoop:
         left behind: Python cannot stop it) so the loop can go on with the others."""
         pending = set(futures)
         abandoned = False
+        error: BaseException | None = None
         while pending:
             done, pending = wait(pending, timeout=self.coordinator.interval)
-            for future in done:
-                future.result()  # LOST and FAILED states are dropped by coordinate()
+            for future in done:  # LOST and FAILED states are dropped by coordinate()
+                failure = future.exception()
+                if failure is not None:
+                    # Its batch may or may not have committed: let the segment go (re-claimed
+                    # from the stored token), and raise only once every other batch has ended,
+                    # so no segment is ever handed out while its batch still runs.
+                    futures[future].mark_lost()
+                    error = error or failure
             stuck = {f for f in pending if futures[f].lost and futures[f].running is not None}
             if stuck:
                 for future in stuck:
@@ -123,6 +130,8 @@ class PooledLoop:
                 self.abandoned += len(stuck)
                 pending -= stuck
                 abandoned = True
+        if error is not None:
+            raise error
         return abandoned
 
 

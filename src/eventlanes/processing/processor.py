@@ -64,6 +64,7 @@ class Processor:
         lanes: int = 1,
         handler_timeout: float = 30.0,
         lane_window: int = 1000,
+        pipeline: bool = False,
     ) -> None:
         self.runtime = runtime
         self.name = validate_processor_name(name)
@@ -124,6 +125,10 @@ class Processor:
         self.lanes = lanes
         self.handler_timeout = float(handler_timeout)
         self.lane_window = lane_window
+        if not isinstance(pipeline, bool):
+            raise InvalidInputError(f"processor {name!r}: pipeline must be True or False")
+        #: PostgreSQL pipeline mode for exactly-once batches (see worker.SegmentWorker)
+        self.pipeline = pipeline
         self.handlers = HandlerSet()
 
     def on(self, *types: str) -> Callable[[Handler], Handler]:

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..errors import StoreConnectionError
+from ..db.sqlite import TRANSIENT as SQLITE_TRANSIENT
+from ..errors import DatabaseUnavailableError
 
 MAX_DELAY = 30.0
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether retrying later may cure ``exc`` (as opposed to a bug or bad input)."""
-    if isinstance(exc, StoreConnectionError):  # incl. DatabaseUnavailableError
+    """Whether retrying later may cure ``exc``: a lost or refused connection, a restart, a lock
+    held past the busy timeout, a full disk. A bad password, a read-only store, a missing
+    table or an SQL error is not: it stops the runner with its error instead of being retried
+    forever."""
+    if isinstance(exc, DatabaseUnavailableError):
         return True
-    if isinstance(exc, sqlite3.OperationalError):  # locked, disk I/O, full
-        return True
+    if isinstance(exc, sqlite3.OperationalError):  # locked, busy, I/O error, full
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in SQLITE_TRANSIENT
     module = type(exc).__module__
     if module.startswith("psycopg_pool"):  # PoolTimeout, TooManyRequests
         return True

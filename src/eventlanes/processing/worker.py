@@ -20,6 +20,7 @@ from .dispatch import (
     is_replay,
 )
 from .state import Outcome, SegmentState, advanced
+from .weather import is_transient
 
 if TYPE_CHECKING:
     from .processor import Processor
@@ -56,20 +57,27 @@ class SegmentWorker:
         self.observer = runtime.observer
         #: seconds a token that moved in memory (no events of ours) may wait to be stored
         self.persist_every = 1.0
-        #: PostgreSQL: a batch's statements, token update and commit sent without a round trip
-        #: each (pipeline mode); a failed pipelined batch is redone plain to blame the right event
-        self.pipeline = runtime.db.backend == "postgresql"
+        #: PostgreSQL and ``pipeline=True``: a batch's statements, token update and commit sent
+        #: without a round trip each; a failed pipelined batch is redone plain to blame the
+        #: right event. Opt-in: in pipeline mode a cursor's ``rowcount`` is not known (-1)
+        #: until a fetch, which silently breaks handlers that branch on it.
+        self.pipeline = proc.pipeline and runtime.db.backend == "postgresql"
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         """Handle ``events`` (already filtered for the segment) and move its token to ``upto``
         (per source for multi-source processors)."""
         new_token = advanced(st.token, upto)
         if self.dead_letter:
-            self._recheck_parked(st, events)
+            try:
+                self._recheck_parked(st, events)
+            except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
+                return self.back_off(st, exc)
         parking = Parking(st.parked) if self.dead_letter else None
         parked_now: list[int] = []
         pipeline = self.pipeline
         while True:
+            if st.lost:  # given up on (stuck, stolen) meanwhile: nothing more may run for it
+                return Outcome.LOST
             parked_now.clear()
             started = time.perf_counter()
             try:
@@ -77,8 +85,10 @@ class SegmentWorker:
                     self._commit(st, events, new_token, parking, parked_now, pipeline)
                 except ClaimLostError:
                     raise
-                except Exception:
-                    if not pipeline:
+                except Exception as exc:
+                    if not pipeline or is_transient(exc):
+                        # A lost connection may have lost it after COMMIT was sent: never
+                        # redo at once, back off and re-read the stored token instead.
                         raise
                     # In pipeline mode a statement's error surfaces later, on another statement
                     # (perhaps another event's handler): redo the batch without it, so that a
@@ -184,6 +194,9 @@ class SegmentWorker:
         """Record the failure (the segment is retried with back-off, on any node) and let the
         segment go."""
         text = describe(exc)
+        if st.lost:  # already given up (stuck): a new claim may hold it now, leave it be
+            log.error("%s %s failed after it was given up: %s", self.name, st.segment, text)
+            return Outcome.LOST
         self.observer.failed(self.name, str(st.segment), text)
         try:
             delay = self.tokens.fail(self.name, st.segment.id, self.owner, text)

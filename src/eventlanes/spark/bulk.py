@@ -321,11 +321,17 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
     current: int | None = None
 
     def commit(seg_id: int) -> None:
-        with db.transaction() as conn:
-            ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), None, conn, db.backend,
-                          db.param, db.prefix)  # fmt: skip
-            spec.dispatch.run(pending, ctx, True)  # per-event and on_batch handlers, as live
-            tokens.store(spec.name, seg_id, Token(pending[-1].position), spec.owner, conn=conn)
+        # A retried (or re-run) task starts its partition again: what an earlier attempt
+        # committed is behind the segment's stored token, and is not handled twice.
+        stored = tokens.token(spec.name, seg_id)
+        done = stored.position if stored is not None else 0
+        todo = [e for e in pending if e.position > done]
+        if todo:
+            with db.transaction() as conn:
+                ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), None, conn, db.backend,
+                              db.param, db.prefix)  # fmt: skip
+                spec.dispatch.run(todo, ctx, True)  # per-event and on_batch handlers, as live
+                tokens.store(spec.name, seg_id, Token(todo[-1].position), spec.owner, conn=conn)
         counts[seg_id] = counts.get(seg_id, 0) + len(pending)
         pending.clear()
 
@@ -352,26 +358,47 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
 
 def _projection(app: Any, proc: Any, source: _Input, url: str, owner: str, records: list) -> int:
     dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
+    from pyspark import StorageLevel
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    df = source.df
+    segments = [(r.segment.id, r.segment.mask) for r in records]
+    spec = _ProjectionSpec(proc.name, url, owner, dispatch, proc.policy, segments,
+                           app.tokens.claim_timeout, 5000)  # fmt: skip
+    schema = StructType([*df.schema.fields, StructField("seg", LongType())])
+    routed = df.mapInArrow(lambda it: _route(spec, it), schema)
+    routed = routed.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # Read (and count) everything before any handler runs: a short read writes nothing.
+        routed.count()
+        check_read(proc.name, "read", source.read(), source.expected)
+        return _run_projection(app, proc, dispatch, spec, routed, source, owner, records)
+    finally:
+        routed.unpersist()
+
+
+def _run_projection(
+    app: Any,
+    proc: Any,
+    dispatch: Dispatch,
+    spec: _ProjectionSpec,
+    routed: Any,
+    source: _Input,
+    owner: str,
+    records: list,
+) -> int:
     db = app.db
     with db.transaction() as conn:  # like a reset: reset handlers, tokens back to the start
         ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
         dispatch.reset(ctx)
         for record in records:
             app.tokens.store(proc.name, record.segment.id, Token(0), owner, conn=conn)
-    segments = [(r.segment.id, r.segment.mask) for r in records]
-    spec = _ProjectionSpec(proc.name, url, owner, dispatch, proc.policy, segments,
-                           app.tokens.claim_timeout, 5000)  # fmt: skip
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    df = source.df
-    n = len(segments)
-    schema = StructType([*df.schema.fields, StructField("seg", LongType())])
-    routed = df.mapInArrow(lambda it: _route(spec, it), schema)
+        app.dead_letters.clear(conn, proc.name)  # the replay delivers parked events again
+    n = len(spec.segments)
     ordered = routed.repartition(n, "seg").sortWithinPartitions("seg", "position")
     counts = ordered.mapInArrow(lambda it: _handle(spec, it), "seg long, events long").collect()
     # Each segment's token is at the last event its handlers committed; all move to the end
-    # only if Spark read and handled every event of the store.
-    check_read(proc.name, "read", source.read(), source.expected)
+    # only if every event of the store was handled.
     handled = check_read(proc.name, "handled", sum(r["events"] for r in counts), source.expected)
     with db.transaction() as conn:
         for record in records:
