@@ -24,6 +24,7 @@ BENCHMARKS = {
     "aggregation": "benchmarks.bench_aggregation",
     "types": "benchmarks.bench_types",
     "postgres": "benchmarks.bench_postgres",
+    "projection": "benchmarks.bench_projection",
 }
 
 
