@@ -126,7 +126,7 @@ def test_bad_aggregation_definitions(store_url: str) -> None:
         app.republisher("r", to_stream="")
 
 
-def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -> None:
+def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str, tmp_path) -> None:
     """Workers running the republisher and the aggregation are SIGKILLed again and again (the
     republisher pauses after appending, so kills land between its append and its token); the
     totals end exactly equal to the reference."""
@@ -144,11 +144,13 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -
     _, screws, factories = build(app)
     env = {**os.environ, "EVENTLANES_DEMO_URL": store_url, "EVENTLANES_DEMO_PAUSE": "0.02"}
 
+    log = tmp_path / "workers.log"
+
     def worker() -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "eventlanes.cli", "run", "examples.screws:app",
              "--no-progress"], cwd=root, env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=log.open("a"),  # shown if the test fails: which worker said what
         )  # fmt: skip
 
     reference: dict = {}
@@ -158,8 +160,14 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str) -
     try:
         kill_again_and_again(workers, worker, loader.is_alive, 8, pause=(0.3, 0.9), seed=5)
         loader.join()
-        wait_for(lambda: app.status("normalise").caught_up, timeout=120, what="republisher")
-        app.wait_until_caught_up(120)
+        try:
+            wait_for(lambda: app.status("normalise").caught_up, timeout=120, what="republisher")
+            app.wait_until_caught_up(120)
+        except (AssertionError, TimeoutError):
+            codes = [p.poll() for p in workers]
+            lines = log.read_text().splitlines()
+            print(f"workers' exit codes: {codes}\n" + "\n".join(lines[-80:]))
+            raise
     finally:
         for p in workers:
             p.send_signal(signal.SIGTERM)
