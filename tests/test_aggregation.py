@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
@@ -179,3 +180,32 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str, t
     # Re-appended outputs (if a kill hit the window) exist in the store and were dropped.
     print(f"re-appended and dropped: {screws.dropped()}")
     assert derived - reference["outputs"] == screws.dropped()
+
+
+def test_two_writers_of_a_new_downstream_key_lose_no_update(store_url: str) -> None:
+    """Two upstream segments (in two processes) feed one downstream key that has no row yet:
+    a row that does not exist cannot be locked, so the second writer used to start from the
+    initial state too and overwrite the first (found by the chaos test on PostgreSQL)."""
+    import threading
+
+    app = el.App(store_url)
+    table = app.aggregate_states
+    db = app.db
+    first_holds_it = threading.Event()
+
+    def add_one(hold: bool) -> None:
+        with db.transaction() as conn:
+            entries = table.lock(conn, "stage", ["factory-1"], lambda: {"ok": 0})
+            entries["factory-1"].value["ok"] += 1
+            if hold:
+                first_holds_it.set()
+                time.sleep(0.5)  # the other writer tries meanwhile
+            table.save(conn, "stage", entries)
+
+    first = threading.Thread(target=add_one, args=(True,))
+    first.start()
+    assert first_holds_it.wait(10)
+    add_one(False)
+    first.join()
+    assert table.get("stage", "factory-1") == {"ok": 2}
+    app.close()

@@ -357,7 +357,8 @@ class AggregationWorker(SegmentWorker):
             for name, items in by_stage.items():
                 stage = items[0][0]
                 keyed = [(str(stage.key(out)), coords, out, src) for _, coords, out, src in items]
-                entries = self.table.load(conn, name, sorted({k for k, *_ in keyed}), lock=True)
+                keys = sorted({k for k, *_ in keyed})
+                entries = self.table.lock(conn, name, keys, stage.initial)
                 for key, coords, out, src in keyed:
                     entry = entries.get(key)
                     if entry is None:

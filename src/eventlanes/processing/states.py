@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,10 @@ class StateTable:
             ]
         )
         q = db.sql
+        self._create = q(
+            f"""INSERT INTO {t} (aggregation, key, value, offsets, dropped, updated_at)
+                VALUES (?, ?, ?, ?, ?, {db.now_ms}) ON CONFLICT (aggregation, key) DO NOTHING"""
+        )
         self._upsert = q(
             f"""INSERT INTO {t} (aggregation, key, value, offsets, dropped, updated_at)
                 VALUES (?, ?, ?, ?, ?, {db.now_ms})
@@ -90,6 +95,20 @@ class StateTable:
             for key, value, offsets, dropped in rows:
                 found[key] = Entry(decode(value), decode(offsets), dropped)
         return found
+
+    def lock(
+        self, conn: Any, name: str, keys: list[str], initial: Callable[[], Any]
+    ) -> dict[str, Entry]:
+        """The states of ``keys`` under a row lock, creating missing rows first: a row that does
+        not exist cannot be locked, and two writers would each start from ``initial()`` and
+        the second would overwrite the first (a lost update)."""
+        rows = [(name, k, encode(initial()), "{}", 0) for k in keys]
+        cur = conn.cursor()
+        try:
+            cur.executemany(self._create, rows)
+        finally:
+            cur.close()
+        return self.load(conn, name, keys, lock=True)
 
     def save(self, conn: Any, name: str, entries: dict[str, Entry], keys: Any = None) -> None:
         """Upsert ``entries`` (only those of ``keys`` if given), each encoded once."""
