@@ -7,10 +7,13 @@ tables and need no cleanup between them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +90,24 @@ def make_token_store(request: pytest.FixtureRequest, tmp_path):
     yield make
     for ts in opened:
         ts.db.close()
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (a real small disk to fill up); mounting needs
+    root, and the test is skipped with the reason where it is not allowed."""
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import pytest
 
 import eventlanes as el
 from tests.apps.recorder import create_schema
+from tests.conftest import mounted_tmpfs
 from tests.processing_helpers import append_load, assert_exactly_once_in_order, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,20 +155,9 @@ def test_restart_while_idle_and_writers_append(server) -> None:  # type: ignore[
 
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    """A 16 MB tmpfs of its own (mounting needs root; skipped with the reason elsewhere)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
+    """A 16 MB tmpfs of its own."""
+    with mounted_tmpfs(tmp_path / "disk", "16m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_sqlite_disk_full_while_processing(small_disk: Path, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.errors import DatabaseUnavailableError
+from tests.conftest import mounted_tmpfs
 
 E = el.NewEvent
 
@@ -32,22 +33,9 @@ def test_sqlite_locked_past_the_busy_timeout_is_unavailable_and_then_works(tmp_p
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 2 MB tmpfs of its own (mounting needs root; skipped with the reason elsewhere)."""
-    import subprocess
-
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
+    """A 2 MB tmpfs of its own."""
+    with mounted_tmpfs(tmp_path / "disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(path) -> None:
