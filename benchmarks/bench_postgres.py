@@ -134,11 +134,11 @@ def projection(url: str, events: int) -> dict[str, tuple[float, tuple[int, int]]
             start = time.perf_counter()
             with db.transaction(pipeline=how["pipeline"]) as conn:
                 if how["many"]:
-                    rows = [(event.position, event.data["i"]) for event in batch]
+                    rows = [(event.position, event.version) for event in batch]
                     conn.cursor().executemany(insert, rows)
                 else:
                     for event in batch:
-                        conn.execute(insert, (event.position, event.data["i"]))
+                        conn.execute(insert, (event.position, event.version))
                 tokens.store(name, 0, upto, "bench", conn=conn)
             seconds[variant] += time.perf_counter() - start
         done += len(batch)
