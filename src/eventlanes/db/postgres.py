@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,22 @@ try:  # PostgreSQL support is an extra: pip install 'eventlanes[postgres]'
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     ConnectionPool = None  # type: ignore[assignment,misc]
+
+
+def _check_connection(conn: Any) -> None:
+    """The pool's checkout check without a round trip on a healthy connection.
+
+    An idle connection in the pool has nothing to read; a server that stopped or restarted,
+    or cut the session, has closed the socket (after a FATAL message): it polls readable. Only
+    then is the connection tried for real (an empty query, which raises for a dead one and
+    lets the pool replace it). Saves a round trip per transaction and per read."""
+    if conn.closed or conn.broken:
+        ConnectionPool.check_connection(conn)  # raises: the pool replaces it
+        return
+    poller = select.poll()
+    poller.register(conn.pgconn.socket, select.POLLIN | select.POLLERR | select.POLLHUP)
+    if poller.poll(0):
+        ConnectionPool.check_connection(conn)
 
 
 class PostgresDatabase(Database):
@@ -103,7 +120,7 @@ class PostgresDatabase(Database):
                     configure=self._configure,
                     # A connection that went stale (server restarted, network cut) is
                     # replaced at checkout instead of failing the caller's statement.
-                    check=ConnectionPool.check_connection,
+                    check=_check_connection,
                     timeout=self.pool_timeout,
                     # Give up a failing reconnection early: the next checkout starts a fresh
                     # attempt at once, instead of waiting out a backoff grown while the

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import suppress
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -58,6 +59,7 @@ def _micros_loader() -> Any:
 
 
 _VERSION_CONFLICT = "EL409"
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (psycopg is imported lazily)
 # Position markers use single-bigint advisory keys (namespace << 48) | position.
 _MARKER_SHIFT = 48
 
@@ -250,12 +252,36 @@ class PostgresEventStore(EventStore):
             f"SELECT {_COLUMNS} FROM {self.events_table} "
             f"WHERE position > %s{cond} ORDER BY position LIMIT %s"
         )
+        # A segment filter (routing_hash & mask = id) has no statistics: PostgreSQL guesses a
+        # handful of matching rows and reads the whole backlog after ``after`` (bitmap scan,
+        # then sort) on every read. Without sorting it walks an index in position order and
+        # stops at the limit. Not with several types: walking the primary key past rare types
+        # could cost more than sorting the few rows of the type index.
+        types_at = cond.find(" AND type IN (")
+        types = cond[types_at:].count("%s") if types_at >= 0 else 0
+        guard_plan = "routing_hash" in cond and types <= 1
         with self.db.connection() as conn:
-            # Two statements on purpose: the read's snapshot must be taken after the horizon.
-            horizon = conn.execute(self._horizon_sql).fetchone()[0]
+            # One round trip. Two statements on purpose, each with its own snapshot (READ
+            # COMMITTED whatever the server's default): the read's snapshot must be taken
+            # after the horizon is.
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                    if guard_plan:
+                        conn.execute("SET LOCAL enable_sort = off")
+                    hcur = conn.execute(self._horizon_sql)
+                    cur = self._cursor(conn)
+                    cur.execute(sql, (after, *params, limit))
+                    conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != _IDLE:
+                    with suppress(Exception):
+                        conn.execute("ROLLBACK")
+                raise
+            horizon = hcur.fetchone()[0]
             if horizon <= after:
                 return [], after
-            rows = self._raw_rows(conn, sql, (after, *params, limit))
+            rows = cur.fetchall()
         if rows and rows[-1][0] > horizon:
             # Every row of the filter up to the horizon came before the first one past it.
             return [Event(*row) for row in rows if row[0] <= horizon], horizon
@@ -301,10 +327,13 @@ class PostgresEventStore(EventStore):
             rows = self._raw_rows(conn, sql, (stream_id, after_version, *until, limit))
         return [Event(*row) for row in rows]
 
-    def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _cursor(self, conn: Any) -> Any:
         cur = conn.cursor(binary=True)
         cur.adapters.register_loader("timestamptz", self._micros)
-        return cur.execute(sql, params).fetchall()
+        return cur
+
+    def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return self._cursor(conn).execute(sql, params).fetchall()
 
     def _head(self) -> int:
         with self.db.connection() as conn:
