@@ -63,7 +63,7 @@ def run(backends: list[str], quick: bool = False) -> None:
         url = urls["postgres"]()
         _fill(url, events)
         raw = raw_projection(url, events)
-        for variant, (rate, (count, _)) in raw.items():
+        for variant, (_rate, (count, _)) in raw.items():
             if count != events:
                 raise AssertionError(f"raw {variant}: {count} rows for {events} events")
         rates: dict[str, float] = {}

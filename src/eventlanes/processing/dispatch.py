@@ -57,6 +57,14 @@ def is_replay(token: Token, event: Event) -> bool:
     return token.source(event.source).is_replay(event.position)
 
 
+def never_replay(token: Token | bool) -> bool:
+    """True when no event handled from ``token`` can be a replay (no reset is being replayed,
+    in any source): the common case, where per-event replay checks can be skipped."""
+    if isinstance(token, bool):
+        return not token
+    return token.replay_until is None and all(t.replay_until is None for _, t in token.sources)
+
+
 class Parking:
     """Dead-letter parking for one segment batch: keys already parked in the table, and the
     failures of this batch's earlier attempts (each attempt is rolled back as a whole)."""
@@ -120,8 +128,14 @@ class Dispatch:
         True / False when all are (a bulk replay) or none are (a dead-letter retry).
         Raises :class:`HandlerFailed` or :class:`BatchHandlerFailed`; the caller rolls back."""
         check = parking is not None and parking.active
+        live = never_replay(token)
+        if not check and not self.handlers.has_event_handlers:
+            handled = list(events)  # on_batch handlers only: nothing to do per event
+            self.run_batch(handled, ctx, token, watch, live)
+            return handled
         key_of = self.policy.key
-        handled: list[Event] = []
+        for_type = self.handlers.for_type
+        handled = []
         for event in events:
             if check:
                 assert parking is not None and park is not None
@@ -130,37 +144,53 @@ class Dispatch:
                 if reason is not None:
                     park(event, key, reason)
                     continue
-            replay = token if isinstance(token, bool) else is_replay(token, event)
+            if live:
+                replay = False
+                handlers: Sequence[Handler] = for_type(event.type)
+            else:
+                replay = token if isinstance(token, bool) else is_replay(token, event)
+                handlers = self.for_event(event, replay)
             ctx.is_replay = replay
             if watch is not None:
                 watch(event)
-            for handler in self.for_event(event, replay):
+            for handler in handlers:
                 try:
                     handler(event, ctx)
                 except Exception as exc:  # noqa: BLE001 - reported with the event
                     raise HandlerFailed(event, key_of(event), exc) from exc
             handled.append(event)
-        self.run_batch(handled, ctx, token, watch)
+        self.run_batch(handled, ctx, token, watch, live)
         return handled
 
     def run_batch(
-        self, handled: Sequence[Event], ctx: Any, token: Token | bool, watch: Watch | None = None
+        self,
+        handled: Sequence[Event],
+        ctx: Any,
+        token: Token | bool,
+        watch: Watch | None = None,
+        live: bool | None = None,
     ) -> None:
-        """The ``on_batch`` handlers, each with the handled events of its types."""
+        """The ``on_batch`` handlers, each with the handled events of its types. ``live``:
+        known that none of them is a replay (:func:`never_replay`)."""
+        if live is None:
+            live = never_replay(token)
 
         def replayed(e: Event) -> bool:
             return token if isinstance(token, bool) else is_replay(token, e)
 
         for types, handler in self.handlers.batch_handlers:
-            replay_ok = runs_on_replay(handler)
-            chosen = [
-                e
-                for e in handled
-                if (types is None or e.type in types) and (replay_ok or not replayed(e))
-            ]
+            if live:
+                chosen = list(handled) if types is None else [e for e in handled if e.type in types]
+            else:
+                replay_ok = runs_on_replay(handler)
+                chosen = [
+                    e
+                    for e in handled
+                    if (types is None or e.type in types) and (replay_ok or not replayed(e))
+                ]
             if not chosen:
                 continue
-            ctx.is_replay = all(replayed(e) for e in chosen)
+            ctx.is_replay = False if live else all(replayed(e) for e in chosen)
             if watch is not None:
                 watch(handler)
             try:

@@ -54,6 +54,11 @@ class HandlerSet:
     def __bool__(self) -> bool:
         return bool(self._entries or self.batch_handlers)
 
+    @property
+    def has_event_handlers(self) -> bool:
+        """Whether any per-event handler is registered (``on_batch`` handlers aside)."""
+        return bool(self._entries)
+
     def types(self) -> frozenset[str] | None:
         """The event types some handler takes; None when one takes every event."""
         named: set[str] = set()

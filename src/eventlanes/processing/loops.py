@@ -8,11 +8,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
+from ..events import Event
 from ..notify import Wakeup
+from ..tokens import Token
 from .coordinator import Coordinator
-from .reader import BatchReader
-from .state import Outcome, SegmentState
+from .reader import BatchReader, Upto
+from .state import Outcome, SegmentState, advanced
 from .weather import Backoff, is_transient
 from .worker import SegmentWorker
 
@@ -33,10 +36,33 @@ def weather(
     stopping.wait(delay)
 
 
+@dataclass(frozen=True)
+class ReadAhead:
+    """The next batch, read while the current one was handled, from the tokens the held
+    segments were to have once it committed. Good only if every one of them has exactly those
+    now (a failure, a lost claim, a new or changed segment: read again)."""
+
+    states: tuple[SegmentState, ...]
+    tokens: tuple[Token, ...]
+    seen: int  # the wake-up generation before the read
+    events: list[Event]
+    upto: Upto
+    moved: bool
+
+    def fits(self, states: list[SegmentState]) -> bool:
+        return len(states) == len(self.states) and all(
+            st is mine and not st.lost and st.token == token
+            for st, mine, token in zip(states, self.states, self.tokens, strict=True)
+        )
+
+
 class PooledLoop:
     """One reader thread reads the store once, from the lowest held token, and hands each held
     segment's share of a batch to a worker pool; the next batch starts when the segments of
-    this one have committed. Segments change only between batches, on this thread."""
+    this one have committed. Segments change only between batches, on this thread. While a
+    batch is handled, the next one is read (from the tokens the batch will leave): it is
+    handed out only if the batch committed everywhere and the held segments did not change,
+    so no event is handed out twice or out of order."""
 
     def __init__(
         self,
@@ -54,6 +80,7 @@ class PooledLoop:
         self.stopping = stopping
         self.threads = threads
         self.abandoned = 0  # handler threads given up on as stuck
+        self.ahead: ReadAhead | None = None
 
     def run(self) -> None:
         name = self.coordinator.name
@@ -73,9 +100,12 @@ class PooledLoop:
             self.coordinator.release_all()
 
     def _round(self) -> None:
-        """One batch: coordinate, read, hand the segments' shares to the pool, wait."""
+        """One batch: coordinate, read (or take the batch read ahead), hand the segments'
+        shares to the pool, read the next batch, wait."""
         coordinator, worker = self.coordinator, self.worker
+        ahead, self.ahead = self.ahead, None  # used once at most, whatever happens
         if coordinator.coordinate():
+            ahead = None  # claims, splits, merges may have changed the held segments
             states = [st for st in coordinator.claimed.values() if not st.lost]
             coordinator.refresh_parked(states)
             for st in states:
@@ -85,26 +115,50 @@ class PooledLoop:
         if not states:
             self.wakeup.wait(self.wakeup.generation, coordinator.interval)
             return
-        seen = self.wakeup.generation
-        events, upto, moved = self.reader.read(states)
+        if ahead is not None and ahead.fits(states):
+            seen, events, upto, moved = ahead.seen, ahead.events, ahead.upto, ahead.moved
+        else:
+            seen = self.wakeup.generation
+            events, upto, moved = self.reader.read(states)
         if not events and not moved:
             for st in states:  # idle: a good moment to persist advanced tokens
                 worker.persist_idle(st)
             self.wakeup.wait(seen)
             return
         shares = self.reader.share(states, events)
+        # Where every held segment will be once this batch committed (taken before a worker
+        # can change a token).
+        tokens = tuple(advanced(st.token, upto) for st in states)
         futures = {
             self.pool.submit(worker.process, st, evs, upto): st for st, evs in shares.items() if evs
         }
         for st, evs in shares.items():
             if not evs:
                 worker.idle(st, upto)
+        following = self._read_ahead(states, tokens) if futures else None
         if self._wait(futures):
             # A stuck handler keeps its thread: leave it, and go on with a fresh pool.
             self.pool.shutdown(wait=False)
             self.pool = ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix=f"el-{coordinator.name}"
             )
+            return
+        self.ahead = following
+
+    def _read_ahead(
+        self, states: list[SegmentState], tokens: tuple[Token, ...]
+    ) -> ReadAhead | None:
+        """The next batch, read while the workers handle this one (the database works on the
+        read while handlers run); None when it could not be read (read again next round)."""
+        if self.stopping.is_set():
+            return None
+        seen = self.wakeup.generation
+        try:
+            events, upto, moved = self.reader.read(states, tokens)
+        except Exception as exc:  # noqa: BLE001 - the next round reads again and reports it
+            log.debug("%s: read ahead failed: %s", self.coordinator.name, exc)
+            return None
+        return ReadAhead(tuple(states), tokens, seen, events, upto, moved)
 
     def _wait(self, futures: dict[Future[Outcome], SegmentState]) -> bool:
         """Wait for the batch's segments; True when one was given up as stuck (its thread is

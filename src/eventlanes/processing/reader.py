@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ..events import Event
 from ..store import EventStore
+from ..tokens import Token
 from .processor import Processor
 from .sources import read_merged
 from .state import SegmentState
@@ -26,18 +27,22 @@ class BatchReader:
         # the others, so a processor at the head never looks behind.
         self.types = proc.handled_types()
 
-    def read(self, states: Sequence[SegmentState]) -> tuple[list[Event], Upto, bool]:
+    def read(
+        self, states: Sequence[SegmentState], tokens: Sequence[Token] | None = None
+    ) -> tuple[list[Event], Upto, bool]:
         """The next batch for ``states``: events, how far it is complete, and whether it moves
         any token (a read past events of other segments does). Per-stream routing filters by
-        segment in SQL; other policies need the event, so they filter here."""
+        segment in SQL; other policies need the event, so they filter here. ``tokens``: the
+        states' tokens to read from, when not their current ones (a read ahead)."""
         proc = self.proc
         segs = [(st.segment.id, st.segment.mask) for st in states] if self.by_stream else None
+        held = tokens if tokens is not None else [st.token for st in states]
         if len(self.sources) == 1:
-            after = min(st.token.position for st in states)
+            after = min(token.position for token in held)
             events, upto = self.sources[0][1].read_upto(after, proc.batch_size, segs, self.types)
             return events, upto, upto > after
         afters = {
-            name: min(st.token.source(name).position for st in states) for name, _ in self.sources
+            name: min(token.source(name).position for token in held) for name, _ in self.sources
         }
         events, uptos = read_merged(
             self.sources, afters, proc.batch_size, segs, proc.order, self.types
@@ -52,6 +57,9 @@ class BatchReader:
         if only and only.segment.mask == 0 and only.token.is_plain and not only.token.sources:
             return {only: events}  # the whole hash space, nothing seen ahead: no hashing
         shares: dict[SegmentState, list[Event]] = {st: [] for st in states}
+        if len({st.segment.mask for st in states}) == 1 and self._plain(states):
+            self._share_plain(states, events, shares)
+            return shares
         by_mask: dict[int, dict[int, SegmentState]] = {}
         for st in states:
             by_mask.setdefault(st.segment.mask, {})[st.segment.id] = st
@@ -66,3 +74,32 @@ class BatchReader:
                         shares[owner].append(event)
                     break
         return shares
+
+    def _plain(self, states: Sequence[SegmentState]) -> bool:
+        """One source and plain tokens: an event is wanted when it is past the token."""
+        return len(self.sources) == 1 and all(
+            st.token.is_plain and not st.token.sources for st in states
+        )
+
+    def _share_plain(
+        self,
+        states: Sequence[SegmentState],
+        events: list[Event],
+        shares: dict[SegmentState, list[Event]],
+    ) -> None:
+        """:meth:`share` for segments of one mask with plain tokens (the usual case), with
+        one dictionary look-up per event."""
+        mask = states[0].segment.mask
+        table = {st.segment.id: (shares[st], st.token.position) for st in states}
+        get = table.get
+        if self.by_stream:
+            for event in events:
+                found = get(event.routing_hash & mask)
+                if found is not None and event.position > found[1]:
+                    found[0].append(event)
+            return
+        routing_hash = self.routing_hash
+        for event in events:
+            found = get(routing_hash(event) & mask)
+            if found is not None and event.position > found[1]:
+                found[0].append(event)
