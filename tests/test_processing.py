@@ -52,6 +52,51 @@ def test_projection_is_exactly_once_and_in_stream_order(store_url: str, mode: st
     assert len(handled_rows(app, table)) == 4000
 
 
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_batches_read_ahead_are_dropped_when_a_segment_fails(
+    store_url: str, pipeline: bool
+) -> None:
+    """The pooled loop reads the next batch while one is handled. A segment fails (its batch
+    rolled back, its claim let go) and is claimed again after its back-off while the other
+    segment is kept busy: no batch read ahead for the old claim may be handed out, every event
+    is still handled exactly once, in stream order."""
+    assert [el.stable_hash(f"s-{i}") & 1 for i in range(6)] == [0, 0, 0, 0, 1, 1]
+    app, proc, table = recorder_app(store_url, segments=2, batch_size=5, pipeline=pipeline)
+    for i in range(4):  # segment 0
+        app.store.append(f"s-{i}", [E("Step", {"n": n}) for n in range(15)])
+    doomed = {1, 20}  # first events of s-0 and s-1
+    failed: list[int] = []
+
+    @proc.on("Step")
+    def fail_once(event: el.Event, ctx: el.Context) -> None:
+        time.sleep(0.002)
+        if event.position in doomed:
+            doomed.discard(event.position)
+            failed.append(event.position)
+            raise RuntimeError(f"first try of {event.position}")
+
+    stop = threading.Event()
+
+    def keep_segment_1_busy() -> None:
+        while not stop.wait(0.01):
+            app.store.append(f"s-{4 + len(failed) % 2}", [E("Step") for _ in range(5)])
+
+    busy = threading.Thread(target=keep_segment_1_busy)
+    app.start()
+    busy.start()
+    try:
+        wait_for(lambda: not doomed, timeout=30, what="both failures")
+        time.sleep(1.5)  # the second failure's back-off: claimed again while segment 1 works
+        stop.set()
+        busy.join()
+        app.wait_until_caught_up(60)
+    finally:
+        stop.set()
+        app.stop()
+    assert sorted(failed) == [1, 20]  # both failures were met (and rolled back)
+    assert assert_exactly_once_in_order(app, table) == len(app.store.read(after=0, limit=10**6))
+
+
 def test_new_events_are_noticed_promptly(store_url: str) -> None:
     app, _, table = recorder_app(store_url)
     app.start()
