@@ -244,18 +244,7 @@ class PostgresEventStore(EventStore):
         # No upper bound in SQL: with a range on both sides PostgreSQL may underestimate the
         # rows (fresh statistics) and sort a bitmap scan instead of walking the primary key.
         # Rows committed above the horizon (past an append still in flight) are cut here.
-        sql = (
-            f"SELECT {_COLUMNS} FROM {self.events_table} "
-            f"WHERE position > %s{cond} ORDER BY position LIMIT %s"
-        )
-        # A segment filter (routing_hash & mask = id) has no statistics: PostgreSQL guesses a
-        # handful of matching rows and reads the whole backlog after ``after`` (bitmap scan,
-        # then sort) on every read. Without sorting it walks an index in position order and
-        # stops at the limit. Not with several types: walking the primary key past rare types
-        # could cost more than sorting the few rows of the type index.
-        types_at = cond.find(" AND type IN (")
-        types = cond[types_at:].count("%s") if types_at >= 0 else 0
-        guard_plan = "routing_hash" in cond and types <= 1
+        sql, args, guard_plan = self._read_sql(after, limit, cond, params)
         with self.db.connection() as conn:
             # One round trip. Two statements on purpose, each with its own snapshot (READ
             # COMMITTED whatever the server's default): the read's snapshot must be taken
@@ -267,7 +256,7 @@ class PostgresEventStore(EventStore):
                         conn.execute("SET LOCAL enable_sort = off")
                     hcur = conn.execute(self._horizon_sql)
                     cur = self._cursor(conn)
-                    cur.execute(sql, (after, *params, limit))
+                    cur.execute(sql, args)
                     conn.execute("COMMIT")
             except BaseException:
                 if not conn.closed and conn.info.transaction_status != _IDLE:
@@ -283,6 +272,35 @@ class PostgresEventStore(EventStore):
             return [Event(*row) for row in rows if row[0] <= horizon], horizon
         events = [Event(*row) for row in rows]
         return events, events[-1].position if len(events) == limit else horizon
+
+    def _read_sql(
+        self, after: int, limit: int, cond: str, params: list[Any]
+    ) -> tuple[str, list[Any], bool]:
+        """The read's SQL, its parameters, and whether sorting must be ruled out.
+
+        A segment filter (routing_hash & mask = id) has no statistics: PostgreSQL guesses a
+        handful of matching rows and reads the whole backlog after ``after`` (bitmap scan,
+        then sort) on every read. Without sorting it walks an index in position order and
+        stops at the limit: the primary key, or the (type, position) index for one type. For
+        several types, one such walk per type, merged in position order (a walk of the primary
+        key past rare types could read far more than the limit)."""
+        t = self.events_table
+        plain = f"SELECT {_COLUMNS} FROM {t} WHERE position > %s{cond} ORDER BY position LIMIT %s"
+        if "routing_hash" not in cond:
+            return plain, [after, *params, limit], False
+        types_at = cond.find(" AND type IN (")
+        types = cond[types_at:].count("%s") if types_at >= 0 else 0
+        if types <= 1:
+            return plain, [after, *params, limit], True
+        by_segment, names = params[: len(params) - types], params[len(params) - types :]
+        arm = (
+            f"(SELECT {_COLUMNS} FROM {t} WHERE position > %s{cond[:types_at]} AND type = %s "
+            "ORDER BY position LIMIT %s)"
+        )
+        args: list[Any] = []
+        for name in names:
+            args += [after, *by_segment, name, limit]
+        return " UNION ALL ".join([arm] * types) + " ORDER BY 1 LIMIT %s", [*args, limit], True
 
     def scan(
         self,
