@@ -7,7 +7,7 @@ import select
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from ..errors import (
@@ -18,6 +18,8 @@ from ..errors import (
 )
 from .base import Database, first_line
 from .url import DatabaseURL
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (psycopg is an optional import)
 
 try:  # PostgreSQL support is an extra: pip install 'eventlanes[postgres]'
     import psycopg
@@ -139,16 +141,27 @@ class PostgresDatabase(Database):
                 with conn.transaction():
                     yield conn
                 return
-            # The pipeline encloses the transaction: BEGIN, the statements and COMMIT are
-            # queued; leaving the transaction block syncs once for all of them.
-            with conn.pipeline(), conn.transaction():
-                yield conn
+            # BEGIN, the statements and COMMIT are queued; leaving the pipeline syncs once for
+            # all of them. Not psycopg's conn.transaction() inside the pipeline: it syncs on
+            # entering (a round trip for BEGIN) and twice on leaving.
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    yield conn
+                    conn.execute("COMMIT")
+            except BaseException:
+                # A failed statement leaves the transaction aborted (COMMIT was skipped); an
+                # error in the block left it open: roll back before the pool gets it back.
+                if not conn.closed and conn.info.transaction_status != _IDLE:
+                    with suppress(Exception):
+                        conn.execute("ROLLBACK")
+                raise
 
     def sync(self, conn: Any) -> None:
         if conn.pgconn.pipeline_status:  # pq.PipelineStatus.OFF is 0
-            # A nested pipeline block sends a Sync on exit and reads every pending result.
-            with conn.pipeline():
-                pass
+            # Fetching a result reads every result queued before it (after a flush request):
+            # one round trip, no Sync message (a nested pipeline block would cost two).
+            conn.execute("SELECT 1").fetchone()
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
