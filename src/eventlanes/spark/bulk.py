@@ -32,7 +32,7 @@ from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
 from ..processing.dispatch import Dispatch
 from ..tokens import Token
-from .export import read_manifest
+from .export import PREFIX, read_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session, partitions_of
 from .ship import executor_url, first_line, preflight
@@ -57,6 +57,9 @@ class _Input:
     end: int
     expected: int  # events in (0, end] in the store (or the export)
     read: Callable[[], int | None]  # rows Spark read, once the plan has run
+    columns: dict[str, str] | None = None  # an export's typed data columns (property -> type)
+    chained_types: list[str] | None = None  # an export's event types with chained events
+    parquet: bool = False
 
 
 def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Input:
@@ -70,8 +73,11 @@ def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Inpu
         end, files, expected = export["end"], export["paths"], export["events"]
         if not files:  # an export of an empty store
             return _Input(spark.createDataFrame([], SCHEMA), end, 0, lambda: 0)
-        df = spark.read.schema(SCHEMA).parquet(*files).where(F.col("position") <= end)
-        return _Input(df, end, expected, df.count)  # Spark's own row count of those files
+        columns = export["columns"]
+        schema = ", ".join([SCHEMA, *(f"`{PREFIX}{p}` {k}" for p, k in columns.items())])
+        df = spark.read.schema(schema).parquet(*files).where(F.col("position") <= end)
+        # Spark's own row count of those files (a declarative plan counts them in its job).
+        return _Input(df, end, expected, df.count, columns, export["chained_types"], True)
     end = app.store.head()
     df, counter = read_events(spark, url, 0, end, n)
     return _Input(df, end, app.store.count(until=end), counter.total)
@@ -245,13 +251,20 @@ def _aggregation(
         from .declarative import declared_states
 
         folded: Any = None
-        states = {agg.name: declared_states(agg.declaration, source.df, app.store.events_table)}
+        declared, read = declared_states(agg.declaration, source.df, app.store.events_table,
+                                         source.columns, source.chained_types)  # fmt: skip
+        states = {agg.name: declared}
+        # From an export, the plan's own count is Spark's count of the files' rows (no second
+        # job); from the store, the ranges' counts must agree with it too.
+        if not source.parquet:
+            check_read(agg.name, "read", source.read(), source.expected)
+        events = check_read(agg.name, "read", read, source.expected)
     else:
         folded = fold_aggregation(spec, source.df, n)
         if spec.stages:
             folded = folded.cache()
         states = collect_states(folded)
-    events = check_read(agg.name, "read", source.read(), source.expected)
+        events = check_read(agg.name, "read", source.read(), source.expected)
     for plan in fold_stages(spec, folded, n):
         for name, entries in collect_states(plan).items():
             states.setdefault(name, {}).update(entries)
