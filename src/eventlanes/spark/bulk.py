@@ -61,6 +61,13 @@ class _Input:
     chained_types: list[str] | None = None  # an export's event types with chained events
     parquet: bool = False
 
+    @property
+    def events(self) -> Any:
+        """The events' own columns (``FIELDS``), without an export's typed columns."""
+        from .source import FIELDS
+
+        return self.df.select(*FIELDS)
+
 
 def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Input:
     """The events up to the store's head, or exactly the files of a Parquet export."""
@@ -165,17 +172,28 @@ def replay(
     return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
 
 
-def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None) -> Any:
-    """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition."""
+def fold_aggregation(
+    spec: FoldSpec,
+    df: Any,
+    partitions: int,
+    load: Any = None,
+    columns: dict[str, str] | None = None,
+    typed: Any = None,
+) -> Any:
+    """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition.
+    ``columns``: an export's typed data columns (``typed``: the DataFrame holding them)."""
     from pyspark.sql import functions as F
 
     if spec.key_field is not None and not spec.any:
-        # All in the JVM: filter the folded types and extract the key from the JSON data.
-        keyed = (
-            df.where(F.col("type").isin(list(spec.by_type)))
-            .withColumn("key", F.get_json_object("data", f"$.{spec.key_field}"))
-            .where(F.col("key").isNotNull())
-        )
+        # All in the JVM: filter the folded types and extract the key from the JSON data (or
+        # an export's column of it: the same text for strings and integers).
+        kind = (columns or {}).get(spec.key_field)
+        if typed is not None and kind in ("string", "long"):
+            key = F.col(PREFIX + spec.key_field).cast("string")
+            df = typed.select(*df.columns, key.alias("key"))
+        else:
+            df = df.withColumn("key", F.get_json_object("data", f"$.{spec.key_field}"))
+        keyed = df.where(F.col("type").isin(list(spec.by_type))).where(F.col("key").isNotNull())
     else:
         keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
     seg = F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
@@ -260,7 +278,7 @@ def _aggregation(
             check_read(agg.name, "read", source.read(), source.expected)
         events = check_read(agg.name, "read", read, source.expected)
     else:
-        folded = fold_aggregation(spec, source.df, n)
+        folded = fold_aggregation(spec, source.events, n, columns=source.columns, typed=source.df)
         if spec.stages:
             folded = folded.cache()
         states = collect_states(folded)
@@ -374,7 +392,7 @@ def _projection(app: Any, proc: Any, source: _Input, url: str, owner: str, recor
     from pyspark import StorageLevel
     from pyspark.sql.types import LongType, StructField, StructType
 
-    df = source.df
+    df = source.events
     segments = [(r.segment.id, r.segment.mask) for r in records]
     spec = _ProjectionSpec(proc.name, url, owner, dispatch, proc.policy, segments,
                            app.tokens.claim_timeout, 5000)  # fmt: skip
