@@ -21,8 +21,10 @@ handled too), or the replay fails without writing states or moving tokens to ``E
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,7 @@ from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
 from ..processing.dispatch import Dispatch
 from ..tokens import Token
-from .export import PREFIX, read_manifest
+from .export import PREFIX, check_store, load_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session, partitions_of
 from .ship import executor_url, first_line, preflight
@@ -60,6 +62,12 @@ class _Input:
     columns: dict[str, str] | None = None  # an export's typed data columns (property -> type)
     chained_types: list[str] | None = None  # an export's event types with chained events
     parquet: bool = False
+    pending: Future[None] | None = None  # the store's check of an export, run meanwhile
+
+    def verify(self) -> None:
+        """Before anything is written: the store's check of the export passed (or raise)."""
+        if self.pending is not None:
+            self.pending.result()
 
     @property
     def events(self) -> Any:
@@ -76,18 +84,32 @@ def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Inpu
     from .source import SCHEMA, read_events
 
     if parquet:  # the export's end: the live processor folds what came after it
-        export = read_manifest(parquet, app.store)
+        export = load_manifest(parquet, app.store)
         end, files, expected = export["end"], export["paths"], export["events"]
         if not files:  # an export of an empty store
+            check_store(parquet, export, app.store)
             return _Input(spark.createDataFrame([], SCHEMA), end, 0, lambda: 0)
+        # The store's count up to the export's end runs while Spark reads the files.
+        pending: Future[None] = Future()
+        threading.Thread(target=_settle, args=(pending, check_store, parquet, export, app.store),
+                         daemon=True, name="eventlanes-export-check").start()  # fmt: skip
         columns = export["columns"]
         schema = ", ".join([SCHEMA, *(f"`{PREFIX}{p}` {k}" for p, k in columns.items())])
         df = spark.read.schema(schema).parquet(*files).where(F.col("position") <= end)
         # Spark's own row count of those files (a declarative plan counts them in its job).
-        return _Input(df, end, expected, df.count, columns, export["chained_types"], True)
+        return _Input(df, end, expected, df.count, columns, export["chained_types"], True, pending)
     end = app.store.head()
     df, counter = read_events(spark, url, 0, end, n)
     return _Input(df, end, app.store.count(until=end), counter.total)
+
+
+def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the replay's thread
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
 
 
 def functions_of(proc: Any) -> list[Callable[..., Any]]:
@@ -163,6 +185,7 @@ def replay(
             else:
                 events, keys = _projection(app, proc, source, url, owner, records), 0
         except Exception as exc:
+            source.verify()  # a stale export: say so, rather than what Spark made of it
             if type(exc).__module__.startswith(("pyspark", "py4j")):
                 raise SparkJobError(f"{name}: the Spark job failed: {first_line(exc)}") from exc
             raise
@@ -287,6 +310,7 @@ def _aggregation(
         for name, entries in collect_states(plan).items():
             states.setdefault(name, {}).update(entries)
     names = [agg.name, *(s.name for s in agg.stages)]
+    source.verify()
     table = app.aggregate_states
     db = app.db
     with db.transaction() as conn:
@@ -403,6 +427,7 @@ def _projection(app: Any, proc: Any, source: _Input, url: str, owner: str, recor
         # Read (and count) everything before any handler runs: a short read writes nothing.
         routed.count()
         check_read(proc.name, "read", source.read(), source.expected)
+        source.verify()
         return _run_projection(app, proc, dispatch, spec, routed, source, owner, records)
     finally:
         routed.unpersist()

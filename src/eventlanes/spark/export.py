@@ -221,6 +221,24 @@ def read_manifest(directory: str, store: EventStore) -> dict[str, Any]:
     exported from a table of this name, and the store holds as many events up to the export's
     end. Otherwise a replay would miss or repeat events. ``paths``: the files as Spark reads
     them (URIs)."""
+    manifest = load_manifest(directory, store)
+    check_store(directory, manifest, store)
+    return manifest
+
+
+def check_store(directory: str, manifest: dict[str, Any], store: EventStore) -> None:
+    """The store holds as many events up to the export's end as the export (a replay may run
+    this while Spark reads the files: it only reads the store)."""
+    end, events = int(manifest["end"]), int(manifest["events"])
+    if end > store.head() or store.count(until=end) != events:
+        raise InvalidInputError(
+            f"the export in {directory!r} ({events:,} events up to position {end:,}) does not "
+            f"match this store: export it again"
+        )
+
+
+def load_manifest(directory: str, store: EventStore) -> dict[str, Any]:
+    """:func:`read_manifest` without the store's count (:func:`check_store`)."""
     import pyarrow.parquet as pq
 
     filesystem, base, uri = _filesystem(directory)
@@ -228,7 +246,8 @@ def read_manifest(directory: str, store: EventStore) -> dict[str, Any]:
     try:
         with filesystem.open_input_stream(path) as f:
             manifest = json.loads(f.read())
-        end, events = int(manifest["end"]), int(manifest["events"])
+        manifest["end"], manifest["events"] = int(manifest["end"]), int(manifest["events"])
+        events = manifest["events"]
         files = {str(name): int(rows) for name, rows in manifest["files"].items()}
         table = str(manifest["table"])
     except FileNotFoundError:
@@ -249,11 +268,6 @@ def read_manifest(directory: str, store: EventStore) -> dict[str, Any]:
             )
     if table != store.events_table or sum(files.values()) != events:
         raise InvalidInputError(f"export {directory!r} is of table {table!r}, not this store's")
-    if end > store.head() or store.count(until=end) != events:
-        raise InvalidInputError(
-            f"the export in {directory!r} ({events:,} events up to position {end:,}) does not "
-            f"match this store: export it again"
-        )
     columns = manifest.get("columns")  # older exports have none: JSON only
     chained = manifest.get("chained_types")  # older exports: unknown (None)
     if not isinstance(columns, dict) or not all(
