@@ -51,9 +51,12 @@ def _decode(text: Any) -> Any:
 
 
 def _kind(values: list[Any]) -> str | None:
-    """The one Spark type of a property's values (None: null or absent), or None."""
+    """The one Spark type of a property's values (None: null or absent), "" when every value
+    is null (any type holds), or None."""
     classes = {v.__class__ for v in values}
     classes.discard(type(None))
+    if not classes:
+        return ""
     if len(classes) != 1:
         return None
     [cls] = classes
@@ -86,6 +89,9 @@ def typed_columns(rows: list[tuple]) -> tuple[dict[str, Any], dict[str, Any]]:
             continue
         values = [d.get(name) for d in datas]
         kind = _kind(values)
+        if kind == "":  # null wherever present: a file without the column reads the same
+            names.discard(name)
+            continue
         if kind is None:
             continue
         try:
