@@ -71,12 +71,19 @@ def _typed(prop: str, type_: type, kind: str | None, decl: Declaration) -> Any:
     return F.when(col.isNull(), F.lit(None).cast(want)).otherwise(F.raise_error(error).cast(want))
 
 
-def _rows(decl: Declaration, df: Any, source: str, columns: dict[str, str] | None = None) -> Any:
+def _rows(
+    decl: Declaration,
+    df: Any,
+    source: str,
+    columns: dict[str, str] | None = None,
+    chains: bool = True,
+) -> Any:
     """key, position, src, part, path, chained and the typed properties (``c_<name>``).
 
     Every row read stays (``ok``: of a folded type; the others have a null key) so that the
     plan counts the rows it read. ``columns``: the export's typed columns (property -> Spark
-    type); the other declared properties come from one ``from_json`` of ``data``."""
+    type); the other declared properties come from one ``from_json`` of ``data``. ``chains``:
+    False when no event of the folded types has a source chain (metadata is not read)."""
     from pyspark.sql import functions as F
 
     columns = columns or {}
@@ -91,6 +98,8 @@ def _rows(decl: Declaration, df: Any, source: str, columns: dict[str, str] | Non
         ok & F.col("metadata").contains('"source_chain"'),
         F.from_json("metadata", CHAIN_SCHEMA, {"mode": "FAILFAST"}).getField("source_chain"),
     )
+    if not chains:
+        chain = F.lit(None).cast(CHAIN_SCHEMA.split(" ", 1)[1])
     typed = [F.col(PREFIX + p) for p in columns if p in values]
     first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed]
     if parse:  # one parse per event, however many properties it gives
@@ -203,7 +212,7 @@ def plan(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rows = _rows(decl, df, source, columns)
+    rows = _rows(decl, df, source, columns, chains=chained_keys is not None)
     simple = rows if chained_keys is None else rows.join(chained_keys, "key", "left_anti")
     # Rows of other types form the null key's group: counted, not a state.
     plain = simple.groupBy("key").agg(
