@@ -21,8 +21,10 @@ handled too), or the replay fails without writing states or moving tokens to ``E
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,7 @@ from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
 from ..processing.dispatch import Dispatch
 from ..tokens import Token
-from .export import read_manifest
+from .export import PREFIX, check_store, load_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session, partitions_of
 from .ship import executor_url, first_line, preflight
@@ -57,6 +59,22 @@ class _Input:
     end: int
     expected: int  # events in (0, end] in the store (or the export)
     read: Callable[[], int | None]  # rows Spark read, once the plan has run
+    columns: dict[str, str] | None = None  # an export's typed data columns (property -> type)
+    chained_types: list[str] | None = None  # an export's event types with chained events
+    parquet: bool = False
+    pending: Future[None] | None = None  # the store's check of an export, run meanwhile
+
+    def verify(self) -> None:
+        """Before anything is written: the store's check of the export passed (or raise)."""
+        if self.pending is not None:
+            self.pending.result()
+
+    @property
+    def events(self) -> Any:
+        """The events' own columns (``FIELDS``), without an export's typed columns."""
+        from .source import FIELDS
+
+        return self.df.select(*FIELDS)
 
 
 def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Input:
@@ -66,15 +84,32 @@ def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Inpu
     from .source import SCHEMA, read_events
 
     if parquet:  # the export's end: the live processor folds what came after it
-        export = read_manifest(parquet, app.store)
+        export = load_manifest(parquet, app.store)
         end, files, expected = export["end"], export["paths"], export["events"]
         if not files:  # an export of an empty store
+            check_store(parquet, export, app.store)
             return _Input(spark.createDataFrame([], SCHEMA), end, 0, lambda: 0)
-        df = spark.read.schema(SCHEMA).parquet(*files).where(F.col("position") <= end)
-        return _Input(df, end, expected, df.count)  # Spark's own row count of those files
+        # The store's count up to the export's end runs while Spark reads the files.
+        pending: Future[None] = Future()
+        threading.Thread(target=_settle, args=(pending, check_store, parquet, export, app.store),
+                         daemon=True, name="eventlanes-export-check").start()  # fmt: skip
+        columns = export["columns"]
+        schema = ", ".join([SCHEMA, *(f"`{PREFIX}{p}` {k}" for p, k in columns.items())])
+        df = spark.read.schema(schema).parquet(*files).where(F.col("position") <= end)
+        # Spark's own row count of those files (a declarative plan counts them in its job).
+        return _Input(df, end, expected, df.count, columns, export["chained_types"], True, pending)
     end = app.store.head()
     df, counter = read_events(spark, url, 0, end, n)
     return _Input(df, end, app.store.count(until=end), counter.total)
+
+
+def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the replay's thread
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
 
 
 def functions_of(proc: Any) -> list[Callable[..., Any]]:
@@ -150,6 +185,7 @@ def replay(
             else:
                 events, keys = _projection(app, proc, source, url, owner, records), 0
         except Exception as exc:
+            source.verify()  # a stale export: say so, rather than what Spark made of it
             if type(exc).__module__.startswith(("pyspark", "py4j")):
                 raise SparkJobError(f"{name}: the Spark job failed: {first_line(exc)}") from exc
             raise
@@ -159,17 +195,28 @@ def replay(
     return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
 
 
-def fold_aggregation(spec: FoldSpec, df: Any, partitions: int, load: Any = None) -> Any:
-    """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition."""
+def fold_aggregation(
+    spec: FoldSpec,
+    df: Any,
+    partitions: int,
+    load: Any = None,
+    columns: dict[str, str] | None = None,
+    typed: Any = None,
+) -> Any:
+    """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition.
+    ``columns``: an export's typed data columns (``typed``: the DataFrame holding them)."""
     from pyspark.sql import functions as F
 
     if spec.key_field is not None and not spec.any:
-        # All in the JVM: filter the folded types and extract the key from the JSON data.
-        keyed = (
-            df.where(F.col("type").isin(list(spec.by_type)))
-            .withColumn("key", F.get_json_object("data", f"$.{spec.key_field}"))
-            .where(F.col("key").isNotNull())
-        )
+        # All in the JVM: filter the folded types and extract the key from the JSON data (or
+        # an export's column of it: the same text for strings and integers).
+        kind = (columns or {}).get(spec.key_field)
+        if typed is not None and kind in ("string", "long"):
+            key = F.col(PREFIX + spec.key_field).cast("string")
+            df = typed.select(*df.columns, key.alias("key"))
+        else:
+            df = df.withColumn("key", F.get_json_object("data", f"$.{spec.key_field}"))
+        keyed = df.where(F.col("type").isin(list(spec.by_type))).where(F.col("key").isNotNull())
     else:
         keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
     seg = F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
@@ -245,17 +292,25 @@ def _aggregation(
         from .declarative import declared_states
 
         folded: Any = None
-        states = {agg.name: declared_states(agg.declaration, source.df, app.store.events_table)}
+        declared, read = declared_states(agg.declaration, source.df, app.store.events_table,
+                                         source.columns, source.chained_types)  # fmt: skip
+        states = {agg.name: declared}
+        # From an export, the plan's own count is Spark's count of the files' rows (no second
+        # job); from the store, the ranges' counts must agree with it too.
+        if not source.parquet:
+            check_read(agg.name, "read", source.read(), source.expected)
+        events = check_read(agg.name, "read", read, source.expected)
     else:
-        folded = fold_aggregation(spec, source.df, n)
+        folded = fold_aggregation(spec, source.events, n, columns=source.columns, typed=source.df)
         if spec.stages:
             folded = folded.cache()
         states = collect_states(folded)
-    events = check_read(agg.name, "read", source.read(), source.expected)
+        events = check_read(agg.name, "read", source.read(), source.expected)
     for plan in fold_stages(spec, folded, n):
         for name, entries in collect_states(plan).items():
             states.setdefault(name, {}).update(entries)
     names = [agg.name, *(s.name for s in agg.stages)]
+    source.verify()
     table = app.aggregate_states
     db = app.db
     with db.transaction() as conn:
@@ -361,7 +416,7 @@ def _projection(app: Any, proc: Any, source: _Input, url: str, owner: str, recor
     from pyspark import StorageLevel
     from pyspark.sql.types import LongType, StructField, StructType
 
-    df = source.df
+    df = source.events
     segments = [(r.segment.id, r.segment.mask) for r in records]
     spec = _ProjectionSpec(proc.name, url, owner, dispatch, proc.policy, segments,
                            app.tokens.claim_timeout, 5000)  # fmt: skip
@@ -372,6 +427,7 @@ def _projection(app: Any, proc: Any, source: _Input, url: str, owner: str, recor
         # Read (and count) everything before any handler runs: a short read writes nothing.
         routed.count()
         check_read(proc.name, "read", source.read(), source.expected)
+        source.verify()
         return _run_projection(app, proc, dispatch, spec, routed, source, owner, records)
     finally:
         routed.unpersist()

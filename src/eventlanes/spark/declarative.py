@@ -19,12 +19,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import FieldTypeError
 from ..processing.declarative import TYPES, Declaration, Op
+from .export import PREFIX
 
 CHAIN_SCHEMA = (
     "source_chain array<struct<source: string, partition: string, offset: long, out: long>>"
 )
-STATES = "key string, value string, offsets string, dropped long"
+STATES = "key string, value string, offsets string, dropped long, rows long"
+FIELD_ERROR = "[eventlanes field type] "  # marks our type errors in Spark's exception text
+
+
+def _json(col: Any) -> Any:
+    """A column's value as JSON text."""
+    from pyspark.sql import functions as F
+
+    text = F.to_json(F.array(col))  # [...]
+    return F.substring(text, 2, F.length(text) - 2)
 
 
 def _quoted(col: Any) -> Any:
@@ -35,19 +46,68 @@ def _quoted(col: Any) -> Any:
     return F.substring(text, 2, F.length(text) - 2)
 
 
-def _rows(decl: Declaration, df: Any, source: str) -> Any:
-    """key, position, src, part, path, chained and the typed properties (``c_<name>``)."""
+def _typed(prop: str, type_: type, kind: str | None, decl: Declaration) -> Any:
+    """Property ``prop`` from the export's typed column (of Spark type ``kind``) as the declared
+    ``type_``, failing on a value of another type (naming the event, as the local engine); or
+    None when the column cannot say (parse the JSON instead)."""
     from pyspark.sql import functions as F
 
-    schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in decl.columns.items())
-    data = F.from_json("data", schema, {"mode": "FAILFAST"})
+    if kind is None:
+        return None
+    col = F.col(PREFIX + prop)
+    want = TYPES[type_]
+    if kind == want:
+        return col
+    if (want, kind) in (("double", "long"), ("string", "long"), ("string", "boolean")):
+        return col.cast(want)  # float(int), and JSON's text of an integer or a boolean
+    if want == "string":  # a double's text differs between Java and JSON: parse it
+        return None
+    error = F.concat(
+        F.lit(f"{FIELD_ERROR}aggregation {decl.name!r}: event "),
+        F.col("position").cast("string"),
+        F.lit(" ("), F.col("type"), F.lit(f"): data property {prop!r} is "),
+        _json(col), F.lit(f", declared {type_.__name__}"),
+    )  # fmt: skip
+    return F.when(col.isNull(), F.lit(None).cast(want)).otherwise(F.raise_error(error).cast(want))
+
+
+def _rows(
+    decl: Declaration,
+    df: Any,
+    source: str,
+    columns: dict[str, str] | None = None,
+    chains: bool = True,
+) -> Any:
+    """key, position, src, part, path, chained and the typed properties (``c_<name>``).
+
+    Every row read stays (``ok``: of a folded type; the others have a null key) so that the
+    plan counts the rows it read. ``columns``: the export's typed columns (property -> Spark
+    type); the other declared properties come from one ``from_json`` of ``data``. ``chains``:
+    False when no event of the folded types has a source chain (metadata is not read)."""
+    from pyspark.sql import functions as F
+
+    columns = columns or {}
+    ok = F.col("type").isin(sorted(decl.types))
+    values: dict[str, Any] = {}
+    for p, t in decl.columns.items():
+        value = _typed(p, t, columns.get(p), decl)
+        if value is not None:
+            values[p] = value
+    parse = {p: t for p, t in decl.columns.items() if p not in values}
     chain = F.when(
-        F.col("metadata").contains('"source_chain"'),
+        ok & F.col("metadata").contains('"source_chain"'),
         F.from_json("metadata", CHAIN_SCHEMA, {"mode": "FAILFAST"}).getField("source_chain"),
     )
-    parsed = df.where(F.col("type").isin(sorted(decl.types))).select(
-        "position", data.alias("d"), chain.alias("chain")
-    )
+    if not chains:
+        chain = F.lit(None).cast(CHAIN_SCHEMA.split(" ", 1)[1])
+    typed = [F.col(PREFIX + p) for p in columns if p in values]
+    first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed]
+    if parse:  # one parse per event, however many properties it gives
+        schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in parse.items())
+        first.append(F.when(ok, F.from_json("data", schema, {"mode": "FAILFAST"})).alias("d"))
+        values.update({p: F.col("d").getField(p) for p in parse})
+    given = [F.when(F.col("ok"), v).alias(f"v_{p}") for p, v in values.items()]
+    parsed = df.select(*first).select("position", "ok", "chain", *given)
     root = F.col("chain").getItem(0)
     chained = F.coalesce(F.size("chain") > 0, F.lit(False))
     bad = f"aggregation {decl.name!r}: malformed source_chain in event "
@@ -62,7 +122,9 @@ def _rows(decl: Declaration, df: Any, source: str) -> Any:
         F.col("position").cast("string"),
     )
     cols = [
-        F.coalesce(F.col("d").getField(decl.key), F.raise_error(missing_key)).alias("key"),
+        F.when(F.col("ok"), F.coalesce(F.col(f"v_{decl.key}"), F.raise_error(missing_key))).alias(
+            "key"
+        ),
         "position",
         chained.alias("chained"),
         F.when(chained, required(root.getField("source"))).otherwise(F.lit(source)).alias("src"),
@@ -81,7 +143,7 @@ def _rows(decl: Declaration, df: Any, source: str) -> Any:
         .otherwise(F.array(F.col("position")))
         .alias("path"),
     ]
-    cols += [F.col("d").getField(p).alias(f"c_{p}") for p in decl.columns if p != decl.key]
+    cols += [F.col(f"v_{p}").alias(f"c_{p}") for p in decl.columns if p != decl.key]
     return parsed.select(*cols)
 
 
@@ -137,18 +199,28 @@ def _offset_entry(src: Any, part: Any, path: Any) -> Any:
     )
 
 
-def plan(decl: Declaration, df: Any, source: str, chained_keys: Any = None) -> Any:
-    """The states (``STATES``) of every key; ``chained_keys``: the keys with chained events
-    (a DataFrame, broadcast), or None when no event of these types carries a chain."""
+def plan(
+    decl: Declaration,
+    df: Any,
+    source: str,
+    chained_keys: Any = None,
+    columns: dict[str, str] | None = None,
+) -> Any:
+    """The states (``STATES``) of every key, and a null key's row counting the events of other
+    types; ``chained_keys``: the keys with chained events (a DataFrame, broadcast), or None when
+    no event of these types carries a chain; ``columns``: the export's typed columns."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rows = _rows(decl, df, source)
+    rows = _rows(decl, df, source, columns, chains=chained_keys is not None)
     simple = rows if chained_keys is None else rows.join(chained_keys, "key", "left_anti")
-    plain = simple.groupBy("key").agg(*_aggregates(decl), F.max("position").alias("last"))
+    # Rows of other types form the null key's group: counted, not a state.
+    plain = simple.groupBy("key").agg(
+        *_aggregates(decl), F.max("position").alias("last"), F.count(F.lit(1)).alias("rows")
+    )
     own = F.concat(F.lit("{"), _offset_entry(F.lit(source), F.lit(""), F.array("last")), F.lit("}"))
     result = plain.select("key", _value(decl).alias("value"), own.alias("offsets"),
-                          F.lit(0).cast("long").alias("dropped"))  # fmt: skip
+                          F.lit(0).cast("long").alias("dropped"), "rows")  # fmt: skip
     if chained_keys is None:
         return result
     mixed = rows.join(chained_keys, "key", "left_semi")
@@ -161,8 +233,8 @@ def plan(decl: Declaration, df: Any, source: str, chained_keys: Any = None) -> A
         .rowsBetween(Window.unboundedPreceding, -1)
     )
     prev = F.max("path").over(before)
-    flagged = runs.withColumn("ok", prev.isNull() | (F.col("path") > prev))
-    accepted = flagged.where("ok")
+    flagged = runs.withColumn("accept", prev.isNull() | (F.col("path") > prev))
+    accepted = flagged.where("accept")
     values = (
         accepted.groupBy("key").agg(*_aggregates(decl)).select("key", _value(decl).alias("value"))
     )
@@ -179,23 +251,48 @@ def plan(decl: Declaration, df: Any, source: str, chained_keys: Any = None) -> A
             "offsets"
         )
     )
-    dropped = flagged.groupBy("key").agg(F.sum(F.when(~F.col("ok"), 1).otherwise(0)).cast("long")
-                                         .alias("dropped"))  # fmt: skip
+    dropped = flagged.groupBy("key").agg(
+        F.sum(F.when(~F.col("accept"), 1).otherwise(0)).cast("long").alias("dropped"),
+        F.count(F.lit(1)).alias("rows"),
+    )
     # A key whose every event was dropped cannot happen (the first one of a key is kept).
     chained = values.join(offsets, "key").join(dropped, "key")
-    return result.unionByName(chained.select("key", "value", "offsets", "dropped"))
+    return result.unionByName(chained.select("key", "value", "offsets", "dropped", "rows"))
 
 
-def declared_states(decl: Declaration, df: Any, source: str) -> dict[str, tuple[str, str, int]]:
-    """Run the plan: key -> (value JSON, offsets JSON, dropped), as ``save_encoded`` takes."""
+def declared_states(
+    decl: Declaration,
+    df: Any,
+    source: str,
+    columns: dict[str, str] | None = None,
+    chained_types: list[str] | None = None,
+) -> tuple[dict[str, tuple[str, str, int]], int]:
+    """Run the plan: key -> (value JSON, offsets JSON, dropped), as ``save_encoded`` takes, and
+    the rows the plan read (of every type). ``columns``/``chained_types``: what a Parquet export
+    knows of its events (typed columns; the types with chained events), None otherwise."""
     from pyspark.sql import functions as F
 
-    typed = df.where(F.col("type").isin(sorted(decl.types)))
-    has_chain = typed.where(F.col("metadata").contains('"source_chain"')).limit(1).count() > 0
+    if chained_types is not None:
+        has_chain = bool(decl.types & set(chained_types))
+    else:
+        typed = df.where(F.col("type").isin(sorted(decl.types)))
+        has_chain = typed.where(F.col("metadata").contains('"source_chain"')).limit(1).count() > 0
     chained_keys = None
     if has_chain:
-        rows = _rows(decl, df, source)
+        rows = _rows(decl, df, source, columns)
         chained_keys = F.broadcast(rows.where("chained").select("key").distinct())
-    table = plan(decl, df, source, chained_keys).toArrow()
-    cols = [table.column(c).to_pylist() for c in ("key", "value", "offsets", "dropped")]
-    return {k: (v, o, d) for k, v, o, d in zip(*cols, strict=True)}
+    try:
+        table = plan(decl, df, source, chained_keys, columns).toArrow()
+    except Exception as exc:
+        text = str(exc)
+        if FIELD_ERROR in text:  # our strict type check, as the local engine raises it
+            message = text[text.index(FIELD_ERROR) + len(FIELD_ERROR) :].splitlines()[0]
+            raise FieldTypeError(message.split(" SQLSTATE")[0].rstrip(". ")) from None
+        raise
+    read = sum(table.column("rows").to_pylist())
+    keys, values, offsets, dropped = (
+        table.column(c).to_pylist() for c in ("key", "value", "offsets", "dropped")
+    )
+    states = {k: (v, o, d) for k, v, o, d in zip(keys, values, offsets, dropped, strict=True)}
+    states.pop(None, None)  # the rows of other types
+    return states, read

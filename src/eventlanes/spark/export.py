@@ -7,6 +7,14 @@ not an export. A replay from an export reads exactly the files listed, after che
 counts and that the store holds the same count of events up to the export's end; it sets the
 tokens to that end, so the live processor folds what came later. Spark ignores files whose
 names start with ``_``.
+
+The export also stores what makes declarative replays cheap: the top-level properties of
+``data`` as typed columns (``data_<name>``: long, double, string or boolean), for each property
+whose values have one such type in the whole export (a property with mixed types, integers
+beyond 64 bits, nested values, or any row whose data is not a JSON object: JSON only), and the
+event types whose metadata mention a source chain. The manifest lists both (``columns``,
+``chained_types``); a replay uses a column only where its type is the declared one and parses
+the JSON otherwise, so strict types hold either way.
 """
 
 from __future__ import annotations
@@ -18,11 +26,99 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..processing.states import decode
 from ..store import EventStore
 from .source import arrow_batch
 
 MANIFEST = "_eventlanes.json"
 _OURS = re.compile(r"events-\d{5}\.parquet")  # the files an export writes, and only those
+PREFIX = "data_"  # typed columns: data_<property>
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # the property names declarations accept
+_MAX_COLUMNS = 32  # typed columns per file; further properties stay JSON only
+_MAX_SEEN = 1000  # property names listed per file; beyond, the file types none
+_INT64 = (-(2**63), 2**63 - 1)
+_KINDS = {int: "long", float: "double", str: "string", bool: "boolean"}
+
+
+def _decode(text: Any) -> Any:
+    try:
+        return decode(text)
+    except (ValueError, TypeError):  # orjson refuses what the stdlib may read (NaN, surrogates)
+        try:
+            return json.loads(text)
+        except (ValueError, TypeError):
+            return None
+
+
+def _kind(values: list[Any]) -> str | None:
+    """The one Spark type of a property's values (None: null or absent), "" when every value
+    is null (any type holds), or None."""
+    classes = {v.__class__ for v in values}
+    classes.discard(type(None))
+    if not classes:
+        return ""
+    if len(classes) != 1:
+        return None
+    [cls] = classes
+    kind = _KINDS.get(cls)
+    if kind == "long":
+        ints = [v for v in values if v is not None]
+        if min(ints) < _INT64[0] or max(ints) > _INT64[1]:
+            return None
+    return kind
+
+
+def typed_columns(rows: list[tuple]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The typed columns of one file's rows (name -> Arrow array) and what the manifest records
+    of them: ``columns`` (property -> type), ``untyped`` (other properties seen; None when too
+    many to list, or when a row's data is not a JSON object: then no column can be trusted) and
+    ``chained`` (event types with a source chain in their metadata)."""
+    import pyarrow as pa
+
+    chained = sorted({r[3] for r in rows if r[5] and '"source_chain"' in r[5]})
+    datas = [_decode(r[4]) for r in rows]
+    if not all(d.__class__ is dict for d in datas):
+        return {}, {"columns": {}, "untyped": None, "chained": chained}
+    names: set[str] = set().union(*datas) if datas else set()
+    if len(names) > _MAX_SEEN:
+        return {}, {"columns": {}, "untyped": None, "chained": chained}
+    arrays: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
+    for name in sorted(names):
+        if not _NAME.fullmatch(name) or len(arrays) >= _MAX_COLUMNS:
+            continue
+        values = [d.get(name) for d in datas]
+        kind = _kind(values)
+        if kind == "":  # null wherever present: a file without the column reads the same
+            names.discard(name)
+            continue
+        if kind is None:
+            continue
+        try:
+            arrays[PREFIX + name] = pa.array(values, type=getattr(pa, _ARROW[kind])())
+        except (pa.ArrowException, UnicodeError, OverflowError):  # e.g. lone surrogates
+            continue
+        kinds[name] = kind
+    untyped = sorted(names - set(kinds))
+    return arrays, {"columns": kinds, "untyped": untyped, "chained": chained}
+
+
+_ARROW = {"long": "int64", "double": "float64", "string": "string", "boolean": "bool_"}
+
+
+def merge_typed(files: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """The columns usable over the whole export: a property typed alike in every file that has
+    it, and untyped in none (a file without the property reads it as null, as its JSON does)."""
+    if any(f["untyped"] is None for f in files):
+        columns: dict[str, str] = {}
+    else:
+        untyped = {n for f in files for n in f["untyped"]}
+        kinds: dict[str, set[str]] = {}
+        for f in files:
+            for name, kind in f["columns"].items():
+                kinds.setdefault(name, set()).add(kind)
+        columns = {n: k.pop() for n, k in sorted(kinds.items()) if len(k) == 1 and n not in untyped}
+    return columns, sorted({t for f in files for t in f["chained"]})
 
 
 def _filesystem(directory: str) -> tuple[Any, str, str]:
@@ -79,12 +175,17 @@ def export_parquet(store: EventStore, directory: str, rows_per_file: int = 500_0
     end = store.head()
     buffer: list[tuple] = []
     files: dict[str, int] = {}
+    typed: list[dict[str, Any]] = []
 
     def write(rows: list[tuple]) -> None:
         name = f"events-{len(files):05d}.parquet"
-        pq.write_table(pa.Table.from_batches([arrow_batch(rows)]), f"{out}/{name}",
-                       filesystem=filesystem)  # fmt: skip
+        batch = arrow_batch(rows)
+        arrays, info = typed_columns(rows)
+        table = pa.Table.from_arrays([*batch.columns, *arrays.values()],
+                                     names=[*batch.schema.names, *arrays])  # fmt: skip
+        pq.write_table(table, f"{out}/{name}", filesystem=filesystem)
         files[name] = len(rows)
+        typed.append(info)
 
     for rows in store.scan(0, end, chunk=50_000):
         buffer.extend(rows)
@@ -93,8 +194,9 @@ def export_parquet(store: EventStore, directory: str, rows_per_file: int = 500_0
             del buffer[:rows_per_file]
     if buffer:
         write(buffer)
+    columns, chained = merge_typed(typed)
     manifest = {"end": end, "events": sum(files.values()), "table": store.events_table,
-                "files": files}  # fmt: skip
+                "files": files, "columns": columns, "chained_types": chained}  # fmt: skip
     _write_atomically(filesystem, f"{out}/{MANIFEST}", json.dumps(manifest).encode())
     return end
 
@@ -125,6 +227,24 @@ def read_manifest(directory: str, store: EventStore) -> dict[str, Any]:
     exported from a table of this name, and the store holds as many events up to the export's
     end. Otherwise a replay would miss or repeat events. ``paths``: the files as Spark reads
     them (URIs)."""
+    manifest = load_manifest(directory, store)
+    check_store(directory, manifest, store)
+    return manifest
+
+
+def check_store(directory: str, manifest: dict[str, Any], store: EventStore) -> None:
+    """The store holds as many events up to the export's end as the export (a replay may run
+    this while Spark reads the files: it only reads the store)."""
+    end, events = int(manifest["end"]), int(manifest["events"])
+    if end > store.head() or store.count(until=end) != events:
+        raise InvalidInputError(
+            f"the export in {directory!r} ({events:,} events up to position {end:,}) does not "
+            f"match this store: export it again"
+        )
+
+
+def load_manifest(directory: str, store: EventStore) -> dict[str, Any]:
+    """:func:`read_manifest` without the store's count (:func:`check_store`)."""
     import pyarrow.parquet as pq
 
     filesystem, base, uri = _filesystem(directory)
@@ -132,7 +252,8 @@ def read_manifest(directory: str, store: EventStore) -> dict[str, Any]:
     try:
         with filesystem.open_input_stream(path) as f:
             manifest = json.loads(f.read())
-        end, events = int(manifest["end"]), int(manifest["events"])
+        manifest["end"], manifest["events"] = int(manifest["end"]), int(manifest["events"])
+        events = manifest["events"]
         files = {str(name): int(rows) for name, rows in manifest["files"].items()}
         table = str(manifest["table"])
     except FileNotFoundError:
@@ -153,9 +274,13 @@ def read_manifest(directory: str, store: EventStore) -> dict[str, Any]:
             )
     if table != store.events_table or sum(files.values()) != events:
         raise InvalidInputError(f"export {directory!r} is of table {table!r}, not this store's")
-    if end > store.head() or store.count(until=end) != events:
-        raise InvalidInputError(
-            f"the export in {directory!r} ({events:,} events up to position {end:,}) does not "
-            f"match this store: export it again"
-        )
-    return {**manifest, "paths": [f"{uri}/{name}" for name in files]}
+    columns = manifest.get("columns")  # older exports have none: JSON only
+    chained = manifest.get("chained_types")  # older exports: unknown (None)
+    if not isinstance(columns, dict) or not all(
+        isinstance(n, str) and _NAME.fullmatch(n) and k in _ARROW for n, k in columns.items()
+    ):
+        columns = {}
+    if not (isinstance(chained, list) and all(isinstance(t, str) for t in chained)):
+        chained = None
+    return {**manifest, "columns": columns, "chained_types": chained,
+            "paths": [f"{uri}/{name}" for name in files]}  # fmt: skip
