@@ -3,7 +3,8 @@ aggregation (one process), and a Spark replay of the declarative aggregation fro
 export on local[2] (warm), against a plain Python loop over the same store, in one run.
 Every engine's states are checked equal to the plain loop's.
 
-``python -m benchmarks.bench_aggregation [EVENTS]`` (default 2,000,000 events, 50,000 keys)."""
+``python -m benchmarks.bench_aggregation [EVENTS] [--local-only]`` (default 2,000,000 events,
+50,000 keys); ``--local-only`` skips the Spark replay (no JVM, for quick local iterations)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,12 @@ def spark_replay(url: str, parquet: str) -> list[float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(backends: list[str] | None = None, quick: bool = False, events: int | None = None) -> None:
+def run(
+    backends: list[str] | None = None,
+    quick: bool = False,
+    events: int | None = None,
+    local_only: bool = False,
+) -> None:
     events = events or (200_000 if quick else EVENTS)
     keys = min(KEYS, events // 4)
     DATA.mkdir(exist_ok=True)
@@ -80,6 +86,16 @@ def run(backends: list[str] | None = None, quick: bool = False, events: int | No
     loop = events / (time.perf_counter() - start)
     fold = local(url, "fold")
     declared = local(url, "declared")
+    rows: list[list[object]] = [
+        ["plain Python loop over SQLite (baseline)", loop, "1.00x", ""],
+        ["local engine, Python fold, 1 process", fold, f"{fold / loop:.2f}x", ">= 100,000"],
+        ["local engine, declarative, 1 process", declared, f"{declared / loop:.2f}x",
+         ">= 300,000"],
+    ]  # fmt: skip
+    title = f"aggregation of {events:,} events over {keys:,} uniform keys (events/s), one run"
+    if local_only:
+        print_table(title, ["path", "events/s", "vs plain loop", "target"], rows)
+        return
     directory = DATA / "agg-bench-parquet"
     shutil.rmtree(directory, ignore_errors=True)
     store = el.open_store(url)
@@ -91,13 +107,10 @@ def run(backends: list[str] | None = None, quick: bool = False, events: int | No
     if states(app, "declared") != want:
         raise AssertionError("the Spark replay's states differ from a plain loop")
     print_table(
-        f"aggregation of {events:,} events over {keys:,} uniform keys (events/s), one run",
+        title,
         ["path", "events/s", "vs plain loop", "target"],
         [
-            ["plain Python loop over SQLite (baseline)", loop, "1.00x", ""],
-            ["local engine, Python fold, 1 process", fold, f"{fold / loop:.2f}x", ">= 100,000"],
-            ["local engine, declarative, 1 process", declared, f"{declared / loop:.2f}x",
-             ">= 300,000"],
+            *rows,
             ["Spark replay, declarative, Parquet, local[2], first", first,
              f"{first / loop:.2f}x", ""],
             ["Spark replay, declarative, Parquet, local[2], warm", warm, f"{warm / loop:.2f}x",
@@ -107,4 +120,5 @@ def run(backends: list[str] | None = None, quick: bool = False, events: int | No
 
 
 if __name__ == "__main__":
-    run(events=int(sys.argv[1]) if len(sys.argv) > 1 else None)
+    args = [a for a in sys.argv[1:] if a != "--local-only"]
+    run(events=int(args[0]) if args else None, local_only="--local-only" in sys.argv[1:])
