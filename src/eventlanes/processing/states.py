@@ -32,6 +32,16 @@ def encode(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def encode_all(values: list[Any]) -> list[str]:
+    """:func:`encode` of each value, in one pass when orjson takes them all."""
+    if orjson is not None:
+        try:
+            return list(map(bytes.decode, map(orjson.dumps, values)))
+        except TypeError:
+            pass
+    return [encode(v) for v in values]
+
+
 def decode(text: str) -> Any:
     """orjson reads integers beyond 64 bits as floats, silently: text with a run of 19 digits
     or more (which may be such an integer) is read by the stdlib, exactly."""
@@ -111,10 +121,14 @@ class StateTable:
         return self.load(conn, name, keys, lock=True)
 
     def save(self, conn: Any, name: str, entries: dict[str, Entry], keys: Any = None) -> None:
-        """Upsert ``entries`` (only those of ``keys`` if given), each encoded once."""
-        chosen = entries.items() if keys is None else ((k, entries[k]) for k in keys)
-        rows = [(k, encode(e.value), encode(e.offsets), e.dropped) for k, e in chosen]
-        self.save_encoded(conn, name, rows)
+        """Upsert ``entries`` (only those of ``keys`` if given), each encoded once, in key
+        order (neighbouring rows of the primary key's B-tree are written together)."""
+        chosen = sorted(entries) if keys is None else sorted(keys)
+        picked = [entries[k] for k in chosen]
+        values = encode_all([e.value for e in picked])
+        offsets = encode_all([e.offsets for e in picked])
+        dropped = [e.dropped for e in picked]
+        self.save_encoded(conn, name, list(zip(chosen, values, offsets, dropped, strict=True)))
 
     def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
         """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark)."""
