@@ -356,7 +356,7 @@ def datas(events: Sequence[Event], keep: bool = True) -> list[dict[str, Any]]:
     n = len(raws)
     if kinds.count(dict) == n:
         return raws
-    if _orjson is not None and kinds.count(str) == n and not _LONG_DIGITS.search("\n".join(raws)):
+    if _orjson is not None and kinds.count(str) == n and not _has_long_digits("\n".join(raws)):
         try:
             decoded = list(map(_orjson.loads, raws))
         except ValueError:  # a corrupt one: found and named below
@@ -367,6 +367,16 @@ def datas(events: Sequence[Event], keep: bool = True) -> list[dict[str, Any]]:
                     event._data = value
             return decoded
     return [e.data for e in events]
+
+
+# Every ASCII digit as "0": a run of 19 digits is then a plain substring search, several times
+# faster than the regular expression over a whole batch's text.
+_DIGITS_AS_ZERO = str.maketrans("0123456789", "0" * 10)
+_ZEROS = "0" * 19
+
+
+def _has_long_digits(text: str) -> bool:
+    return _ZEROS in text.translate(_DIGITS_AS_ZERO)
 
 
 def without_metadata(events: Sequence[Event]) -> bool:

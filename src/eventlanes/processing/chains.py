@@ -82,10 +82,16 @@ class Marks:
                     high[src] = path[0]
 
     def settle(self, entries: dict[str, Entry]) -> None:
-        """Write the pending own positions into the entries' offsets."""
+        """Write the pending own positions into the entries' offsets (in place where the
+        offset is already an own one: no new objects for the garbage collector to track)."""
         for src, last in self.pending.items():
             for key, position in last.items():
-                entries[key].offsets[src] = ["", [position]]
+                offsets = entries[key].offsets
+                seen = offsets.get(src)
+                if seen is not None and seen[0] == "" and len(path := seen[1]) == 1:
+                    path[0] = position
+                else:
+                    offsets[src] = ["", [position]]
         self.pending.clear()
 
 

@@ -53,7 +53,7 @@ def decode(text: str) -> Any:
 _LONG_DIGITS = re.compile(r"\d{19}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     value: Any
     offsets: dict[str, list[Any]] = field(default_factory=dict)
