@@ -133,3 +133,46 @@ def test_a_replay_over_folded_inputs_drops_them_and_folds_the_new_ones(store_url
     assert len(replayed) > 150 and len(replayed) < len(first) + 100  # old and new inputs
     for name in names:
         assert stored(app, name) == want, name
+
+
+def test_a_replay_of_chainless_inputs_drops_those_already_folded(store_url: str) -> None:
+    """Batches without any chain (the fast path) over states whose offsets are past them."""
+    app = el.App(store_url, claim_timeout=5)
+    names = define(app, 25)
+    rng = random.Random(11)
+    for _ in range(150):
+        app.store.append(
+            "cell", [E("Fastened", {"robot": rng.choice(KEYS), "v": rng.randrange(9)})]
+        )
+    run(app, names)
+    first = list(app.store.iter_events())
+    for _ in range(40):
+        app.store.append(
+            "cell", [E("Fastened", {"robot": rng.choice(KEYS), "v": rng.randrange(9)})]
+        )
+    target = [app.reset(name, to=first[40].position) for name in names][0]
+    run(app, names)
+    replayed = [e for e in app.store.iter_events() if e.position > target]
+    want = reference(replayed, app.store.events_table, reference(first, app.store.events_table))
+    assert sum(s["dropped"] for s in want.values()) == len(first) - 41
+    for name in names:
+        assert stored(app, name) == want, name
+
+
+def test_a_chained_input_after_chainless_batches_sees_their_offsets(store_url: str) -> None:
+    """Chain-less batches record their keys' offsets lazily; a later batch with a chain rooted
+    in this store must still compare with them (an older root: dropped; the same position
+    with an output index, or a newer root: folded)."""
+    app = el.App(store_url, claim_timeout=5)
+    names = define(app, 10)
+    own = app.store.events_table
+    positions = [app.store.append("cell", [E("Fastened", {"robot": "a", "v": i})])[0]
+                 for i in range(30)]  # fmt: skip
+    for root in (positions[19], positions[29], positions[29] + 500):
+        meta = {"source_chain": [{"source": own, "partition": "", "offset": root, "out": 0}]}
+        app.store.append("derived", [E("Fastened", {"robot": "a", "v": 100}, meta)])
+    run(app, names)
+    want = reference(list(app.store.iter_events()), own)
+    assert want["a"]["dropped"] == 1 and want["a"]["value"]["n"] == 32
+    for name in names:
+        assert stored(app, name) == want, name
