@@ -265,7 +265,8 @@ class AggregationWorker(SegmentWorker):
         try:
             mine, keys, rows = self._keyed(events)
             marks = self.marks.setdefault(seg, Marks())
-            missing = sorted(set(keys) - entries.keys())
+            distinct = set(keys)
+            missing = sorted(distinct - entries.keys())
             if missing:
                 with self.runtime.db.connection() as conn:
                     loaded = self.table.load(conn, self.name, missing)
@@ -275,7 +276,7 @@ class AggregationWorker(SegmentWorker):
                 for key in missing:
                     if key not in entries:
                         entries[key] = Entry(initial())
-            self.changed.setdefault(seg, set()).update(keys)
+            self.changed.setdefault(seg, set()).update(distinct)
             if self.agg.declaration is not None:
                 self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
             else:
