@@ -82,16 +82,13 @@ class Marks:
                     high[src] = path[0]
 
     def settle(self, entries: dict[str, Entry]) -> None:
-        """Write the pending own positions into the entries' offsets (in place where the
-        offset is already an own one: no new objects for the garbage collector to track)."""
+        """Write the pending own positions into the entries' offsets, as tuples (encoded as
+        the same JSON arrays): tuples of plain values, and then the dict holding only them,
+        are no longer tracked by the garbage collector, whose full passes over every live
+        object otherwise grow with the number of keys held."""
         for src, last in self.pending.items():
             for key, position in last.items():
-                offsets = entries[key].offsets
-                seen = offsets.get(src)
-                if seen is not None and seen[0] == "" and len(path := seen[1]) == 1:
-                    path[0] = position
-                else:
-                    offsets[src] = ["", [position]]
+                entries[key].offsets[src] = ("", (position,))
         self.pending.clear()
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from ..db import Database
@@ -56,7 +57,8 @@ _LONG_DIGITS = re.compile(r"\d{19}")
 @dataclass(slots=True)
 class Entry:
     value: Any
-    offsets: dict[str, list[Any]] = field(default_factory=dict)
+    #: source -> [partition, path] (or a tuple of the same: encoded alike)
+    offsets: dict[str, Any] = field(default_factory=dict)
     dropped: int = 0
 
 
@@ -128,11 +130,13 @@ class StateTable:
         values = encode_all([e.value for e in picked])
         offsets = encode_all([e.offsets for e in picked])
         dropped = [e.dropped for e in picked]
-        self.save_encoded(conn, name, list(zip(chosen, values, offsets, dropped, strict=True)))
+        self._upsert_all(conn, zip(repeat(name), chosen, values, offsets, dropped, strict=False))
 
     def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
         """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark)."""
-        params = [(name, *row) for row in rows]
+        self._upsert_all(conn, [(name, *row) for row in rows])
+
+    def _upsert_all(self, conn: Any, params: Iterable[tuple[Any, ...]]) -> None:
         cur = conn.cursor()
         try:
             cur.executemany(self._upsert, params)
