@@ -358,12 +358,11 @@ class AggregationWorker(SegmentWorker):
         started = time.perf_counter()
         entries = self.entries.get(seg, {})
         marks = self.marks.get(seg)
-        if marks is not None:
-            marks.settle(entries)
         try:
             self._flush_downstream(seg)
             with db.transaction() as conn:
-                self.table.save(conn, self.name, entries, self.changed.get(seg, ()))
+                self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
+                                marks.encode_offsets if marks is not None else None)  # fmt: skip
                 self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
         except ClaimLostError:
             st.mark_lost()

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..events import Event, positions, sources, without_metadata
-from .states import Entry
+from .states import Entry, encode, encode_all
 
 CHAIN_KEY = "source_chain"
 
@@ -82,14 +82,39 @@ class Marks:
                     high[src] = path[0]
 
     def settle(self, entries: dict[str, Entry]) -> None:
-        """Write the pending own positions into the entries' offsets, as tuples (encoded as
-        the same JSON arrays): tuples of plain values, and then the dict holding only them,
-        are no longer tracked by the garbage collector, whose full passes over every live
-        object otherwise grow with the number of keys held."""
+        """Write the pending own positions into the entries' offsets."""
         for src, last in self.pending.items():
             for key, position in last.items():
-                entries[key].offsets[src] = ("", (position,))
+                entries[key].offsets[src] = ["", [position]]
         self.pending.clear()
+
+    def encode_offsets(self, keys: list[str], picked: list[Entry]) -> list[str]:
+        """The offsets of ``picked`` (the entries of ``keys``) as JSON, the pending positions
+        included, without writing them into the entries: they stay pending (a dict of plain
+        values, which the garbage collector does not track) until an event-by-event batch
+        needs them in the offsets."""
+        if not self.pending:
+            return encode_all([e.offsets for e in picked])
+        if len(self.pending) == 1:
+            ((src, last),) = self.pending.items()
+            head = "{" + encode(src) + ':["",['
+            texts = []
+            for key, entry in zip(keys, picked, strict=True):
+                offsets = entry.offsets
+                position = last.get(key)
+                if position is not None and (not offsets or (len(offsets) == 1 and src in offsets)):
+                    texts.append(f"{head}{position}]]}}")
+                else:
+                    texts.append(self._merged(key, offsets))
+            return texts
+        return [self._merged(key, entry.offsets) for key, entry in zip(keys, picked, strict=True)]
+
+    def _merged(self, key: str, offsets: dict[str, Any]) -> str:
+        merged = dict(offsets)
+        for src, last in self.pending.items():
+            if key in last:
+                merged[src] = ["", [last[key]]]
+        return encode(merged)
 
 
 def dedupe(

@@ -57,8 +57,7 @@ _LONG_DIGITS = re.compile(r"\d{19}")
 @dataclass(slots=True)
 class Entry:
     value: Any
-    #: source -> [partition, path] (or a tuple of the same: encoded alike)
-    offsets: dict[str, Any] = field(default_factory=dict)
+    offsets: dict[str, list[Any]] = field(default_factory=dict)
     dropped: int = 0
 
 
@@ -122,13 +121,24 @@ class StateTable:
             cur.close()
         return self.load(conn, name, keys, lock=True)
 
-    def save(self, conn: Any, name: str, entries: dict[str, Entry], keys: Any = None) -> None:
+    def save(
+        self,
+        conn: Any,
+        name: str,
+        entries: dict[str, Entry],
+        keys: Any = None,
+        encode_offsets: Callable[[list[str], list[Entry]], list[str]] | None = None,
+    ) -> None:
         """Upsert ``entries`` (only those of ``keys`` if given), each encoded once, in key
-        order (neighbouring rows of the primary key's B-tree are written together)."""
+        order (neighbouring rows of the primary key's B-tree are written together).
+        ``encode_offsets``: the offsets' JSON of (keys, entries), when kept partly elsewhere."""
         chosen = sorted(entries) if keys is None else sorted(keys)
         picked = [entries[k] for k in chosen]
         values = encode_all([e.value for e in picked])
-        offsets = encode_all([e.offsets for e in picked])
+        if encode_offsets is not None:
+            offsets = encode_offsets(chosen, picked)
+        else:
+            offsets = encode_all([e.offsets for e in picked])
         dropped = [e.dropped for e in picked]
         self._upsert_all(conn, zip(repeat(name), chosen, values, offsets, dropped, strict=False))
 
