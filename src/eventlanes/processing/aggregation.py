@@ -306,12 +306,12 @@ class AggregationWorker(SegmentWorker):
         accepted = dedupe(events, keys, entries, self.source, marks)
         for_type, stages = self.agg.folds.for_type, self.agg.stages
         kinds = set(types(events))
-        if len(kinds) == 1 and not stages and len(folds := for_type(kinds.pop())) == 1:
+        if len(kinds) == 1 and not stages and len(only := for_type(kinds.pop())) == 1:
             # The usual aggregation: one fold of one type, no downstream stage.
             if len(accepted) != len(events):
                 events = [events[i] for i in accepted]
                 keys = [keys[i] for i in accepted]
-            fold = folds[0]
+            fold = only[0]
             for value, event in zip([entries[k].value for k in keys], events, strict=True):
                 fold(value, event)
             return

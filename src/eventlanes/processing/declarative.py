@@ -325,7 +325,7 @@ class Declaration:
         if kinds == {type_} and type_ is not float:  # float columns may hold ints: converted
             if type_ is not int:
                 return col
-            ints = [v for v in col if v is not None] if col.count(None) else col
+            ints: list[int] = [v for v in col if v is not None]
             if _INT64[0] <= builtins.min(ints) and builtins.max(ints) <= _INT64[1]:
                 return col
         elif kinds == {float} and type_ is float:
