@@ -63,8 +63,9 @@ class Marks:
     """What a worker knows of the offsets in its in-memory entries of one held segment: per
     source, a bound at or above the root offset (first path element) of every offset recorded
     for it; and per source and key, the newest own position folded and not yet written into
-    the entry's offsets (kept at C speed per batch, written out by :meth:`settle` before
-    anything reads the offsets). Kept and dropped together with the entries."""
+    the entry's offsets (kept at C speed per batch; the offsets are read only through
+    :meth:`encode_offsets`, which includes them, or after :meth:`settle`). Kept and dropped
+    together with the entries."""
 
     __slots__ = ("high", "pending")
 
