@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any
 
 from .errors import CorruptEventError, InvalidInputError
@@ -319,3 +321,65 @@ class Event:
                 self.source,
             ),
         )
+
+
+# -- whole batches, for folds that handle thousands of events at a time ---------------------------
+# Each is a C-level pass over the batch where the usual case allows, with exactly what the
+# per-event properties would give (or raise) otherwise.
+
+_POSITION = attrgetter("_position")
+_TYPE = attrgetter("_type")
+_SOURCE = attrgetter("_source")
+_DATA = attrgetter("_data")
+_METADATA = attrgetter("_metadata")
+
+
+def positions(events: Sequence[Event]) -> list[int]:
+    return list(map(_POSITION, events))
+
+
+def types(events: Sequence[Event]) -> list[str]:
+    return list(map(_TYPE, events))
+
+
+def sources(events: Sequence[Event]) -> list[str]:
+    return list(map(_SOURCE, events))
+
+
+def datas(events: Sequence[Event], keep: bool = True) -> list[dict[str, Any]]:
+    """Every event's ``data``, as ``event.data`` gives it (or raises: CorruptEventError naming
+    the event), decoded in one pass: stored text by orjson when none of it may hold an integer
+    beyond 64 bits. ``keep``: keep the decoded data in the events (for folds that read
+    ``event.data`` again), as ``event.data`` does."""
+    raws = list(map(_DATA, events))
+    kinds = list(map(type, raws))
+    n = len(raws)
+    if kinds.count(dict) == n:
+        return raws
+    if _orjson is not None and kinds.count(str) == n and not _has_long_digits("\n".join(raws)):
+        try:
+            decoded = list(map(_orjson.loads, raws))
+        except ValueError:  # a corrupt one: found and named below
+            decoded = []
+        if decoded and list(map(type, decoded)).count(dict) == n:
+            if keep:
+                for event, value in zip(events, decoded, strict=True):
+                    event._data = value
+            return decoded
+    return [e.data for e in events]
+
+
+# Every ASCII digit as "0": a run of 19 digits is then a plain substring search, several times
+# faster than the regular expression over a whole batch's text.
+_DIGITS_AS_ZERO = str.maketrans("0123456789", "0" * 10)
+_ZEROS = "0" * 19
+
+
+def _has_long_digits(text: str) -> bool:
+    return _ZEROS in text.translate(_DIGITS_AS_ZERO)
+
+
+def without_metadata(events: Sequence[Event]) -> bool:
+    """True when every event's metadata is the empty object (nothing decoded to know it)."""
+    metas = list(map(_METADATA, events))
+    return metas.count(_EMPTY_JSON) + metas.count({}) == len(metas)

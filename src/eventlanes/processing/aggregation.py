@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError, InvalidInputError
-from ..events import Event, NewEvent
+from ..events import Event, NewEvent, datas, types
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy
 from ..segments import Segment
-from .chains import CHAIN_KEY, Coordinates, coordinates, dedupe, is_newer, record
+from .chains import CHAIN_KEY, Coordinates, Marks, coordinates, dedupe, is_newer, record
 from .declarative import Declaration, Op
 from .dispatch import describe
 from .handlers import FunctionsByType
@@ -184,6 +184,15 @@ class Aggregation(Processor):
 CACHE_LIMIT = 200_000
 
 
+def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
+    """The events of the ``wanted`` types (all of them, usually: reads filter by type)."""
+    if len(wanted) == 1:
+        (only,) = wanted
+        if types(events).count(only) == len(events):
+            return events
+    return [e for e in events if e.type in wanted]
+
+
 def _keyless(key: Any, event: Event) -> str:
     if key is None:  # never folded into a state named "None"
         raise InvalidInputError(
@@ -209,6 +218,7 @@ class AggregationWorker(SegmentWorker):
         # write, and for which held segment they are valid. The segment's in-memory token runs
         # ahead of the stored one until the next write (states + token).
         self.entries: dict[int, dict[str, Entry]] = {}
+        self.marks: dict[int, Marks] = {}  # what dedupe knows of the entries' offsets
         self.changed: dict[int, set[str]] = {}
         self.holder: dict[int, tuple[SegmentState, Segment]] = {}
         self.flushed_at: dict[int, float] = {}
@@ -224,17 +234,27 @@ class AggregationWorker(SegmentWorker):
             self.holder[seg] = (st, st.segment)
         return self.entries.setdefault(seg, {})
 
-    def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str]]:
-        """The events folded and their keys, each key computed once."""
+    def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
+        """The events folded, their keys (each computed once) and, for a declared aggregation,
+        their decoded data."""
         decl = self.agg.declaration
         if decl is not None:
-            types = decl.types
-            mine = [e for e in events if e.type in types]
-            return mine, decl.keys(mine)
+            mine = _of_types(events, decl.types)
+            rows = datas(mine, keep=False)  # read by the declaration only: not kept
+            return mine, decl.keys_of(mine, rows), rows
         handles, key = self.agg.folds.handles, self.agg.key
-        mine = [e for e in events if handles(e.type)]
+        handled = self.agg.folds.types()
+        if handled is not None and not self.agg.folds.any:
+            mine = _of_types(events, handled)
+        else:
+            mine = [e for e in events if handles(e.type)]
+        field = self.agg.key_field
+        if field is not None:  # key="k": from the data, decoded in one pass
+            keys: list[Any] = [d.get(field) for d in datas(mine)]
+            if list(map(type, keys)).count(str) == len(keys):
+                return mine, keys, None
         keys = [k if (k := key(e)).__class__ is str else _keyless(k, e) for e in mine]
-        return mine, keys
+        return mine, keys, None
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         seg = st.segment.id
@@ -243,20 +263,24 @@ class AggregationWorker(SegmentWorker):
         self.flushed_at.setdefault(seg, time.monotonic())
         started = time.perf_counter()
         try:
-            mine, keys = self._keyed(events)
-            missing = sorted(set(keys) - entries.keys())
+            mine, keys, rows = self._keyed(events)
+            marks = self.marks.setdefault(seg, Marks())
+            distinct = set(keys)
+            missing = sorted(distinct - entries.keys())
             if missing:
                 with self.runtime.db.connection() as conn:
-                    entries.update(self.table.load(conn, self.name, missing))
+                    loaded = self.table.load(conn, self.name, missing)
+                marks.saw(loaded.values())
+                entries.update(loaded)
                 initial = self.agg.initial_state
                 for key in missing:
                     if key not in entries:
                         entries[key] = Entry(initial())
-            self.changed.setdefault(seg, set()).update(keys)
+            self.changed.setdefault(seg, set()).update(distinct)
             if self.agg.declaration is not None:
-                self.agg.declaration.fold_batch(mine, keys, entries, self.source)
+                self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
             else:
-                self._fold(mine, keys, entries, outputs)
+                self._fold(mine, keys, entries, outputs, marks)
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
             return self.back_off(st, exc)
@@ -276,11 +300,23 @@ class AggregationWorker(SegmentWorker):
         keys: list[str],
         entries: dict[str, Entry],
         outputs: list[tuple[Stage, Coordinates, NewEvent, Event]],
+        marks: Marks,
     ) -> None:
         """The user's folds over the events not folded in yet, in order."""
-        folds_of: dict[str, list[Fold]] = {}
+        accepted = dedupe(events, keys, entries, self.source, marks)
         for_type, stages = self.agg.folds.for_type, self.agg.stages
-        for i in dedupe(events, keys, entries, self.source):
+        kinds = set(types(events))
+        if len(kinds) == 1 and not stages and len(only := for_type(kinds.pop())) == 1:
+            # The usual aggregation: one fold of one type, no downstream stage.
+            if len(accepted) != len(events):
+                events = [events[i] for i in accepted]
+                keys = [keys[i] for i in accepted]
+            fold = only[0]
+            for value, event in zip([entries[k].value for k in keys], events, strict=True):
+                fold(value, event)
+            return
+        folds_of: dict[str, list[Fold]] = {}
+        for i in accepted:
             event, key = events[i], keys[i]
             folds = folds_of.get(event.type)
             if folds is None:
@@ -309,7 +345,7 @@ class AggregationWorker(SegmentWorker):
             self.persist(st)
 
     def _discard(self, seg: int) -> None:
-        for held in (self.entries, self.outputs, self.changed, self.holder):
+        for held in (self.entries, self.marks, self.outputs, self.changed, self.holder):
             held.pop(seg, None)
 
     def flush(self, st: SegmentState) -> None:
@@ -321,10 +357,12 @@ class AggregationWorker(SegmentWorker):
         db = self.runtime.db
         started = time.perf_counter()
         entries = self.entries.get(seg, {})
+        marks = self.marks.get(seg)
         try:
             self._flush_downstream(seg)
             with db.transaction() as conn:
-                self.table.save(conn, self.name, entries, self.changed.get(seg, ()))
+                self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
+                                marks.encode_offsets if marks is not None else None)  # fmt: skip
                 self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
         except ClaimLostError:
             st.mark_lost()
@@ -342,6 +380,7 @@ class AggregationWorker(SegmentWorker):
         self.outputs.pop(seg, None)
         if sum(len(e) for e in list(self.entries.values())) > CACHE_LIMIT:
             self.entries.pop(seg, None)  # bounded memory: read back from the table
+            self.marks.pop(seg, None)
 
     def _flush_downstream(self, seg: int) -> None:
         """Apply buffered outputs to the downstream stages' rows, read under a row lock, so

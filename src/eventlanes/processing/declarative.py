@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FieldTypeError, InvalidInputError
-from ..events import Event
-from .chains import dedupe
+from ..events import Event, datas
+from .chains import Marks, dedupe
 from .states import Entry
 
 __all__ = ["Declaration", "Op", "count", "first", "last", "max", "min", "sum"]
@@ -251,102 +251,125 @@ class Declaration:
 
     # -- a batch, column by column (the local engine) ------------------------------------------
     def keys(self, events: list[Event]) -> list[str]:
-        """The key of each event (its data decoded once, cached in the event)."""
+        """The key of each event (its data decoded once, kept in the event)."""
+        return self.keys_of(events, datas(events))
+
+    def keys_of(self, events: list[Event], rows: list[dict[str, Any]]) -> list[str]:
+        """The key of each event, from its decoded data ``rows``."""
         kf = self.key
-        keys: list[Any] = [e.data.get(kf) for e in events]
-        for i, k in enumerate(keys):  # non-string keys (rare) as JSON text; missing: an error
-            if k.__class__ is not str:
-                keys[i] = self._key(events[i].data, events[i])
+        keys: list[Any] = [d.get(kf) for d in rows]
+        if list(map(type, keys)).count(str) != len(keys):
+            # non-string keys (rare) as JSON text; missing: an error naming the event
+            for i, k in enumerate(keys):
+                if k.__class__ is not str:
+                    keys[i] = self._key(rows[i], events[i])
         return keys
 
     def fold_batch(
-        self, events: list[Event], keys: list[str], entries: dict[str, Entry], source: str
+        self,
+        events: list[Event],
+        keys: list[str],
+        entries: dict[str, Entry],
+        source: str,
+        marks: Marks | None = None,
+        rows: list[dict[str, Any]] | None = None,
     ) -> int:
         """Fold ``events`` (of this aggregation's types, in position order, keyed ``keys``) into
-        ``entries`` (every key present). Returns how many were folded (not dropped)."""
+        ``entries`` (every key present). Returns how many were folded (not dropped).
+        ``marks``: the worker's (see :func:`~.chains.dedupe`); ``rows``: the events' data if
+        already decoded."""
         n = len(events)
         kf = self.key
-        datas = [e.data for e in events]
-        accepted = dedupe(events, keys, entries, source)
+        if rows is None:
+            rows = datas(events)
+        accepted = dedupe(events, keys, entries, source, marks)
         if len(accepted) != n:
             events = [events[i] for i in accepted]
-            datas = [datas[i] for i in accepted]
+            rows = [rows[i] for i in accepted]
             keys = [keys[i] for i in accepted]
         if not events:
             return 0
-        columns = {p: self._column(p, t, datas, events) for p, t in self.columns.items() if p != kf}
+        columns = {p: self._column(p, t, rows, events) for p, t in self.columns.items() if p != kf}
         columns[kf] = keys
         states = [entries[k].value for k in keys]
         for out, op in self.fields.items():
-            rows: Any = range(len(keys))
+            chosen = states
+            col: list[Any] | None = columns[op.field] if op.field is not None else None
             if op.where:
                 tests = [(columns[p], v) for p, v in op.where]
-                rows = [i for i in rows if builtins.all(col[i] == v for col, v in tests)]
-            if op.field is None:
-                for i in rows:
-                    states[i][out] += 1
+                picked = [
+                    i for i in range(len(states)) if builtins.all(c[i] == v for c, v in tests)
+                ]
+                chosen = [states[i] for i in picked]
+                if col is not None:
+                    col = [col[i] for i in picked]
+            if col is None:  # count() of events
+                _count(out, chosen)
                 continue
-            col = columns[op.field]
-            present = [i for i in rows if col[i] is not None]
-            _APPLY[op.kind](out, present, col, states)
+            if col.count(None):  # null or missing: skipped by every operation
+                kept = [i for i, v in enumerate(col) if v is not None]
+                chosen = [chosen[i] for i in kept]
+                col = [col[i] for i in kept]
+            _APPLY[op.kind](out, chosen, col)
         return len(accepted)
 
     def _column(
-        self, prop: str, type_: type, datas: list[dict[str, Any]], events: list[Event]
+        self, prop: str, type_: type, rows: list[dict[str, Any]], events: list[Event]
     ) -> list[Any]:
         """One property of every event, checked for its type at C speed on the usual path."""
-        col = [d.get(prop) for d in datas]
-        if type_ is int:
-            ok = builtins.all(v is None or v.__class__ is int for v in col)
-            if ok:
-                ints = [v for v in col if v is not None]
-                lo, hi = _INT64
-                ok = not ints or (lo <= builtins.min(ints) and builtins.max(ints) <= hi)
-        elif type_ is str:
-            ok = builtins.all(v is None or v.__class__ is str for v in col)
-        else:
-            ok = False
-        if ok:
+        col = [d.get(prop) for d in rows]
+        kinds = set(map(type, col))
+        kinds.discard(type(None))
+        if not kinds:
+            return col
+        if kinds == {type_} and type_ is not float:  # float columns may hold ints: converted
+            if type_ is not int:
+                return col
+            ints: list[int] = [v for v in col if v is not None]
+            if _INT64[0] <= builtins.min(ints) and builtins.max(ints) <= _INT64[1]:
+                return col
+        elif kinds == {float} and type_ is float:
             return col
         return [convert(v, type_, prop, e) for v, e in zip(col, events, strict=True)]
 
 
-def _count(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
-    for i in rows:
-        states[i][out] += 1
+def _count(out: str, states: list[dict[str, Any]]) -> None:
+    for st in states:
+        st[out] += 1
 
 
-def _sum(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
-    for i in rows:
-        states[i][out] += col[i]
+def _count_of(out: str, states: list[dict[str, Any]], col: list[Any]) -> None:
+    _count(out, states)
 
 
-def _min(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
-    for i in rows:
-        st, v = states[i], col[i]
+def _sum(out: str, states: list[dict[str, Any]], col: list[Any]) -> None:
+    for st, v in zip(states, col, strict=True):
+        st[out] += v
+
+
+def _min(out: str, states: list[dict[str, Any]], col: list[Any]) -> None:
+    for st, v in zip(states, col, strict=True):
         cur = st[out]
         if cur is None or v < cur:
             st[out] = v
 
 
-def _max(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
-    for i in rows:
-        st, v = states[i], col[i]
+def _max(out: str, states: list[dict[str, Any]], col: list[Any]) -> None:
+    for st, v in zip(states, col, strict=True):
         cur = st[out]
         if cur is None or v > cur:
             st[out] = v
 
 
-def _first(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
-    for i in rows:
-        st = states[i]
+def _first(out: str, states: list[dict[str, Any]], col: list[Any]) -> None:
+    for st, v in zip(states, col, strict=True):
         if st[out] is None:
-            st[out] = col[i]
+            st[out] = v
 
 
-def _last(out: str, rows: list[int], col: list[Any], states: list[dict[str, Any]]) -> None:
-    for i in rows:
-        states[i][out] = col[i]
+def _last(out: str, states: list[dict[str, Any]], col: list[Any]) -> None:
+    for st, v in zip(states, col, strict=True):
+        st[out] = v
 
 
-_APPLY = {"count": _count, "sum": _sum, "min": _min, "max": _max, "first": _first, "last": _last}
+_APPLY = {"count": _count_of, "sum": _sum, "min": _min, "max": _max, "first": _first, "last": _last}

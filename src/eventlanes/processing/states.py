@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from ..db import Database
@@ -32,6 +33,16 @@ def encode(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def encode_all(values: list[Any]) -> list[str]:
+    """:func:`encode` of each value, in one pass when orjson takes them all."""
+    if orjson is not None:
+        try:
+            return list(map(bytes.decode, map(orjson.dumps, values)))
+        except TypeError:
+            pass
+    return [encode(v) for v in values]
+
+
 def decode(text: str) -> Any:
     """orjson reads integers beyond 64 bits as floats, silently: text with a run of 19 digits
     or more (which may be such an integer) is read by the stdlib, exactly."""
@@ -43,7 +54,7 @@ def decode(text: str) -> Any:
 _LONG_DIGITS = re.compile(r"\d{19}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     value: Any
     offsets: dict[str, list[Any]] = field(default_factory=dict)
@@ -110,15 +121,32 @@ class StateTable:
             cur.close()
         return self.load(conn, name, keys, lock=True)
 
-    def save(self, conn: Any, name: str, entries: dict[str, Entry], keys: Any = None) -> None:
-        """Upsert ``entries`` (only those of ``keys`` if given), each encoded once."""
-        chosen = entries.items() if keys is None else ((k, entries[k]) for k in keys)
-        rows = [(k, encode(e.value), encode(e.offsets), e.dropped) for k, e in chosen]
-        self.save_encoded(conn, name, rows)
+    def save(
+        self,
+        conn: Any,
+        name: str,
+        entries: dict[str, Entry],
+        keys: Any = None,
+        encode_offsets: Callable[[list[str], list[Entry]], list[str]] | None = None,
+    ) -> None:
+        """Upsert ``entries`` (only those of ``keys`` if given), each encoded once, in key
+        order (neighbouring rows of the primary key's B-tree are written together).
+        ``encode_offsets``: the offsets' JSON of (keys, entries), when kept partly elsewhere."""
+        chosen = sorted(entries) if keys is None else sorted(keys)
+        picked = [entries[k] for k in chosen]
+        values = encode_all([e.value for e in picked])
+        if encode_offsets is not None:
+            offsets = encode_offsets(chosen, picked)
+        else:
+            offsets = encode_all([e.offsets for e in picked])
+        dropped = [e.dropped for e in picked]
+        self._upsert_all(conn, zip(repeat(name), chosen, values, offsets, dropped, strict=False))
 
     def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
         """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark)."""
-        params = [(name, *row) for row in rows]
+        self._upsert_all(conn, [(name, *row) for row in rows])
+
+    def _upsert_all(self, conn: Any, params: Iterable[tuple[Any, ...]]) -> None:
         cur = conn.cursor()
         try:
             cur.executemany(self._upsert, params)

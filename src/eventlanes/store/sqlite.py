@@ -35,6 +35,18 @@ def _tolerant_text(raw: bytes) -> str | _BadText:
         return _BadText(raw)
 
 
+def _events(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Event]:
+    """Events built row by row as the cursor yields them: no list of row tuples is kept (a
+    batch's tuples would outlive several garbage-collector passes and be promoted to the old
+    generation, making full collections, which scan every live object, run more often)."""
+    try:
+        return [Event(*row) for row in conn.execute(sql, params)]
+    except sqlite3.OperationalError as exc:
+        if "decode to UTF-8" not in str(exc):
+            raise
+    return [Event(*row) for row in _fetch(conn, sql, params)]
+
+
 def _fetch(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     try:
         return conn.execute(sql, params).fetchall()
@@ -133,8 +145,7 @@ class SQLiteEventStore(EventStore):
             "ORDER BY position LIMIT ?"
         )
         with self.db.connection() as conn:
-            rows = _fetch(conn, sql, (after, *params, limit))
-        return [Event(*row) for row in rows]
+            return _events(conn, sql, (after, *params, limit))
 
     def _read_upto(
         self, after: int, limit: int, cond: str, params: list[Any]
@@ -143,13 +154,12 @@ class SQLiteEventStore(EventStore):
         with self.db.snapshot() as conn:  # type: ignore[attr-defined]
             head = conn.execute(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")
             head = head.fetchone()[0]
-            rows = _fetch(
+            events = _events(
                 conn,
                 f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ? AND position <= ?"
                 f"{cond} ORDER BY position LIMIT ?",
                 (after, head, *params, limit),
             )
-        events = [Event(*row) for row in rows]
         return events, events[-1].position if len(events) == limit else max(after, head)
 
     def _read_stream(
@@ -164,8 +174,7 @@ class SQLiteEventStore(EventStore):
         until = () if until_version is None else (until_version,)
         params = (stream_id, after_version, *until, -1 if limit is None else limit)
         with self.db.connection() as conn:
-            rows = _fetch(conn, sql, params)
-        return [Event(*row) for row in rows]
+            return _events(conn, sql, params)
 
     def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         rows = _fetch(conn, sql, params)
