@@ -89,19 +89,25 @@ def run(backends: list[str], quick: bool = False) -> None:
         for name, new_url in dbs.items():
             for batch in (1, 100):
                 for writers in (1, 8):
-                    url = new_url()
-                    el.open_store(url).close()
                     total_appends = int((8000 if batch == 1 else 800) * scale)
                     per = max(1, total_appends // writers)
-                    seconds = run_processes(
-                        _append_worker, [(url, w, per, batch) for w in range(writers)]
-                    )
                     events = per * writers * batch
-                    ours = events / seconds
-                    theirs = None
-                    if es is not None:
-                        target = new_url() if name == "postgres" else new_url().split("///")[1]
-                        theirs = es.append_rate(name, target.split("?")[0], batch, writers, events)
+                    mine: list[float] = []
+                    their: list[float] = []
+                    for _ in range(3):  # alternate, medians: a single short run is mostly noise
+                        url = new_url()
+                        el.open_store(url).close()
+                        seconds = run_processes(
+                            _append_worker, [(url, w, per, batch) for w in range(writers)]
+                        )
+                        mine.append(events / seconds)
+                        if es is not None:
+                            target = new_url() if name == "postgres" else new_url().split("///")[1]
+                            their.append(
+                                es.append_rate(name, target.split("?")[0], batch, writers, events)
+                            )
+                    ours = statistics.median(mine)
+                    theirs = statistics.median(their) if their else None
                     rows.append(
                         [name, f"{batch}-event appends", writers, events, ours, theirs,
                          ratio(ours, theirs)]
@@ -117,7 +123,7 @@ def run(backends: list[str], quick: bool = False) -> None:
             store.close()
             typed += type_filter_rows(name, new_url(), int(200_000 * scale))
     print_table(
-        "event store throughput (events/s)",
+        "event store throughput (events/s; appends: median of 3 alternating runs)",
         ["backend", "operation", "processes", "events", "eventlanes", "eventsourcing", "ratio"],
         rows,
     )
