@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 
@@ -209,3 +210,29 @@ def test_two_writers_of_a_new_downstream_key_lose_no_update(store_url: str) -> N
     first.join()
     assert table.get("stage", "factory-1") == {"ok": 2}
     app.close()
+
+
+def test_non_finite_floats_in_a_state_are_kept(store_url: str) -> None:
+    """A state holding NaN or an infinity is stored and read back as such, never as null."""
+    special = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+    def define(app: el.App) -> el.Aggregation:
+        agg = app.aggregation("extremes", key="k", initial=lambda: {"x": None, "n": 0})
+
+        @agg.on("M")
+        def fold(state: dict, event: el.Event) -> None:
+            state["x"] = special.get(event.data["v"], event.data["v"])
+            state["n"] += 1
+
+        return agg
+
+    app = el.App(store_url)
+    agg = define(app)
+    app.store.append("s", [E("M", {"k": k, "v": k}) for k in ("nan", "inf", "-inf")])
+    app.store.append("s", [E("M", {"k": "plain", "v": 1.5})])
+    run_until_caught_up(app)
+    for view in (agg, define(el.App(store_url))):  # the second decodes the stored text afresh
+        assert math.isnan(view.get("nan")["x"])
+        assert view.get("inf") == {"x": math.inf, "n": 1}
+        assert view.get("-inf") == {"x": -math.inf, "n": 1}
+        assert view.get("plain") == {"x": 1.5, "n": 1}

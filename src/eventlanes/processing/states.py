@@ -23,13 +23,18 @@ except ImportError:  # pragma: no cover - orjson comes with the spark extra
 
 
 def encode(value: Any) -> str:
-    """Compact JSON. orjson refuses integers beyond 64 bits (rather than rounding them): those
-    states take the stdlib, which writes the same text."""
+    """Compact JSON, the stdlib's text. orjson writes it faster, but is taken only where its
+    text is the same: it refuses integers beyond 64 bits (rather than rounding them), and it
+    writes NaN and infinities as null, silently; text with a null in it (rare in states) is
+    therefore written by the stdlib, which keeps them (``NaN``, ``Infinity``)."""
     if orjson is not None:
         try:
-            return orjson.dumps(value).decode()
+            text = orjson.dumps(value)
         except TypeError:
             pass
+        else:
+            if b"null" not in text:
+                return text.decode()
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -37,17 +42,24 @@ def encode_all(values: list[Any]) -> list[str]:
     """:func:`encode` of each value, in one pass when orjson takes them all."""
     if orjson is not None:
         try:
-            return list(map(bytes.decode, map(orjson.dumps, values)))
+            texts = list(map(orjson.dumps, values))
         except TypeError:
             pass
+        else:
+            if not any(b"null" in t for t in texts):
+                return list(map(bytes.decode, texts))
     return [encode(v) for v in values]
 
 
 def decode(text: str) -> Any:
     """orjson reads integers beyond 64 bits as floats, silently: text with a run of 19 digits
-    or more (which may be such an integer) is read by the stdlib, exactly."""
+    or more (which may be such an integer) is read by the stdlib, exactly; so is text orjson
+    refuses (the stdlib's NaN and infinities)."""
     if orjson is not None and not _LONG_DIGITS.search(text):
-        return orjson.loads(text)
+        try:
+            return orjson.loads(text)
+        except ValueError:
+            pass
     return json.loads(text)
 
 
