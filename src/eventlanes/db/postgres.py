@@ -45,6 +45,25 @@ def _check_connection(conn: Any) -> None:
         ConnectionPool.check_connection(conn)
 
 
+@contextmanager
+def pipelined(conn: Any, begin: str = "BEGIN") -> Iterator[Any]:
+    """A transaction whose ``begin``, statements and COMMIT are queued in one pipeline: leaving
+    it syncs once for all of them. Not psycopg's ``conn.transaction()`` inside a pipeline: it
+    syncs on entering (a round trip for BEGIN) and twice on leaving. A failed statement leaves
+    the transaction aborted (COMMIT is skipped), an error in the block leaves it open: either
+    way it is rolled back before the pool gets the connection back."""
+    try:
+        with conn.pipeline():
+            conn.execute(begin)
+            yield conn
+            conn.execute("COMMIT")
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != _IDLE:
+            with suppress(Exception):
+                conn.execute("ROLLBACK")
+        raise
+
+
 class PostgresDatabase(Database):
     backend = "postgresql"
     param = "%s"
@@ -141,21 +160,8 @@ class PostgresDatabase(Database):
                 with conn.transaction():
                     yield conn
                 return
-            # BEGIN, the statements and COMMIT are queued; leaving the pipeline syncs once for
-            # all of them. Not psycopg's conn.transaction() inside the pipeline: it syncs on
-            # entering (a round trip for BEGIN) and twice on leaving.
-            try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    yield conn
-                    conn.execute("COMMIT")
-            except BaseException:
-                # A failed statement leaves the transaction aborted (COMMIT was skipped); an
-                # error in the block left it open: roll back before the pool gets it back.
-                if not conn.closed and conn.info.transaction_status != _IDLE:
-                    with suppress(Exception):
-                        conn.execute("ROLLBACK")
-                raise
+            with pipelined(conn):
+                yield conn
 
     def sync(self, conn: Any) -> None:
         if conn.pgconn.pipeline_status:  # pq.PipelineStatus.OFF is 0

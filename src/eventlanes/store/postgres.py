@@ -25,11 +25,10 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import suppress
 from datetime import datetime
 from typing import Any
 
-from ..db.postgres import PostgresDatabase
+from ..db.postgres import PostgresDatabase, pipelined
 from ..errors import ConcurrencyError, InvalidInputError
 from ..events import Event
 from .base import EncodedEvent, EventStore, SegmentSpec, segment_pairs, segment_sql
@@ -55,7 +54,6 @@ def _micros_loader() -> Any:
 
 
 _VERSION_CONFLICT = "EL409"
-_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (psycopg is imported lazily)
 # Position markers use single-bigint advisory keys (namespace << 48) | position.
 _MARKER_SHIFT = 48
 
@@ -249,20 +247,12 @@ class PostgresEventStore(EventStore):
             # One round trip. Two statements on purpose, each with its own snapshot (READ
             # COMMITTED whatever the server's default): the read's snapshot must be taken
             # after the horizon is.
-            try:
-                with conn.pipeline():
-                    conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                    if guard_plan:
-                        conn.execute("SET LOCAL enable_sort = off")
-                    hcur = conn.execute(self._horizon_sql)
-                    cur = self._cursor(conn)
-                    cur.execute(sql, args)
-                    conn.execute("COMMIT")
-            except BaseException:
-                if not conn.closed and conn.info.transaction_status != _IDLE:
-                    with suppress(Exception):
-                        conn.execute("ROLLBACK")
-                raise
+            with pipelined(conn, "BEGIN ISOLATION LEVEL READ COMMITTED"):
+                if guard_plan:
+                    conn.execute("SET LOCAL enable_sort = off")
+                hcur = conn.execute(self._horizon_sql)
+                cur = self._cursor(conn)
+                cur.execute(sql, args)
             horizon = hcur.fetchone()[0]
             if horizon <= after:
                 return [], after
