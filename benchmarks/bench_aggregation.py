@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import eventlanes as el
 
-from .bench_spark import fresh_store, plain_fold
+from .bench_spark import first_and_warm, fresh_store, plain_fold, replays_in_subprocess
 from .common import DATA, print_table
 
-ROOT = Path(__file__).resolve().parent.parent
 EVENTS, KEYS = 2_000_000, 50_000
 PERSIST_EVERY = 1.0
 
@@ -60,23 +57,6 @@ def local(url: str, name: str, persist_every: float = PERSIST_EVERY) -> float:
     return app.store.count() / seconds
 
 
-def spark_replay(url: str, parquet: str) -> list[float]:
-    """In a child process (its own JVM): replay four times; events/s of each. The first pays
-    the JVM's warm-up; the second is often still warming up (code generation, JIT), so the
-    warm figure is the median of the last three."""
-    code = (
-        "import sys, json; sys.path.insert(0, '.');"
-        "import eventlanes as el; from eventlanes import spark as els;"
-        "from benchmarks.bench_aggregation import define;"
-        f"app = el.App({url!r}); define(app); s = els.get_session('local[2]');"
-        f"rs = [els.replay(app, 'declared', spark=s, parquet={parquet!r}) for _ in range(4)];"
-        "print(json.dumps([r.events / r.seconds for r in rs]))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True)  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def run(
     backends: list[str] | None = None,
     quick: bool = False,
@@ -110,8 +90,10 @@ def run(
     store = el.open_store(url)
     el.spark.export_parquet(store, str(directory))
     store.close()
-    first, *rest = spark_replay(url, str(directory))
-    warm = sorted(rest)[len(rest) // 2]
+    runs = replays_in_subprocess(
+        url, "local[2]", str(directory), module="benchmarks.bench_aggregation", name="declared"
+    )
+    first, warm = first_and_warm(runs)
     app = el.App(url)
     define(app)
     if states(app, "declared") != want:
@@ -128,7 +110,7 @@ def run(
              ">= 1,000,000 and >= 4x"],
         ],
     )  # fmt: skip
-    print("Spark replays, events/s in order:", ", ".join(f"{r:,.0f}" for r in (first, *rest)))
+    print("Spark replays, events/s in order:", ", ".join(f"{r:,.0f}" for r in runs))
 
 
 if __name__ == "__main__":

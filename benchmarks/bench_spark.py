@@ -49,27 +49,44 @@ def fill(url: str, events: int, keys: int, skewed: bool = False) -> None:
     store.close()
 
 
-def _replay_in_subprocess(
-    url: str, master: str, parquet: str | None = None, env: dict[str, str] | None = None
+def replays_in_subprocess(
+    url: str,
+    master: str,
+    parquet: str | None = None,
+    env: dict[str, str] | None = None,
+    module: str = "benchmarks.bench_spark",
+    name: str = "totals",
 ) -> list[float]:
-    """Each master needs its own JVM: replay four times in a child process; the events/s of the
-    first (it includes the JVM's warm-up) and the median of the other three (the second alone
-    is often still warming up: code generation, JIT)."""
+    """Each master needs its own JVM: replay ``name`` (as ``module.define`` defines it) four
+    times in a child process; the events/s of each run, in order."""
     code = (
         "import sys, json; sys.path.insert(0, '.');"
         "import eventlanes as el; from eventlanes import spark as els;"
-        "from benchmarks.bench_spark import define;"
+        f"from {module} import define;"
         f"app = el.App({url!r}); define(app);"
         f"s = els.get_session({master!r});"
-        f"rs = [els.replay(app, 'totals', spark=s, parquet={parquet!r}) for _ in range(4)];"
+        f"rs = [els.replay(app, {name!r}, spark=s, parquet={parquet!r}) for _ in range(4)];"
         "print(json.dumps([r.events / r.seconds for r in rs]))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env=env)  # fmt: skip
     if out.returncode:
         raise RuntimeError(f"replay on {master} failed: {out.stderr[-2000:]}")
-    first, *rest = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def first_and_warm(runs: list[float]) -> list[float]:
+    """The first run (it includes the JVM's warm-up) and the median of the others (the second
+    alone is often still warming up: code generation, JIT)."""
+    first, *rest = runs
     return [first, sorted(rest)[len(rest) // 2]]
+
+
+def _replay_in_subprocess(
+    url: str, master: str, parquet: str | None = None, env: dict[str, str] | None = None
+) -> list[float]:
+    """:func:`first_and_warm` of the totals' replays on ``master``."""
+    return first_and_warm(replays_in_subprocess(url, master, parquet, env))
 
 
 def plain_fold(url: str) -> dict[str, tuple[int, int]]:
