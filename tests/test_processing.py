@@ -478,3 +478,32 @@ def test_multiple_sources_merged_oldest_first_with_a_token_each(store_url: str, 
     with pytest.raises(el.InvalidInputError, match="invalid source name"):
         app.processor("bad", sources={"Legacy!": legacy_url})
     legacy.close()
+
+
+def test_a_cursor_a_handler_keeps_is_not_reset_by_its_next_statement(store_url: str) -> None:
+    """ctx.execute reuses its cursor between statements for speed: a cursor the handler still
+    holds (results not read yet) must keep its own results."""
+    app = el.App(store_url)
+    proc = app.processor("kept", segments=1)
+    table = app.db.table("kept_rows")
+    app.db.run_ddl([f"CREATE TABLE {table} (position BIGINT, seen BIGINT)"])
+    p = app.db.param
+    counts: list[tuple[int, int]] = []
+
+    @proc.on("Step")
+    def step(event: el.Event, ctx: el.Context) -> None:
+        before = ctx.execute(f"SELECT count(*) FROM {table}")  # kept, read after the insert
+        ctx.execute(f"INSERT INTO {table} VALUES ({p}, {p})", (event.position, 0))
+        ctx.execute(f"UPDATE {table} SET seen = seen + 1")  # dropped at once: reused
+        counts.append((event.position, before.fetchone()[0]))
+
+    app.store.append("s", [E("Step", {}) for _ in range(30)])
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert counts == [(i + 1, i) for i in range(30)]
+    rows = app.db.query(f"SELECT position, seen FROM {table} ORDER BY position")
+    assert [tuple(r) for r in rows] == [(i + 1, 30 - i) for i in range(30)]
+    app.close()

@@ -262,10 +262,11 @@ class App:
             crashed = [r.error for r in self._runners if r.error is not None]
             if crashed:
                 raise RuntimeError(f"a processor crashed: {crashed[0]!r}") from crashed[0]
-            views = [self.status(p.name) for p in self._selected(processors)]
-            if all(v.caught_up for v in views):
+            selected = self._selected(processors)
+            if all(admin.caught_up(self.runtime, p) for p in selected):
                 return
             if time.monotonic() > deadline:
+                views = [self.status(p.name) for p in selected]
                 lagging = {v.name: v.lag for v in views if not v.caught_up}
                 raise TimeoutError(f"processors not caught up after {timeout} s: {lagging}")
             time.sleep(0.05)
