@@ -507,3 +507,33 @@ def test_a_cursor_a_handler_keeps_is_not_reset_by_its_next_statement(store_url: 
     rows = app.db.query(f"SELECT position, seen FROM {table} ORDER BY position")
     assert [tuple(r) for r in rows] == [(i + 1, 30 - i) for i in range(30)]
     app.close()
+
+
+@pytest.mark.parametrize("streams", [200, 1])
+def test_pooled_batches_are_per_segment_and_never_over_batch_size(
+    store_url: str, streams: int
+) -> None:
+    """batch_size bounds each segment's transaction, as in tracking mode: one pooled read for
+    four segments takes four batches, and no segment's share is ever cut past batch_size
+    (skewed: every event in one segment)."""
+    app = el.App(store_url)
+    proc = app.processor("sized", segments=4, batch_size=50)
+    sizes: list[int] = []
+    seen: list[int] = []
+
+    @proc.on_batch("Step")
+    def batch(events: list[el.Event], ctx: el.Context) -> None:
+        sizes.append(len(events))
+        seen.extend(e.position for e in events)
+
+    for j in range(200):  # 10 events at a time per stream
+        app.store.append(f"s-{j % streams}", [E("Step", {}) for _ in range(10)])
+    app.start()
+    try:
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    app.close()
+    assert sorted(seen) == list(range(1, 2001))  # each event once
+    assert max(sizes) == 50  # full batches per segment, not 50 shared by four
+    assert len(sizes) < 2000 / 50 * 1.5

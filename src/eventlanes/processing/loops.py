@@ -125,7 +125,7 @@ class PooledLoop:
                 worker.persist_idle(st)
             self.wakeup.wait(seen)
             return
-        shares = self.reader.share(states, events)
+        shares, upto = self.reader.capped(self.reader.share(states, events), upto)
         # Where every held segment will be once this batch committed (taken before a worker
         # can change a token).
         tokens = tuple(advanced(st.token, upto) for st in states)

@@ -39,7 +39,10 @@ class BatchReader:
         held = tokens if tokens is not None else [st.token for st in states]
         if len(self.sources) == 1:
             after = min(token.position for token in held)
-            events, upto = self.sources[0][1].read_upto(after, proc.batch_size, segs, self.types)
+            # batch_size is per segment transaction (as a tracking reader's): one read for
+            # several segments takes as many batches; :meth:`capped` keeps each share to one.
+            limit = proc.batch_size * len(states)
+            events, upto = self.sources[0][1].read_upto(after, limit, segs, self.types)
             return events, upto, upto > after
         afters = {
             name: min(token.source(name).position for token in held) for name, _ in self.sources
@@ -74,6 +77,21 @@ class BatchReader:
                         shares[owner].append(event)
                     break
         return shares
+
+    def capped(
+        self, shares: dict[SegmentState, list[Event]], upto: Upto
+    ) -> tuple[dict[SegmentState, list[Event]], Upto]:
+        """The shares of a one-source batch cut so none is longer than ``batch_size``: where one
+        would be, the batch ends at that share's last event, and so does how far it is
+        complete (the events after it are read again next time)."""
+        size = self.proc.batch_size
+        if not isinstance(upto, int):  # several sources: merged batches are cut by the merge
+            return shares, upto
+        over = [evs[size - 1].position for evs in shares.values() if len(evs) > size]
+        if not over:
+            return shares, upto
+        end = min(over)
+        return {st: [e for e in evs if e.position <= end] for st, evs in shares.items()}, end
 
     def _plain(self, states: Sequence[SegmentState]) -> bool:
         """One source and plain tokens: an event is wanted when it is past the token."""
