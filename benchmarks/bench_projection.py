@@ -1,5 +1,6 @@
 """PostgreSQL projections through the processor, in one run: one INSERT per event (plain and
-``pipeline=True``) and one ``executemany`` per batch (``on_batch``); every run's rows are
+``pipeline=True``), one ``executemany`` per batch and one ``ctx.insert_rows`` (COPY) per
+batch (``on_batch``); every run's rows are
 checked equal to the events. Beside them, on the same server and events, the raw loops of
 :mod:`benchmarks.bench_postgres` (read, insert, fenced token update, commit; no processor).
 Targets: 20k events/s one statement per event, 60k with ``on_batch``.
@@ -35,6 +36,13 @@ def _run(url: str, name: str, kind: str) -> float:
         def batch(events: list[el.Event], ctx: el.Context) -> None:
             ctx.executemany(sql, [(e.stream_id, e.version, e.position) for e in events])
 
+    elif kind == "insert_rows":
+
+        @proc.on_batch("Step")
+        def copied(events: list[el.Event], ctx: el.Context) -> None:
+            rows = [(e.stream_id, e.version, e.position) for e in events]
+            ctx.insert_rows(table, ["stream", "version", "position"], rows)
+
     else:
 
         @proc.on("Step")
@@ -67,14 +75,19 @@ def run(backends: list[str], quick: bool = False) -> None:
             if count != events:
                 raise AssertionError(f"raw {variant}: {count} rows for {events} events")
         rates: dict[str, float] = {}
-        for i, kind in enumerate(["plain", "pipelined", "on_batch"] * 2):  # alternate: noisy
+        kinds = ["plain", "pipelined", "on_batch", "insert_rows"]
+        for i, kind in enumerate(kinds * 2):  # alternate: noisy
             rates[kind] = max(rates.get(kind, 0.0), _run(url, f"p{i}", kind))
         raw_plain = raw["plain transaction"][0]
         for variant, (rate, _) in raw.items():
             rows.append([f"raw loop, {variant}", events, rate, f"{rate / raw_plain:.2f}x"])
-        for kind, target in (("plain", 20_000), ("pipelined", 20_000), ("on_batch", 60_000)):
+        for kind, target in (("plain", 20_000), ("pipelined", 20_000), ("on_batch", 60_000),
+                             ("insert_rows", 60_000)):  # fmt: skip
             rate = rates[kind]
-            rows.append([f"processor, {kind} (target {target:,})", events, rate,
+            what = "on_batch with ctx.insert_rows (COPY)" if kind == "insert_rows" else kind
+            if kind == "on_batch":
+                what = "on_batch with ctx.executemany"
+            rows.append([f"processor, {what} (target {target:,})", events, rate,
                          f"{rate / raw_plain:.2f}x"])  # fmt: skip
     print_table(
         "PostgreSQL projection: raw loops (500 events per commit) and through the processor "

@@ -537,3 +537,52 @@ def test_pooled_batches_are_per_segment_and_never_over_batch_size(
     assert sorted(seen) == list(range(1, 2001))  # each event once
     assert max(sizes) == 50  # full batches per segment, not 50 shared by four
     assert len(sizes) < 2000 / 50 * 1.5
+
+
+def test_insert_rows_writes_with_the_token_and_rolls_back_with_the_batch(store_url: str) -> None:
+    """ctx.insert_rows (COPY on PostgreSQL) is in the batch's transaction: a batch that fails
+    after it leaves no rows, and its retry writes each event's row once."""
+    app = el.App(store_url)
+    proc = app.processor("bulk", segments=2, batch_size=40, on_error="retry")
+    table = app.db.table("bulk_rows")
+    app.db.run_ddl([f"CREATE TABLE {table} (stream TEXT, position BIGINT, note TEXT)"])
+    failed = threading.Event()
+
+    @proc.on_batch("Step")
+    def batch(events: list[el.Event], ctx: el.Context) -> None:
+        rows = [(e.stream_id, e.position, 'it\'s \\ \t\n"quoted"') for e in events]
+        assert ctx.insert_rows(table, ["stream", "position", "note"], rows) == len(events)
+        if not failed.is_set() and any(e.position == 77 for e in events):
+            failed.set()
+            raise RuntimeError("after insert_rows")
+
+    for j in range(20):
+        app.store.append(f"s-{j % 7}", [E("Step", {}) for _ in range(10)])
+    app.start()
+    try:
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    rows = app.db.query(f"SELECT stream, position, note FROM {table} ORDER BY position")
+    app.close()
+    assert failed.is_set()
+    assert [r[1] for r in rows] == list(range(1, 201))
+    assert {r[2] for r in rows} == {'it\'s \\ \t\n"quoted"'}
+
+
+def test_insert_rows_refuses_bad_names_and_rows_naming_them(store_url: str) -> None:
+    app = el.App(store_url)
+    table = app.db.table("bulk_bad")
+    app.db.run_ddl([f"CREATE TABLE {table} (a BIGINT, b BIGINT)"])
+    with app.db.transaction() as conn:
+        ctx = el.Context("p", None, None, conn, app.db.backend, app.db.param, app.db.prefix)
+        for bad_table, cols in [("x; DROP TABLE y", ["a"]), (table, ["a b"]), (table, "ab"),
+                                (table, [])]:  # fmt: skip
+            with pytest.raises(el.InvalidInputError, match="insert_rows: table and columns"):
+                ctx.insert_rows(bad_table, cols, [(1,)])
+    short = pytest.raises(el.InvalidInputError, match="row 1 has 1 values for 2 columns")
+    with short, app.db.transaction() as conn:
+        ctx = el.Context("p", None, None, conn, app.db.backend, app.db.param, app.db.prefix)
+        ctx.insert_rows(table, ["a", "b"], [(1, 2), (3,)])
+    assert app.db.query(f"SELECT count(*) FROM {table}")[0][0] == 0  # nothing written
+    app.close()
