@@ -520,3 +520,62 @@ def test_on_batch_only_processor_replays_without_its_no_replay_handler(store_url
     for positions, replay in calls:
         assert replay == all(p <= 10 for p in positions)
     assert sorted(mailed) == list(range(1, 16))  # the new ones only, once
+
+
+def test_two_nodes_with_parking_splits_and_merges_hand_each_event_out_once(
+    store_url: str,
+) -> None:
+    """Everything the pooled loop's shortcuts must survive at once: two nodes sharing the
+    segments (claims move while batches are read ahead), a split and a merge asked while
+    they run, a key from the data, unhandled types, batches cut small, and a poison key
+    parked in dead-letter mode. Each other event once, in order per key; the poison key's
+    events from the failed one on are parked, none handled."""
+    options: dict[str, Any] = {
+        "segments": 2,
+        "batch_size": 3,
+        "policy": el.by_data("k"),
+        "on_error": "dead_letter",
+    }
+    apps = [el.App(store_url, claim_timeout=2) for _ in range(2)]
+    table = ""
+    for app in apps:
+        proc = app.processor("busy", **options)
+        table = _key_recorder(app, proc, "busy_rows")
+
+        @proc.on("A")
+        def poison(event: el.Event, ctx: el.Context) -> None:
+            if event.data["k"] == "k3" and event.position > 40:
+                raise ValueError("poison")
+
+    _append_keyed(apps[0].store, 120, keys=7, seed=0)
+    apps[0].start()
+    try:
+        apps[1].start()
+        _append_keyed(apps[0].store, 60, keys=7, seed=1)
+        apps[0].split("busy", 0)
+        _append_keyed(apps[0].store, 60, keys=7, seed=2)
+        apps[0].merge("busy", 0)
+        _append_keyed(apps[0].store, 60, keys=7, seed=3)
+        for app in apps:
+            app.wait_until_caught_up(60)
+    finally:
+        apps[1].stop()
+        apps[0].stop()
+    app = apps[0]
+    parked = [d.position for d in app.dead_letter_list("busy")]
+    events = [e for e in app.store.iter_events() if e.type in ("A", "B")]
+    first = min(
+        e.position for e in events if e.data["k"] == "k3" and e.type == "A" and e.position > 40
+    )
+    expected_parked = [e.position for e in events if e.data["k"] == "k3" and e.position >= first]
+    rows = app.db.query(f"SELECT k, position FROM {table} ORDER BY id")
+    for a in apps:
+        a.close()
+    assert parked == expected_parked
+    handled = Counter(p for _, p in rows)
+    assert not [p for p, c in handled.items() if c > 1], "handled twice"
+    assert set(handled) == {e.position for e in events} - set(parked)
+    last: dict[str, int] = {}
+    for k, position in rows:
+        assert position > last.get(k, 0), f"key {k}: {position} after {last[k]}"
+        last[k] = position
