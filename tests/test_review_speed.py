@@ -579,3 +579,40 @@ def test_two_nodes_with_parking_splits_and_merges_hand_each_event_out_once(
     for k, position in rows:
         assert position > last.get(k, 0), f"key {k}: {position} after {last[k]}"
         last[k] = position
+
+
+def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(store_url: str) -> None:
+    """After a reset, a half that had handled nothing (its events never seen) is merged with a
+    half that is replaying: the merged token's replay end is the replaying half's, so the
+    other half's first-time events count as replays and ``disallow_replay`` handlers (the
+    e-mails) skip them, forever and silently."""
+    app = el.App(store_url, claim_timeout=2)
+    proc = app.processor("mails", segments=2, batch_size=50)
+    sent: list[int] = []
+
+    @proc.on("Signup")
+    @el.disallow_replay
+    def mail(event: el.Event, ctx: el.Context) -> None:
+        sent.append(event.position)
+
+    streams = [f"u-{i}" for i in range(12)]
+    halves = {s: el.stable_hash(s) & 1 for s in streams}
+    assert set(halves.values()) == {0, 1}
+    for s in streams:
+        app.store.append(s, [E("Signup")])
+    app.start(node_index=0, nodes=2)  # only segment 0/1 runs: 1/1 sees nothing
+    try:
+        wait_for(lambda: app.status("mails").segments[0].caught_up, what="segment 0")
+    finally:
+        app.stop()
+    first_half = sorted(sent)
+    app.reset("mails")  # 0/1 replays its events; 1/1 had none to replay
+    app.merge("mails", 1)
+    app.start()
+    try:
+        app.wait_until_caught_up(20)
+    finally:
+        app.stop()
+    app.close()
+    never_seen = sorted(set(range(1, 13)) - set(first_half))
+    assert sorted(sent) == sorted(first_half + never_seen), "first-time events not mailed"
