@@ -29,6 +29,9 @@ def _ctx(app: el.App, conn: Any) -> el.Context:
 # -- Context.execute: the reused cursor ------------------------------------------------------
 
 
+@pytest.mark.xfail(
+    strict=True, reason="defect: ctx.execute reuses a cursor the handler closed (remove when fixed)"
+)
 def test_a_cursor_the_handler_closed_is_not_used_again(store_url: str) -> None:
     """A handler that closes the cursor ``ctx.execute`` gave it (tidy DB-API code, or psycopg's
     ``with ctx.execute(...) as cur``) must not break the next statement of the batch: the
@@ -98,13 +101,16 @@ _PLUS_TWO = dt.timezone(dt.timedelta(hours=2))
 
 # (column type, value): values a projection plausibly writes; what ``ctx.execute("INSERT ...")``
 # stores is what insert_rows must store (PostgreSQL's COPY parses text instead of casting).
-INSERT_CASES = [
-    ("text", uuid.UUID("12345678-1234-5678-1234-567812345678")),  # ids kept as text
-    ("timestamp", dt.datetime(2026, 1, 1, 10, 0, tzinfo=_PLUS_TWO)),  # aware, into a naive column
-    ("date", dt.datetime(2026, 1, 1, 23, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5)))),
-    ("text", True),
-    ("text", 100.0),
-]
+INSERT_CASES = {
+    "uuid-into-text": ("text", uuid.UUID("12345678-1234-5678-1234-567812345678")),
+    "aware-into-timestamp": ("timestamp", dt.datetime(2026, 1, 1, 10, 0, tzinfo=_PLUS_TWO)),
+    "aware-into-date": (
+        "date",
+        dt.datetime(2026, 1, 1, 23, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+    ),
+    "bool-into-text": ("text", True),
+    "float-into-text": ("text", 100.0),
+}
 SAME_CASES = [  # already equal: kept so that a change of the COPY path cannot break them
     ("text", "tab\there \\ back\\slash\nnew line \\N é 😀"),
     ("text", ""),
@@ -132,9 +138,11 @@ def _insert_both_ways(app: el.App, column: str, value: Any) -> tuple[Any, Any]:
     return rows[0][0], rows[1][0]
 
 
-@pytest.mark.parametrize(
-    ("column", "value"), INSERT_CASES, ids=[f"{c}-{v!r}" for c, v in INSERT_CASES]
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: COPY parses text where INSERT casts typed values (remove when fixed)",
 )
+@pytest.mark.parametrize(("column", "value"), list(INSERT_CASES.values()), ids=list(INSERT_CASES))
 def test_insert_rows_stores_what_an_insert_stores(pg_url: str, column: str, value: Any) -> None:
     app = el.App(f"{pg_url}?prefix=rv_{uuid.uuid4().hex[:8]}_")
     try:
@@ -158,6 +166,10 @@ def test_insert_rows_keeps_awkward_values_as_an_insert_does(
     assert by_copy == by_insert
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: COPY keeps the UTC wall clock in a timestamp column (remove when fixed)",
+)
 def test_insert_rows_of_the_event_time_in_a_session_not_on_utc(pg_url: str) -> None:
     """``event.recorded_at`` (aware, UTC) into a ``timestamp`` column, on a server whose time
     zone is not UTC: INSERT stores local time, COPY the UTC wall clock."""
@@ -178,6 +190,10 @@ def test_insert_rows_of_the_event_time_in_a_session_not_on_utc(pg_url: str) -> N
     assert rows[1][0] == rows[0][0]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: COPY fails in pipeline mode, each batch runs twice (remove when fixed)",
+)
 def test_insert_rows_in_a_pipelined_processor_runs_each_batch_once(pg_url: str) -> None:
     """COPY cannot run in pipeline mode: with ``pipeline=True`` every batch that uses
     insert_rows fails its pipelined try and is handled a second time (plain); the handler
@@ -581,9 +597,16 @@ def test_two_nodes_with_parking_splits_and_merges_hand_each_event_out_once(
         last[k] = position
 
 
-def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(store_url: str) -> None:
-    """After a reset, a half that had handled nothing (its events never seen) is merged with a
-    half that is replaying: the merged token's replay end is the replaying half's, so the
+@pytest.mark.xfail(
+    strict=True, reason="defect: one replay end per merged token (remove when fixed)"
+)
+@pytest.mark.parametrize("order", ["reset, merge", "merge, reset"])
+def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(
+    store_url: str, order: str
+) -> None:
+    """A half that had handled nothing (its events never seen) and a half that had handled
+    everything are merged and reset (in either order): a token has one replay end for the
+    whole segment (the replaying half's, or the merged token's furthest ``ahead``), so the
     other half's first-time events count as replays and ``disallow_replay`` handlers (the
     e-mails) skip them, forever and silently."""
     app = el.App(store_url, claim_timeout=2)
@@ -606,8 +629,11 @@ def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(store_url
     finally:
         app.stop()
     first_half = sorted(sent)
-    app.reset("mails")  # 0/1 replays its events; 1/1 had none to replay
-    app.merge("mails", 1)
+    for step in order.split(", "):
+        if step == "reset":
+            app.reset("mails")  # 0/1 replays its events; 1/1 had none to replay
+        else:
+            app.merge("mails", 1)
     app.start()
     try:
         app.wait_until_caught_up(20)
@@ -616,3 +642,54 @@ def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(store_url
     app.close()
     never_seen = sorted(set(range(1, 13)) - set(first_half))
     assert sorted(sent) == sorted(first_half + never_seen), "first-time events not mailed"
+
+
+def test_a_bad_row_caught_by_the_handler_leaves_the_transaction_usable(
+    store_url: str, request: pytest.FixtureRequest
+) -> None:
+    """insert_rows refuses a row of the wrong width "and nothing is written". A handler that
+    catches that and goes on must be able to: on SQLite it can (rows are checked before the
+    insert); on PostgreSQL the check runs mid-COPY, the COPY is failed and the transaction is
+    left aborted, so every later statement (and the batch's token update) fails."""
+    if store_url.startswith("postgresql"):
+        reason = "defect: the width check runs mid-COPY and aborts the transaction"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    app = el.App(store_url)
+    table = app.db.table("caught_rows")
+    app.db.run_ddl([f"CREATE TABLE {table} (a BIGINT, b BIGINT)"])
+    p = app.db.param
+    with app.db.transaction() as conn:
+        ctx = _ctx(app, conn)
+        with pytest.raises(el.InvalidInputError, match="row 1 has 1 values"):
+            ctx.insert_rows(table, ["a", "b"], [(1, 2), (3,)])
+        ctx.execute(f"INSERT INTO {table} VALUES ({p}, {p})", (5, 6))
+    rows = app.db.query(f"SELECT a, b FROM {table}")
+    app.close()
+    assert [tuple(r) for r in rows] == [(5, 6)]
+
+
+def test_a_cursor_kept_in_a_closure_keeps_its_results(store_url: str) -> None:
+    """A cursor kept only by a closure (a callback for later) is held: later statements get
+    a cursor of their own."""
+    app = el.App(store_url)
+    table = app.db.table("closure_rows")
+    app.db.run_ddl([f"CREATE TABLE {table} (n BIGINT)"])
+    p = app.db.param
+    with app.db.transaction() as conn:
+        ctx = _ctx(app, conn)
+        for n in range(3):
+            ctx.execute(f"INSERT INTO {table} VALUES ({p})", (n,))
+
+        kept = ctx.execute(f"SELECT n FROM {table} ORDER BY n")
+
+        def later(cur: Any = kept) -> list[int]:
+            return [r[0] for r in cur.fetchall()]
+
+        del kept  # only the closure holds it now
+
+        holders = [ctx.execute(f"SELECT count(*) FROM {table}")]
+        ctx.execute(f"DELETE FROM {table} WHERE n = 0")
+        ctx.execute(f"INSERT INTO {table} VALUES ({p})", (9,))
+        assert holders[0].fetchone()[0] == 3
+        assert later() == [0, 1, 2]
+    app.close()
