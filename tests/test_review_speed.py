@@ -29,9 +29,6 @@ def _ctx(app: el.App, conn: Any) -> el.Context:
 # -- Context.execute: the reused cursor ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="defect: ctx.execute reuses a cursor the handler closed (remove when fixed)"
-)
 def test_a_cursor_the_handler_closed_is_not_used_again(store_url: str) -> None:
     """A handler that closes the cursor ``ctx.execute`` gave it (tidy DB-API code, or psycopg's
     ``with ctx.execute(...) as cur``) must not break the next statement of the batch: the
@@ -138,10 +135,6 @@ def _insert_both_ways(app: el.App, column: str, value: Any) -> tuple[Any, Any]:
     return rows[0][0], rows[1][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: COPY parses text where INSERT casts typed values (remove when fixed)",
-)
 @pytest.mark.parametrize(("column", "value"), list(INSERT_CASES.values()), ids=list(INSERT_CASES))
 def test_insert_rows_stores_what_an_insert_stores(pg_url: str, column: str, value: Any) -> None:
     app = el.App(f"{pg_url}?prefix=rv_{uuid.uuid4().hex[:8]}_")
@@ -166,10 +159,6 @@ def test_insert_rows_keeps_awkward_values_as_an_insert_does(
     assert by_copy == by_insert
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: COPY keeps the UTC wall clock in a timestamp column (remove when fixed)",
-)
 def test_insert_rows_of_the_event_time_in_a_session_not_on_utc(pg_url: str) -> None:
     """``event.recorded_at`` (aware, UTC) into a ``timestamp`` column, on a server whose time
     zone is not UTC: INSERT stores local time, COPY the UTC wall clock."""
@@ -190,10 +179,6 @@ def test_insert_rows_of_the_event_time_in_a_session_not_on_utc(pg_url: str) -> N
     assert rows[1][0] == rows[0][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: COPY fails in pipeline mode, each batch runs twice (remove when fixed)",
-)
 def test_insert_rows_in_a_pipelined_processor_runs_each_batch_once(pg_url: str) -> None:
     """COPY cannot run in pipeline mode: with ``pipeline=True`` every batch that uses
     insert_rows fails its pipelined try and is handled a second time (plain); the handler
@@ -645,15 +630,11 @@ def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(
 
 
 def test_a_bad_row_caught_by_the_handler_leaves_the_transaction_usable(
-    store_url: str, request: pytest.FixtureRequest
+    store_url: str,
 ) -> None:
     """insert_rows refuses a row of the wrong width "and nothing is written". A handler that
-    catches that and goes on must be able to: on SQLite it can (rows are checked before the
-    insert); on PostgreSQL the check runs mid-COPY, the COPY is failed and the transaction is
-    left aborted, so every later statement (and the batch's token update) fails."""
-    if store_url.startswith("postgresql"):
-        reason = "defect: the width check runs mid-COPY and aborts the transaction"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    catches that and goes on must be able to: every row is checked before anything is sent
+    (a failed COPY would leave the PostgreSQL transaction aborted)."""
     app = el.App(store_url)
     table = app.db.table("caught_rows")
     app.db.run_ddl([f"CREATE TABLE {table} (a BIGINT, b BIGINT)"])

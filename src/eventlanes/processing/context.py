@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from itertools import chain
 from typing import Any
 
 from ..errors import InvalidInputError
@@ -96,11 +98,14 @@ class Context:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run ``sql`` in the batch's transaction; returns the cursor (to fetch from)."""
+        if self.backend != "postgresql":
+            return self.connection.execute(sql, params)
         cur = self._cursor
-        # One statement per event spends a third of its driver time making and freeing a
-        # cursor: the last one is used again, but only if nothing but this context holds it
-        # (CPython's reference count is exact), so a cursor a handler kept is never reset.
-        if cur is None or sys.getrefcount(cur) > 3:  # this slot, `cur`, the argument
+        # One statement per event spent a third of its driver time making and freeing a
+        # cursor: the last one is used again, but only if it is open and nothing but this
+        # context holds it (CPython's reference count is exact), so a cursor a handler kept
+        # is never reset under it.
+        if cur is None or cur.closed or sys.getrefcount(cur) > 3:  # slot, `cur`, argument
             cur = self._cursor = self.connection.cursor()
         return cur.execute(sql, params)
 
@@ -114,8 +119,12 @@ class Context:
 
     def insert_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
         """Insert ``rows`` (one value per column) into ``table`` in the batch's transaction,
-        the fastest way the driver has: ``COPY`` on PostgreSQL (one stream, no statement per
-        row), ``executemany`` on SQLite. Returns how many rows were inserted."""
+        storing what ``INSERT ... VALUES`` stores, the fastest way the driver has: on
+        PostgreSQL a ``COPY`` (no statement per row) when every value is a ``str``, ``int``,
+        ``Decimal``, ``bytes`` or ``None`` (their text is parsed by the column's type as an
+        INSERT's parameter would be), else, or in a pipelined transaction, ``executemany``;
+        ``executemany`` on SQLite. Every row is checked before anything is sent. Returns how
+        many rows were inserted."""
         names = [table, *columns] if not isinstance(columns, str) else []
         if len(names) < 2 or not all(
             isinstance(n, str) and _IDENTIFIER.fullmatch(n) for n in names
@@ -124,25 +133,20 @@ class Context:
                 f"insert_rows: table and columns must be names (letters, digits, _; a table "
                 f"may be schema.name), got table={table!r}, columns={columns!r}"
             )
-        conn, cols, count = self.connection, ", ".join(columns), 0
+        checked = rows if isinstance(rows, list) else list(rows)
         width = len(columns)
-        if self.backend == "postgresql":
+        if list(map(len, checked)).count(width) != len(checked):
+            i = next(i for i, row in enumerate(checked) if len(row) != width)
+            raise InvalidInputError(
+                f"insert_rows: row {i} has {len(checked[i])} values for {width} columns: "
+                f"{checked[i]!r}"
+            )
+        conn, cols = self.connection, ", ".join(columns)
+        if self.backend == "postgresql" and _copy_exact(conn, checked):
             with conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                for row in rows:
-                    if len(row) != width:
-                        raise InvalidInputError(
-                            f"insert_rows: row {count} has {len(row)} values for {width} "
-                            f"columns: {row!r}"
-                        )
+                for row in checked:
                     copy.write_row(row)
-                    count += 1
-            return count
-        checked = list(rows)
-        for i, row in enumerate(checked):
-            if len(row) != width:
-                raise InvalidInputError(
-                    f"insert_rows: row {i} has {len(row)} values for {width} columns: {row!r}"
-                )
+            return len(checked)
         marks = ", ".join([self.param] * width)
         cur = conn.cursor()
         try:
@@ -153,3 +157,17 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context({self.processor!r}, segment={self.segment}, replay={self.is_replay})"
+
+
+#: value types COPY's text stores as an INSERT parameter would be stored (others, e.g. an
+#: aware datetime into a ``timestamp`` column or ``True`` into ``text``, would differ)
+_COPY_TYPES = frozenset({str, int, Decimal, bytes, type(None)})
+
+
+def _copy_exact(conn: Any, rows: list[Sequence[Any]]) -> bool:
+    """Whether ``rows`` can go by COPY: values of exact types only, and no pipeline (COPY
+    cannot run in one)."""
+    if conn.pgconn.pipeline_status:
+        return False
+    kinds = set(map(type, chain.from_iterable(rows)))
+    return kinds <= _COPY_TYPES
