@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -586,3 +587,31 @@ def test_insert_rows_refuses_bad_names_and_rows_naming_them(store_url: str) -> N
         ctx.insert_rows(table, ["a", "b"], [(1, 2), (3,)])
     assert app.db.query(f"SELECT count(*) FROM {table}")[0][0] == 0  # nothing written
     app.close()
+
+
+def test_a_cut_batch_hands_out_the_rest_without_reading_it_again(store_url: str) -> None:
+    """One hot stream, four segments: every pooled read of 4 x batch_size is cut at one
+    segment's batch; the events past the cut are the next batches, not read again (the store
+    returned about four times the events before)."""
+    app = el.App(store_url)
+    proc = app.processor("hot", segments=4, batch_size=10)
+    seen: list[int] = []
+    proc.on_batch("Step")(lambda events, ctx: seen.extend(e.position for e in events))
+    app.store.append("hot", [E("Step", {}) for _ in range(400)])
+    returned: list[int] = []
+    read_upto = app.store.read_upto
+
+    def counted(*args: Any, **kwargs: Any) -> tuple[list[el.Event], int]:
+        events, upto = read_upto(*args, **kwargs)
+        returned.append(len(events))
+        return events, upto
+
+    app.store.read_upto = counted  # type: ignore[method-assign]
+    app.start()
+    try:
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    app.close()
+    assert seen == list(range(1, 401))
+    assert sum(returned) <= 400 * 1.2, f"{sum(returned)} events read for 400"

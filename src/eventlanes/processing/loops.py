@@ -125,7 +125,8 @@ class PooledLoop:
                 worker.persist_idle(st)
             self.wakeup.wait(seen)
             return
-        shares, upto = self.reader.capped(self.reader.share(states, events), upto)
+        full_upto = upto
+        shares, upto, rest = self.reader.cut(self.reader.share(states, events), events, upto)
         # Where every held segment will be once this batch committed (taken before a worker
         # can change a token).
         tokens = tuple(advanced(st.token, upto) for st in states)
@@ -135,7 +136,12 @@ class PooledLoop:
         for st, evs in shares.items():
             if not evs:
                 worker.idle(st, upto)
-        following = self._read_ahead(states, tokens) if futures else None
+        if rest is not None:  # the events past the cut are the next batch: not read again
+            following: ReadAhead | None = ReadAhead(
+                tuple(states), tokens, seen, rest, full_upto, True
+            )
+        else:
+            following = self._read_ahead(states, tokens) if futures else None
         if self._wait(futures):
             # A stuck handler keeps its thread: leave it, and go on with a fresh pool.
             self.pool.shutdown(wait=False)

@@ -78,20 +78,22 @@ class BatchReader:
                     break
         return shares
 
-    def capped(
-        self, shares: dict[SegmentState, list[Event]], upto: Upto
-    ) -> tuple[dict[SegmentState, list[Event]], Upto]:
-        """The shares of a one-source batch cut so none is longer than ``batch_size``: where one
-        would be, the batch ends at that share's last event, and so does how far it is
-        complete (the events after it are read again next time)."""
+    def cut(
+        self, shares: dict[SegmentState, list[Event]], events: list[Event], upto: Upto
+    ) -> tuple[dict[SegmentState, list[Event]], Upto, list[Event] | None]:
+        """The shares of a one-source batch cut so none is longer than ``batch_size``: where
+        one would be, the batch ends at that share's last event, and so does how far it is
+        complete. Returns the shares, how far they are complete, and the events after the
+        cut (None when not cut): exactly the next batch, complete up to ``upto``."""
         size = self.proc.batch_size
         if not isinstance(upto, int):  # several sources: merged batches are cut by the merge
-            return shares, upto
+            return shares, upto, None
         over = [evs[size - 1].position for evs in shares.values() if len(evs) > size]
         if not over:
-            return shares, upto
+            return shares, upto, None
         end = min(over)
-        return {st: [e for e in evs if e.position <= end] for st, evs in shares.items()}, end
+        cut = {st: [e for e in evs if e.position <= end] for st, evs in shares.items()}
+        return cut, end, [e for e in events if e.position > end]
 
     def _plain(self, states: Sequence[SegmentState]) -> bool:
         """One source and plain tokens: an event is wanted when it is past the token."""
