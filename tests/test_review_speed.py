@@ -4,6 +4,7 @@ and commit, ``wait_until_caught_up`` and the dispatch fast paths. Real databases
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import threading
@@ -19,6 +20,11 @@ import eventlanes as el
 from tests.processing_helpers import serial_pk, wait_for
 
 E = el.NewEvent
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _ctx(app: el.App, conn: Any) -> el.Context:
@@ -582,9 +588,6 @@ def test_two_nodes_with_parking_splits_and_merges_hand_each_event_out_once(
         last[k] = position
 
 
-@pytest.mark.xfail(
-    strict=True, reason="defect: one replay end per merged token (remove when fixed)"
-)
 @pytest.mark.parametrize("order", ["reset, merge", "merge, reset"])
 def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(
     store_url: str, order: str
@@ -593,7 +596,8 @@ def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(
     everything are merged and reset (in either order): a token has one replay end for the
     whole segment (the replaying half's, or the merged token's furthest ``ahead``), so the
     other half's first-time events count as replays and ``disallow_replay`` handlers (the
-    e-mails) skip them, forever and silently."""
+    e-mails) skip them, forever and silently. The second step is now refused with the
+    reason (nothing changed), and every first-time event is mailed."""
     app = el.App(store_url, claim_timeout=2)
     proc = app.processor("mails", segments=2, batch_size=50)
     sent: list[int] = []
@@ -614,11 +618,14 @@ def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(
     finally:
         app.stop()
     first_half = sorted(sent)
-    for step in order.split(", "):
-        if step == "reset":
-            app.reset("mails")  # 0/1 replays its events; 1/1 had none to replay
-        else:
-            app.merge("mails", 1)
+    first, second = order.split(", ")
+    refusal = "replays end apart" if second == "merge" else "merged from halves"
+    for step in (first, second):
+        with pytest.raises(el.InvalidInputError, match=refusal) if step == second else _nothing():
+            if step == "reset":
+                app.reset("mails")  # 0/1 replays its events; 1/1 had none to replay
+            else:
+                app.merge("mails", 1)
     app.start()
     try:
         app.wait_until_caught_up(20)

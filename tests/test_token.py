@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventlanes import Segment, Token
+from eventlanes import InvalidInputError, Segment, Token
 
 
 def test_plain_token() -> None:
@@ -83,3 +84,27 @@ def test_every_event_delivered_exactly_once_through_splits_and_merges(history) -
         advance(seg, n)
     assert delivered[1:] == [1] * n
     assert all(tok.is_plain and tok.position == n for tok in tokens.values())
+
+
+def test_merging_halves_whose_replays_end_apart_is_refused() -> None:
+    """One replay end serves a merged token: halves replaying to different ends (or one not
+    replaying) would turn one half's first-time events into replays."""
+    low, high = Segment(0, 1), Segment(1, 1)
+    replaying = Token.reset(Token(12), 0)
+    with pytest.raises(InvalidInputError, match="replays end apart"):
+        Token.merged(low, replaying, high, Token(0))
+    with pytest.raises(InvalidInputError, match="replays end apart"):
+        Token.merged(low, replaying, high, Token.reset(Token(20), 0))
+    both = Token.merged(low, replaying, high, Token.reset(Token(12), 0))
+    assert both.replay_until == 12 and both.position == 0
+    assert Token.merged(low, Token(12), high, Token(3)).replay_until is None
+
+
+def test_resetting_a_merged_token_with_halves_apart_is_refused_below_the_far_half() -> None:
+    merged = Token.merged(Segment(0, 1), Token(12), Segment(1, 1), Token(3))
+    with pytest.raises(InvalidInputError, match="merged from halves at different positions"):
+        Token.reset(merged, 0)
+    with pytest.raises(InvalidInputError, match="passed 12"):
+        Token.reset(merged, 5)
+    assert Token.reset(merged, 12) == Token(12)  # nothing to replay: no replay end needed
+    assert Token.reset(Token(12), 0).replay_until == 12

@@ -227,10 +227,15 @@ def reset(
             ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
             Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
             for record in records:
-                token = Token.reset(record.token, target, context)
-                for name, position in targets.items():
-                    before = record.token.source(name)
-                    token = token.with_source(name, Token.reset(before, position, context))
+                try:
+                    token = Token.reset(record.token, target, context)
+                    for name, position in targets.items():
+                        before = record.token.source(name)
+                        token = token.with_source(name, Token.reset(before, position, context))
+                except InvalidInputError as exc:  # nothing written: the transaction rolls back
+                    raise InvalidInputError(
+                        f"cannot reset {proc.name!r}: segment {record.segment} {exc}"
+                    ) from None
                 rt.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
             rt.dead_letters.clear(conn, proc.name)
     finally:

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import InvalidInputError
 from ..segments import Segment
 
 Ahead = tuple[int, int, int]  # (segment id, mask, position)
@@ -113,6 +114,17 @@ class Token:
             if tok.position > base:
                 ahead.append((seg.id, seg.mask, tok.position))
             ahead.extend(a for a in tok.ahead if a[2] > base)
+        if tok_a.replay_until != tok_b.replay_until:
+            # One replay end serves the whole merged segment: the other half's first-time
+            # events would count as replays (disallow_replay handlers would skip them).
+            ends = ", ".join(
+                f"{seg} {'up to ' + str(t.replay_until) if t.replaying else 'not replaying'}"
+                for seg, t in ((seg_a, tok_a), (seg_b, tok_b))
+            )
+            raise InvalidInputError(
+                f"cannot merge {seg_a} and {seg_b} while their replays end apart ({ends}): "
+                "merge once both have passed their replay"
+            )
         untils = [t.replay_until for t in (tok_a, tok_b) if t.replay_until is not None]
         context = tok_a.replay_context if tok_a.replaying else tok_b.replay_context
         until = max(untils) if untils else None
@@ -147,8 +159,17 @@ class Token:
 
     @classmethod
     def reset(cls, before: Token, to: int, context: Any = None) -> Token:
-        """The token after a reset to ``to``: events up to ``before.high`` become replays."""
+        """The token after a reset to ``to``: events up to ``before.high`` become replays.
+        Refused for a merged token whose halves had got to different positions, past ``to``:
+        one replay end would make the lagging half's first-time events replays."""
         until = before.high
+        if before.ahead and until > max(to, before.position):
+            raise InvalidInputError(
+                f"it was merged from halves at different positions (handled up to "
+                f"{before.position} on one part, {until} on another) and a reset to {to} "
+                f"cannot tell their replays apart: run it until it has passed {until}, "
+                "then reset"
+            )
         if before.replay_until is not None:
             until = max(until, before.replay_until)
         return cls(to, (), until, context) if until > to else cls(to)

@@ -497,7 +497,7 @@ class TokenStoreContract(ABC):
         replay = Token.reset(before, 10, {"reason": "handler fixed", "n": [1, 2]})
         assert replay.is_replay(50) and not replay.is_replay(51)
         merged = Token.merged(
-            Segment(0, 3), Token(30), Segment(2, 3), Token(20, replay_until=25)
+            Segment(0, 3), Token(30, replay_until=40), Segment(2, 3), Token(20, replay_until=40)
         ).with_source("orders", Token(7, ((1, 1, 9),)))
         ts.store(P, 0, replay, "reset")
         ts.store(P, 1, merged, "reset")
