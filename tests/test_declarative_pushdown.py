@@ -250,10 +250,9 @@ def test_what_the_pushdown_cannot_fold_fails_as_on_the_row_path(
         '{"robot": "r1", "n": 1, "n": 5}',  # Python takes the last, SQLite the first
         '{"robot": "r1", "robot": "r2", "n": 2}',
         '{"robot": "r1", "\\u006e": 7}',  # an escaped name: the same property for Python
-        '{"robot": "r1",\x0c"n": 3}',  # SQLite takes a form feed as white space
         '{"robot": "r\\"1", "n": 3}',  # a key with an escape
         '{"robot": 12, "n": 3}',  # a number as key: its JSON text
-        '{"robot": "r1", "n": 3, "deep": ' + "[" * 450 + "]" * 450 + "}",
+        '{"robot": "r1", "n": 3, "deep": ' + "[" * 1500 + "]" * 1500 + "}",
         '{"robot": "r1", "n": 3, "deep": {"n": 4}}',  # a nested name: not the property
         '{"robot": "r1", "n": 3, "x": 1E+999}',  # infinity for SQLite, an error for orjson
     ],

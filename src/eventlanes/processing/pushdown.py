@@ -21,8 +21,8 @@ the event. It is not taken:
   metadata (the fast rule of :func:`.chains.dedupe`, which needs none: a source chain must be
   checked event by event), a value of the wrong type or an integer beyond 64 bits, a key that is
   not a JSON string or has escapes, a property named twice, or JSON text that SQLite reads but
-  Python reads differently or refuses (``\\u`` escapes, NUL, vertical tab and form feed, an
-  exponent of three digits, nesting over 400 deep, text that is not UTF-8); or when SQLite
+  Python reads differently or refuses (``\\u`` escapes, NUL, an exponent of three digits,
+  nesting over 400 deep, text that is not UTF-8, JSON5 where SQLite reads it); or when SQLite
   fails (malformed JSON, a sum beyond 64 bits);
 * by a segment whose states hold an own position at or above the range's first (a replay
   after a reset, inputs folded already): the worker folds that range by the row path.
@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -154,6 +155,9 @@ class Pushdown:
         col = {p: i for i, p in enumerate(props)}
         rows = [f"data -> '$.{key}' AS k", "position AS p", "metadata <> '{}' AS m"]
         bad = ["m"]
+        if sqlite3.sqlite_version_info >= (3, 42):  # JSON5 is read too: only strict JSON here
+            rows.append("NOT json_valid(data) AS j")
+            bad.append("j")
         for p, i in col.items():
             type_ = decl.columns[p]
             rows.append(f"json_type(data, '$.{p}') AS t{i}")
@@ -259,13 +263,13 @@ class Pushdown:
         return groups
 
     def _checked(self, text: str, longest: int, named: list[int]) -> bool:
-        """No escape SQLite and Python read differently, no NUL, vertical tab or form feed
-        (SQLite takes them as white space), no overflowing exponent, no nesting deeper than
+        """No escape SQLite and Python read differently, no NUL (SQLite reads up to it), no
+        exponent that may overflow (orjson refuses it, SQLite reads inf), no nesting deeper than
         Python's decoders go; ``named`` counts each ``"name"`` read (an event that has a
         property names it at least once: the totals equal the events that have it only if
         none names it twice). The text was decoded from UTF-8 by sqlite3, which fails on
         invalid text: SQLite's errors send the range to the row path."""
-        if "\\u" in text or "\x00" in text or "\x0b" in text or "\x0c" in text:
+        if "\\u" in text or "\x00" in text:
             return False
         if ("e" in text or "E" in text) and _EXPONENT.search(text):
             return False
