@@ -89,8 +89,16 @@ def load(store: el.EventStore, events: int, seed: int, chains: float = 0.0) -> N
                 if sent and rng.random() < 0.3:
                     d, meta = sent[rng.randrange(len(sent))]
                 else:
-                    meta = {"source_chain": [{"source": "up", "partition": "",
-                                              "offset": seed * 10**6 + i * 40 + j, "out": 0}]}
+                    meta = {
+                        "source_chain": [
+                            {
+                                "source": "up",
+                                "partition": "",
+                                "offset": seed * 10**6 + i * 40 + j,
+                                "out": 0,
+                            }
+                        ]
+                    }
                     sent.append((d, meta))
             kind = rng.choice(["Fastened"] * 6 + ["Loosened", "Painted"])
             batch.append(E(kind, d, meta))
@@ -220,7 +228,10 @@ def run_until_failed(app: el.App) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"robot": "r1", "n": "2"}', r"event \d+ \(Fastened\): data property 'n' is '2', declared int"),
+        (
+            '{"robot": "r1", "n": "2"}',
+            r"event \d+ \(Fastened\): data property 'n' is '2', declared int",
+        ),
         ('{"robot": "r1", "n": 1.5}', r"data property 'n' is 1.5, declared int"),
         ('{"robot": "r1", "n": true}', r"data property 'n' is True, declared int"),
         ('{"robot": "r1", "n": 9223372036854775808}', r"declared int \(64-bit\)"),

@@ -312,7 +312,9 @@ class AggregationWorker(SegmentWorker):
                     entries[key] = Entry(initial())
         return marks
 
-    def _fold_events(self, st: SegmentState, entries: dict[str, Entry], events: list[Event]) -> None:
+    def _fold_events(
+        self, st: SegmentState, entries: dict[str, Entry], events: list[Event]
+    ) -> None:
         seg = st.segment.id
         mine, keys, rows = self._keyed(events)
         distinct = set(keys)

@@ -60,7 +60,7 @@ log = logging.getLogger("eventlanes.aggregation")
 try:  # several times faster than the stdlib; the groups hold 64-bit integers at most
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson comes with the spark extra
-    from json import loads as _loads
+    from json import loads as _loads  # type: ignore[assignment]
 
 #: the pushdown is tried at all (tests turn it off to compare with the row path)
 ENABLED = True
@@ -169,7 +169,12 @@ class Pushdown:
             if _raw(decl, p):
                 rows.append(f"data -> '$.{p}' AS r{i}")
         # What each row adds, computed before the sort (smaller records to sort).
-        values = ["k", "p", f"{' + '.join(bad)} AS b", *(f"t{i} IS NOT NULL AS c{i}" for i in col.values())]
+        values = [
+            "k",
+            "p",
+            f"{' + '.join(bad)} AS b",
+            *(f"t{i} IS NOT NULL AS c{i}" for i in col.values()),
+        ]
         # A key must be a JSON string without escapes: its text between the quotes is the key.
         keyed = "k IS NULL OR substr(k, 1, 1) <> '\"' OR instr(k, '\\') > 0"
         grouped = [
@@ -199,7 +204,9 @@ class Pushdown:
             else:
                 value, agg = f"v{col[op.field]}", op.kind
             cond = " AND ".join(conds)
-            values.append(f"CASE WHEN {cond} THEN {value} END AS e{j}" if cond else f"{value} AS e{j}")
+            values.append(
+                f"CASE WHEN {cond} THEN {value} END AS e{j}" if cond else f"{value} AS e{j}"
+            )
             grouped.append(f"{agg}(e{j}) AS f{j}")
         types = list(decl.types)
         first = len(params) + 3
@@ -280,9 +287,7 @@ class Pushdown:
         return True
 
     # -- merging (the worker's thread) --------------------------------------------------------
-    def merge(
-        self, folded: Folded, entries: dict[str, Entry], marks: Marks, source: str
-    ) -> bool:
+    def merge(self, folded: Folded, entries: dict[str, Entry], marks: Marks, source: str) -> bool:
         """Fold ``folded`` (one segment's share, every key in ``entries``) into the states, as
         the row path's dedupe fast rule does: False (nothing changed) when a state holds an own
         position at or above the range's first event."""
@@ -319,9 +324,7 @@ class Pushdown:
         marks.high[source] = max(g[3] for g in folded)
         return True
 
-    def share(
-        self, folded: Folded, states: list[SegmentState]
-    ) -> dict[SegmentState, list[Any]]:
+    def share(self, folded: Folded, states: list[SegmentState]) -> dict[SegmentState, list[Any]]:
         """Each group to the held segment of its key (by the key's stable hash)."""
         if len(states) == 1 and states[0].segment.mask == 0:
             return {states[0]: folded}
@@ -351,7 +354,9 @@ def _located(text: str, type_: type) -> tuple[int, Any]:
 
 
 def _uses(decl: Declaration, prop: str) -> bool:
-    return any(op.field == prop or any(n == prop for n, _ in op.where) for op in decl.fields.values())
+    return any(
+        op.field == prop or any(n == prop for n, _ in op.where) for op in decl.fields.values()
+    )
 
 
 def _needs_text(decl: Declaration, prop: str) -> bool:

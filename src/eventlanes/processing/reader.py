@@ -50,9 +50,8 @@ class BatchReader:
             # position, so one range is exactly what each of them has not seen.
             first = held[0]
             after = first.position
-            if (
-                after >= self.pushdown.rows_until
-                and all(t.is_plain and not t.sources and t.position == after for t in held)
+            if after >= self.pushdown.rows_until and all(
+                t.is_plain and not t.sources and t.position == after for t in held
             ):
                 folded, upto = self.pushdown.read(after, self)
                 if folded is not None:
