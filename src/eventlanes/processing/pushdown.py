@@ -65,7 +65,8 @@ except ImportError:  # pragma: no cover - orjson comes with the spark extra
 #: the pushdown is tried at all (tests turn it off to compare with the row path)
 ENABLED = True
 #: positions folded per statement: larger ranges return fewer rows per event (a key seen
-#: several times in the range comes back once); SQLite's sorter spills to disk past its cache
+#: several times in the range comes back once). It bounds the memory of a range: the states
+#: loaded for it (one per key), the groups; SQLite's sorter spills to disk past its cache.
 SPAN = 400_000
 #: positions whose text is checked at once (the check's memory)
 TEXT_SPAN = 50_000
