@@ -125,6 +125,7 @@ class Pushdown:
         self.sql, self.params, self.props = self._plan(decl, store.events_table)
         #: positions below which reads take the row path (a range refused lately)
         self.rows_until = 0
+        self._last: Folded | None = None
 
     @staticmethod
     def build(decl: Declaration | None, stores: list[EventStore], enabled: bool) -> Pushdown | None:
@@ -231,7 +232,14 @@ class Pushdown:
     # -- reading (the reader's thread) --------------------------------------------------------
     def read(self, after: int, reader: BatchReader) -> tuple[Folded | None, int]:
         """The range after ``after`` folded in SQL, and its end; None when it must take the
-        row path (then reads take it up to the range's end)."""
+        row path (then reads take it up to the range's end). The last range folded is kept: a
+        read ahead that the loop let go (it does at every coordination round, about every
+        second, shorter than a large range takes) is asked for again from the same position,
+        and the events up to its end do not change. It is only data: states change when a
+        worker merges it, once per hand-out, as with events read again."""
+        last = self._last
+        if last is not None and last.after == after and last.reader is reader:
+            return last, last.upto
         try:
             groups, upto = self.store.fold_upto(after, SPAN, partial(self._fold, after))
         except Exception as exc:  # noqa: BLE001 - SQLite's errors included: the row path tells
@@ -241,7 +249,8 @@ class Pushdown:
         if groups is None:
             self.rows_until = upto
             return None, upto
-        return Folded(groups, after, upto, reader), upto
+        self._last = folded = Folded(groups, after, upto, reader)
+        return folded, upto
 
     def _fold(self, after: int, conn: Any, upto: int) -> list[list[Any]] | None:
         """The groups of ``(after, upto]``, or None when the range is not safe to fold in SQL:
