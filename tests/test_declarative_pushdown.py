@@ -297,3 +297,21 @@ def test_pushdown_off_and_other_stores_take_the_row_path(tmp_path: Path) -> None
         assert plan is None, name  # floats; Python folds
     with pytest.raises(el.InvalidInputError, match="pushdown must be True or False"):
         app.aggregation("x", key="robot", on="Fastened", fields={"n": el.count()}, pushdown=1)
+
+
+def test_pushdown_while_events_arrive(tmp_path: Path) -> None:
+    """A tailing aggregation: bursts appended while it runs, ranges ending at the head (an
+    empty range there must not hide the events appended next)."""
+    app = el.App(f"sqlite:///{tmp_path}/t.db", claim_timeout=5)
+    define(app, segments=2)
+    app.start(NAMES)
+    try:
+        for seed in range(12):
+            load(app.store, 120, seed=seed)
+            time.sleep(0.1)
+        app.wait_until_caught_up(60, NAMES)
+    finally:
+        app.stop()
+    assert_same(app)
+    assert sum(v["events"] for v, _, _ in stored(app, "push").values()) > 1000
+    assert aggregation(app, "push").pushed_down > 0

@@ -249,7 +249,9 @@ class Pushdown:
         if groups is None:
             self.rows_until = upto
             return None, upto
-        self._last = folded = Folded(groups, after, upto, reader)
+        folded = Folded(groups, after, upto, reader)
+        if folded:  # an empty range is cheap, and at the head it would hide what comes next
+            self._last = folded
         return folded, upto
 
     def _fold(self, after: int, conn: Any, upto: int) -> list[list[Any]] | None:
