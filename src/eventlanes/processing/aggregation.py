@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError, InvalidInputError
@@ -33,6 +33,7 @@ from .declarative import Declaration, Op
 from .dispatch import describe
 from .handlers import FunctionsByType
 from .processor import Processor
+from .pushdown import Folded
 from .state import Outcome, SegmentState
 from .states import Entry, StateTable
 from .worker import SegmentWorker
@@ -85,7 +86,12 @@ class Stage:
 class Aggregation(Processor):
     """``app.aggregation(name, key=..., initial=..., persist_every=1.0)``; ``@agg.on(type)``
     registers ``fold(state, event)``, which updates ``state`` in place (or returns outputs for
-    a downstream stage)."""
+    a downstream stage).
+
+    ``batch_size``: the events read at a time by rows (states are written every
+    ``persist_every`` seconds whatever it is). A declarative aggregation (``fields=``) over a
+    SQLite store is folded inside SQLite over larger ranges when that is exact
+    (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
 
     def __init__(
         self,
@@ -97,6 +103,7 @@ class Aggregation(Processor):
         persist_every: float = 1.0,
         fields: dict[str, Op] | None = None,
         on: str | list[str] | None = None,
+        pushdown: bool = True,
         **options: Any,
     ) -> None:
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
@@ -139,6 +146,12 @@ class Aggregation(Processor):
         self.persist_every = float(persist_every)
         self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
+        if not isinstance(pushdown, bool):
+            raise InvalidInputError(f"aggregation {name!r}: pushdown must be True or False")
+        #: fold declared fields inside SQLite where exact (pushdown.py)
+        self.pushdown = pushdown
+        #: events this process folded inside SQLite (for tests and tuning)
+        self.pushed_down = 0
 
     def on(self, *types: str) -> Callable[[Fold], Fold]:
         self._python_only("on()")
@@ -256,36 +269,25 @@ class AggregationWorker(SegmentWorker):
         keys = [k if (k := key(e)).__class__ is str else _keyless(k, e) for e in mine]
         return mine, keys, None
 
-    def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
+    def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
+        """Fold ``events`` (or a range folded in SQL: :class:`~.pushdown.Folded`) and move
+        the segment's token to ``upto`` in memory; states and token are written together
+        every ``persist_every`` seconds."""
         seg = st.segment.id
         entries = self._entries(st)
-        outputs = self.outputs.setdefault(seg, [])
         self.flushed_at.setdefault(seg, time.monotonic())
         started = time.perf_counter()
         try:
-            mine, keys, rows = self._keyed(events)
-            marks = self.marks.setdefault(seg, Marks())
-            distinct = set(keys)
-            missing = sorted(distinct - entries.keys())
-            if missing:
-                with self.runtime.db.connection() as conn:
-                    loaded = self.table.load(conn, self.name, missing)
-                marks.saw(loaded.values())
-                entries.update(loaded)
-                initial = self.agg.initial_state
-                for key in missing:
-                    if key not in entries:
-                        entries[key] = Entry(initial())
-            self.changed.setdefault(seg, set()).update(distinct)
-            if self.agg.declaration is not None:
-                self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
+            if isinstance(events, Folded):
+                handled = self._fold_range(st, entries, events)
             else:
-                self._fold(mine, keys, entries, outputs, marks)
+                handled = len(events)
+                self._fold_events(st, entries, events)
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
             return self.back_off(st, exc)
         seconds = time.perf_counter() - started
-        self.observer.batch_handled(self.name, str(st.segment), len(events), seconds)
+        self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
         st.dirty = True  # states changed: written with the token even if it did not move
         if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every:
@@ -293,6 +295,54 @@ class AggregationWorker(SegmentWorker):
             if st.lost:
                 return Outcome.LOST
         return Outcome.OK
+
+    def _load(self, seg: int, entries: dict[str, Entry], keys: Iterable[str]) -> Marks:
+        """Every key of ``keys`` in ``entries`` (read from the table, or fresh); the segment's
+        marks, raised to cover the offsets read."""
+        marks = self.marks.setdefault(seg, Marks())
+        missing = sorted(set(keys) - entries.keys())
+        if missing:
+            with self.runtime.db.connection() as conn:
+                loaded = self.table.load(conn, self.name, missing)
+            marks.saw(loaded.values())
+            entries.update(loaded)
+            initial = self.agg.initial_state
+            for key in missing:
+                if key not in entries:
+                    entries[key] = Entry(initial())
+        return marks
+
+    def _fold_events(
+        self, st: SegmentState, entries: dict[str, Entry], events: list[Event]
+    ) -> None:
+        seg = st.segment.id
+        mine, keys, rows = self._keyed(events)
+        distinct = set(keys)
+        marks = self._load(seg, entries, distinct)
+        self.changed.setdefault(seg, set()).update(distinct)
+        if self.agg.declaration is not None:
+            self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
+        else:
+            self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+
+    def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
+        """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a
+        state holds an own position at or above its first event), fold it again by rows."""
+        seg = st.segment.id
+        keys = [g[0] for g in folded]
+        marks = self._load(seg, entries, keys)
+        pushdown = folded.reader.pushdown
+        if pushdown is not None and pushdown.merge(folded, entries, marks, self.source):
+            self.changed.setdefault(seg, set()).update(keys)
+            self.agg.pushed_down += folded.events
+            return folded.events
+        if pushdown is not None:  # reads take the row path until past the states' offsets
+            pushdown.rows_until = max(pushdown.rows_until, marks.high.get(self.source, 0))
+        handled = 0
+        for events in folded.rows(st, self.agg.batch_size):
+            self._fold_events(st, entries, events)
+            handled += len(events)
+        return handled
 
     def _fold(
         self,

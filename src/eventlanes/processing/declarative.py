@@ -2,11 +2,14 @@
 properties per key, run without calling Python per event.
 
 ``el.count()``, ``el.sum("n")``, ``el.min("t", float)`` ... declare what a state holds; the
-declaration runs three ways, with one meaning:
+declaration runs four ways, with one meaning:
 
 * :meth:`Declaration.fold` -- one event at a time (the reference; Spark's continuous mode and
   downstream paths use it);
-* :meth:`Declaration.fold_batch` -- the local engine, column by column over a segment's batch;
+* :meth:`Declaration.fold_batch` -- the local engine, column by column over a segment's batch
+  (the reference for the next one);
+* :mod:`.pushdown` -- the local engine over a SQLite store: ranges folded inside SQLite, one
+  grouped statement each, where that provably equals ``fold_batch`` (else ``fold_batch``);
 * ``eventlanes.spark.declarative`` -- Spark column expressions (``from_json``, window and
   ``groupBy`` aggregates), no Python on the executors.
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ..events import Event
 from ..store import EventStore
 from ..tokens import Token
 from .processor import Processor
+from .pushdown import Folded, Pushdown
 from .sources import read_merged
 from .state import SegmentState
 
@@ -26,10 +28,16 @@ class BatchReader:
         # Only the types some handler takes are read (filtered in SQL); tokens still move past
         # the others, so a processor at the head never looks behind.
         self.types = proc.handled_types()
+        #: a declarative aggregation folded in SQL where exact (see pushdown.py)
+        self.pushdown = Pushdown.build(
+            getattr(proc, "declaration", None),
+            [store for _, store in sources],
+            getattr(proc, "pushdown", False),
+        )
 
     def read(
         self, states: Sequence[SegmentState], tokens: Sequence[Token] | None = None
-    ) -> tuple[list[Event], Upto, bool]:
+    ) -> tuple[list[Any], Upto, bool]:
         """The next batch for ``states``: events, how far it is complete, and whether it moves
         any token (a read past events of other segments does). Per-stream routing filters by
         segment in SQL; other policies need the event, so they filter here. ``tokens``: the
@@ -37,10 +45,21 @@ class BatchReader:
         proc = self.proc
         segs = [(st.segment.id, st.segment.mask) for st in states] if self.by_stream else None
         held = tokens if tokens is not None else [st.token for st in states]
+        if self.pushdown is not None:
+            # Folded in SQL (a Folded batch) when every held segment is at the same plain
+            # position, so one range is exactly what each of them has not seen.
+            first = held[0]
+            after = first.position
+            if after >= self.pushdown.rows_until and all(
+                t.is_plain and not t.sources and t.position == after for t in held
+            ):
+                folded, upto = self.pushdown.read(after, self)
+                if folded is not None:
+                    return (folded if folded else []), upto, upto > after
         if len(self.sources) == 1:
             after = min(token.position for token in held)
             # batch_size is per segment transaction (as a tracking reader's): one read for
-            # several segments takes as many batches; :meth:`capped` keeps each share to one.
+            # several segments takes as many batches; :meth:`cut` keeps each share to one.
             limit = proc.batch_size * len(states)
             events, upto = self.sources[0][1].read_upto(after, limit, segs, self.types)
             return events, upto, upto > after
@@ -53,9 +72,12 @@ class BatchReader:
         return events, uptos, any(uptos[n] > afters[n] for n in uptos)
 
     def share(
-        self, states: Sequence[SegmentState], events: list[Event]
-    ) -> dict[SegmentState, list[Event]]:
-        """Each event to the held segment that owns it, unless that segment has seen it."""
+        self, states: Sequence[SegmentState], events: list[Any]
+    ) -> dict[SegmentState, list[Any]]:
+        """Each event to the held segment that owns it, unless that segment has seen it (a
+        range folded in SQL: each key's group)."""
+        if isinstance(events, Folded) and self.pushdown is not None:
+            return self.pushdown.share(events, list(states))
         only = states[0] if len(states) == 1 else None
         if only and only.segment.mask == 0 and only.token.is_plain and not only.token.sources:
             return {only: events}  # the whole hash space, nothing seen ahead: no hashing
@@ -86,14 +108,30 @@ class BatchReader:
         complete. Returns the shares, how far they are complete, and the events after the
         cut (None when not cut): exactly the next batch, complete up to ``upto``."""
         size = self.proc.batch_size
-        if not isinstance(upto, int):  # several sources: merged batches are cut by the merge
-            return shares, upto, None
+        if not isinstance(upto, int) or isinstance(events, Folded):
+            return shares, upto, None  # several sources: cut by the merge; a fold: by range
         over = [evs[size - 1].position for evs in shares.values() if len(evs) > size]
         if not over:
             return shares, upto, None
         end = min(over)
         cut = {st: [e for e in evs if e.position <= end] for st, evs in shares.items()}
         return cut, end, [e for e in events if e.position > end]
+
+    def rows_between(
+        self, st: SegmentState, after: int, upto: int, batch_size: int
+    ) -> Iterator[list[Event]]:
+        """The events of ``st`` with ``after < position <= upto`` (read again: a range folded
+        in SQL that the segment must fold by rows), ``batch_size`` read at a time."""
+        store = self.sources[0][1]
+        batch: list[Event] = []
+        for event in store.iter_events(after, batch_size, None, upto, self.types):
+            batch.append(event)
+            if len(batch) == batch_size:
+                if mine := self.share([st], batch)[st]:
+                    yield mine
+                batch = []
+        if batch and (mine := self.share([st], batch)[st]):
+            yield mine
 
     def _plain(self, states: Sequence[SegmentState]) -> bool:
         """One source and plain tokens: an event is wanted when it is past the token."""

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from ..db.sqlite import SQLiteDatabase
 from ..errors import ConcurrencyError, CorruptEventError
 from ..events import Event, Undecodable
 from .base import EncodedEvent, EventStore
 
+T = TypeVar("T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _COLUMNS = "position, stream_id, version, type, data, metadata, recorded_at, routing_hash"
 _TEXT_COLUMNS = {1: "stream_id", 3: "type", 4: "data", 5: "metadata"}
@@ -161,6 +162,20 @@ class SQLiteEventStore(EventStore):
                 (after, head, *params, limit),
             )
         return events, events[-1].position if len(events) == limit else max(after, head)
+
+    def fold_upto(
+        self, after: int, span: int, consume: Callable[[sqlite3.Connection, int], T]
+    ) -> tuple[T, int]:
+        """``consume(conn, upto)``: queries over the events with ``after < position <= upto``,
+        all in one read transaction; returns what it returned and ``upto``: the head that
+        transaction sees, at most ``after + span``. As in :meth:`read_upto`, every event up
+        to there is committed (SQLite serialises writers), so a consumer moving its token to
+        ``upto`` skips nothing. For folds run in SQL (aggregations): sqlite3 errors (malformed
+        JSON, an integer overflow) are the caller's."""
+        with self.db.snapshot() as conn:  # type: ignore[attr-defined]
+            head = conn.execute(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")
+            upto = max(after, min(head.fetchone()[0], after + span))
+            return consume(conn, upto), upto
 
     def _read_stream(
         self,

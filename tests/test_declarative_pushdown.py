@@ -1,0 +1,317 @@
+"""Declarative aggregations folded inside SQLite (processing/pushdown.py) give exactly what the
+row path gives: the same aggregation run both ways over the same store (skewed keys, several
+segments, filters, every operation, nulls and missing values, other types, republished
+duplicates, a reset replay, a restart) has equal states, offsets, dropped counts and tokens;
+and every range the pushdown cannot fold exactly takes the row path, with its errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eventlanes as el
+from eventlanes.hashing import stable_hash
+from eventlanes.processing import pushdown
+
+E = el.NewEvent
+FIELDS = {
+    "events": el.count(),
+    "ok": el.count(where={"status": "ok"}),
+    "sevens": el.count(where={"n": 7}),
+    "with_v": el.count("v"),
+    "n": el.sum("n"),
+    "n_ok": el.sum("n", where={"status": "ok", "big": False}),
+    "lo": el.min("v"),
+    "hi": el.max("v"),
+    "first_v": el.first("v", int),
+    "last_v": el.last("v", int, where={"big": True}),
+    "lo_s": el.min("s", str),
+    "hi_s": el.max("s", str),
+    "first_s": el.first("s"),
+    "last_s": el.last("s"),
+    "last_big": el.last("big", bool),
+    "first_o": el.first("o"),
+}
+NAMES = ["push", "rows"]
+
+
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges of a few hundred positions, so a test folds many of them (and mixes them with
+    ranges that take the row path)."""
+    monkeypatch.setattr(pushdown, "SPAN", 700)
+    monkeypatch.setattr(pushdown, "TEXT_SPAN", 150)
+
+
+def define(app: el.App, fields: dict[str, Any] = FIELDS, segments: int = 4) -> None:
+    for name in NAMES:
+        app.aggregation(name, key="robot", on=["Fastened", "Loosened"], fields=fields,
+                        segments=segments, persist_every=0.05, batch_size=97,
+                        pushdown=name == "push")  # fmt: skip
+
+
+def data(rng: random.Random) -> dict[str, Any]:
+    d: dict[str, Any] = {"robot": f"r{int(rng.paretovariate(1.1)) % 300}",
+                         "n": rng.randrange(-5, 12), "status": rng.choice(["ok", "ok", "no"]),
+                         "big": rng.random() < 0.3}  # fmt: skip
+    if (r := rng.random()) < 0.7:
+        d["v"] = rng.randrange(-1000, 1000)
+    elif r < 0.8:
+        d["v"] = None  # null: skipped like a missing property
+    if (r := rng.random()) < 0.6:
+        d["s"] = rng.choice(["a", "b", "ü", 'q"uote', "zz", "é€"])
+    elif r < 0.7:
+        d["s"] = None
+    if rng.random() < 0.3:
+        d["o"] = rng.choice([{"x": [1, 2]}, 2.5, True, "t", [None]])  # str: as JSON text
+    if rng.random() < 0.1:
+        d["other"] = {"deep": [1, {"w": 3}], "at": "1e5"}
+    return d
+
+
+def load(store: el.EventStore, events: int, seed: int, chains: float = 0.0) -> None:
+    """Skewed keys; other types interleaved; with ``chains``: that share of events are
+    republished outputs, some appended twice (a republisher's crash window)."""
+    rng = random.Random(seed)
+    sent: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for i in range(events // 40):
+        batch = []
+        for j in range(40):
+            d, meta = data(rng), {}
+            if rng.random() < chains:
+                if sent and rng.random() < 0.3:
+                    d, meta = sent[rng.randrange(len(sent))]
+                else:
+                    meta = {
+                        "source_chain": [
+                            {
+                                "source": "up",
+                                "partition": "",
+                                "offset": seed * 10**6 + i * 40 + j,
+                                "out": 0,
+                            }
+                        ]
+                    }
+                    sent.append((d, meta))
+            kind = rng.choice(["Fastened"] * 6 + ["Loosened", "Painted"])
+            batch.append(E(kind, d, meta))
+        store.append(f"cell-{i % 7}", batch)
+
+
+def stored(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
+    t = app.db.table("aggregates")
+    rows = app.db.query(
+        app.db.sql(f"SELECT key, value, offsets, dropped FROM {t} WHERE aggregation = ?"), (name,)
+    )
+    return {k: (json.loads(v), json.loads(o), d) for k, v, o, d in rows}
+
+
+def tokens(app: el.App, name: str) -> list[tuple[int, int, int]]:
+    return sorted((s.segment.id, s.segment.mask, s.position) for s in app.status(name).segments)
+
+
+def run(app: el.App) -> None:
+    app.start(NAMES)
+    try:
+        app.wait_until_caught_up(120, NAMES)
+    finally:
+        app.stop()
+
+
+def assert_same(app: el.App) -> dict[str, tuple[Any, Any, int]]:
+    want = stored(app, "rows")
+    assert want
+    assert stored(app, "push") == want
+    assert tokens(app, "push") == tokens(app, "rows")
+    return want
+
+
+def aggregation(app: el.App, name: str) -> el.Aggregation:
+    agg = app.get(name)
+    assert isinstance(agg, el.Aggregation)
+    return agg
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_pushdown_equals_the_row_path(tmp_path: Path, segments: int) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/p.db", claim_timeout=5)
+    define(app, segments=segments)
+    load(app.store, 4000, seed=segments)
+    run(app)
+    want = assert_same(app)
+    push, rows = aggregation(app, "push"), aggregation(app, "rows")
+    assert push.pushed_down > 2000 and rows.pushed_down == 0  # the pushdown ran, mostly
+    hot = max(want, key=lambda k: want[k][0]["events"])
+    assert want[hot][0]["events"] > 300 and want[hot][0]["first_o"] is not None
+    # Continuing over stored states (a restart in the middle): tokens and states resumed.
+    load(app.store, 2000, seed=10 + segments)
+    run(app)
+    assert assert_same(app) != want
+    assert push.pushed_down > 3000
+
+
+def test_republished_duplicates_take_the_row_path(tmp_path: Path) -> None:
+    """Ranges with source chains are deduped event by event (the row path); the ranges before
+    and after them are folded in SQL; duplicates are dropped alike."""
+    app = el.App(f"sqlite:///{tmp_path}/c.db", claim_timeout=5)
+    define(app)
+    load(app.store, 1500, seed=1)
+    load(app.store, 1500, seed=2, chains=0.5)
+    load(app.store, 1500, seed=3)
+    run(app)
+    want = assert_same(app)
+    assert sum(d for _, _, d in want.values()) > 50
+    assert any("up" in offsets for _, offsets, _ in want.values())
+    assert 1500 < aggregation(app, "push").pushed_down < 4000
+
+
+def test_reset_replay_over_folded_inputs(tmp_path: Path) -> None:
+    """After a reset the states keep offsets past the token: the replayed inputs are dropped
+    (by the row path: the pushdown refuses a range its states have seen), the new ones
+    folded."""
+    app = el.App(f"sqlite:///{tmp_path}/r.db", claim_timeout=5)
+    define(app, segments=2)
+    load(app.store, 3000, seed=4)
+    run(app)
+    before = assert_same(app)
+    folded = app.store.head()
+    for name in NAMES:
+        app.reset(name, to=1000)
+    load(app.store, 1000, seed=5)
+    run(app)
+    after = assert_same(app)
+    dropped = sum(d for _, _, d in after.values()) - sum(d for _, _, d in before.values())
+    replayed = sum(1 for e in app.store.iter_events(1000, until=folded) if e.type != "Painted")
+    assert dropped == replayed > 1000
+    assert all(s.position == app.store.head() for s in app.status("push").segments)
+
+
+def raw_insert(path: Path, rows: list[tuple[str, bytes | str]]) -> None:
+    """Events written behind the store's back: (type, data as stored)."""
+    conn = sqlite3.connect(path)
+    last = conn.execute("SELECT coalesce(max(position), 0) FROM el_events").fetchone()[0]
+    for i, (kind, text) in enumerate(rows, 1):
+        conn.execute(
+            "INSERT INTO el_events (position, stream_id, version, type, data, metadata, "
+            "recorded_at, routing_hash) VALUES (?, ?, 1, ?, CAST(? AS TEXT), '{}', 0, ?)",
+            (last + i, f"raw-{last + i}", kind, text, stable_hash(f"raw-{last + i}")),
+        )
+    conn.commit()
+    conn.close()
+
+
+def errors(app: el.App, name: str) -> list[str]:
+    """The segments' errors (the aggregation's name in them made neutral)."""
+    found = [s.last_error for s in app.status(name).segments if s.last_error]
+    return sorted(e.replace(f"'{name}'", "'agg'") for e in found)
+
+
+def run_until_failed(app: el.App) -> None:
+    """Run until both aggregations recorded their failure."""
+    app.start(NAMES)
+    try:
+        deadline = time.monotonic() + 30
+        while not all(errors(app, n) for n in NAMES):
+            assert time.monotonic() < deadline, "no failure recorded"
+            time.sleep(0.05)
+    finally:
+        app.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"robot": "r1", "n": "2"}',
+            r"event \d+ \(Fastened\): data property 'n' is '2', declared int",
+        ),
+        ('{"robot": "r1", "n": 1.5}', r"data property 'n' is 1.5, declared int"),
+        ('{"robot": "r1", "n": true}', r"data property 'n' is True, declared int"),
+        ('{"robot": "r1", "n": 9223372036854775808}', r"declared int \(64-bit\)"),
+        ('{"n": 1}', r"no key property 'robot'"),
+        ('{"robot": "r1", "n": 1, "x": 1e400}', r"not valid JSON"),
+        ('{"robot": "r1", "n": 1,}', r"not valid JSON"),
+        (b'{"robot": "r1", "n": 1, "s": "\xe9t\xe9"}', r"not valid UTF-8"),
+    ],
+)
+def test_what_the_pushdown_cannot_fold_fails_as_on_the_row_path(
+    tmp_path: Path, text: str | bytes, message: str
+) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/f.db", claim_timeout=5)
+    define(app, {"n": el.sum("n"), "events": el.count()}, segments=1)
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}) for _ in range(50)])
+    raw_insert(tmp_path / "f.db", [("Fastened", text)])
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}) for _ in range(50)])
+    run_until_failed(app)
+    push, rows = errors(app, "push"), errors(app, "rows")
+    assert push == rows
+    assert re.search(message, push[0]), push
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"robot": "r1", "n": 1, "n": 5}',  # Python takes the last, SQLite the first
+        '{"robot": "r1", "robot": "r2", "n": 2}',
+        '{"robot": "r1", "\\u006e": 7}',  # an escaped name: the same property for Python
+        '{"robot": "r\\"1", "n": 3}',  # a key with an escape
+        '{"robot": 12, "n": 3}',  # a number as key: its JSON text
+        '{"robot": "r1", "n": 3, "deep": ' + "[" * 1500 + "]" * 1500 + "}",
+        '{"robot": "r1", "n": 3, "deep": {"n": 4}}',  # a nested name: not the property
+        '{"robot": "r1", "n": 3, "x": 1E+999}',  # infinity for SQLite, an error for orjson
+    ],
+)
+def test_json_read_differently_takes_the_row_path(tmp_path: Path, text: str) -> None:
+    """Stored text that SQLite would read differently from Python (or not at all) is folded
+    by rows: results equal the row path's, or both fail alike."""
+    app = el.App(f"sqlite:///{tmp_path}/j.db", claim_timeout=5)
+    define(app, {"n": el.sum("n"), "events": el.count(), "last_n": el.last("n", int)})
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}) for _ in range(30)])
+    raw_insert(tmp_path / "j.db", [("Fastened", text)])
+    app.store.append("s", [E("Fastened", {"robot": "r2", "n": 1}) for _ in range(30)])
+    app.start(NAMES)
+    try:
+        app.wait_until_caught_up(10, NAMES)
+    except TimeoutError:
+        pass
+    finally:
+        app.stop()
+    assert errors(app, "push") == errors(app, "rows")
+    if not errors(app, "rows"):
+        assert_same(app)
+
+
+def test_pushdown_off_and_other_stores_take_the_row_path(tmp_path: Path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/o.db")
+    app.aggregation("f", key="robot", on="Fastened", fields={"t": el.max("t", float)})
+    app.aggregation("py", key="robot", initial=dict).on("Fastened")(lambda s, e: None)
+    for name, decl in [("f", app.get("f")), ("py", app.get("py"))]:
+        plan = pushdown.Pushdown.build(getattr(decl, "declaration", None), [app.store], True)
+        assert plan is None, name  # floats; Python folds
+    with pytest.raises(el.InvalidInputError, match="pushdown must be True or False"):
+        app.aggregation("x", key="robot", on="Fastened", fields={"n": el.count()}, pushdown=1)
+
+
+def test_pushdown_while_events_arrive(tmp_path: Path) -> None:
+    """A tailing aggregation: bursts appended while it runs, ranges ending at the head (an
+    empty range there must not hide the events appended next)."""
+    app = el.App(f"sqlite:///{tmp_path}/t.db", claim_timeout=5)
+    define(app, segments=2)
+    app.start(NAMES)
+    try:
+        for seed in range(12):
+            load(app.store, 120, seed=seed)
+            time.sleep(0.1)
+        app.wait_until_caught_up(60, NAMES)
+    finally:
+        app.stop()
+    assert_same(app)
+    assert sum(v["events"] for v, _, _ in stored(app, "push").values()) > 1000
+    assert aggregation(app, "push").pushed_down > 0
