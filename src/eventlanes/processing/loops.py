@@ -136,12 +136,9 @@ class PooledLoop:
         for st, evs in shares.items():
             if not evs:
                 worker.idle(st, upto)
-        if rest is not None:  # the events past the cut are the next batch: not read again
-            following: ReadAhead | None = ReadAhead(
-                tuple(states), tokens, seen, rest, full_upto, True
-            )
-        else:
-            following = self._read_ahead(states, tokens) if futures else None
+        # The events past a cut start the next batch (not read again), the read ahead the rest.
+        carry = (rest, full_upto) if rest is not None else None
+        following = self._read_ahead(states, tokens, carry) if futures or carry else None
         if self._wait(futures):
             # A stuck handler keeps its thread: leave it, and go on with a fresh pool.
             self.pool.shutdown(wait=False)
@@ -152,18 +149,31 @@ class PooledLoop:
         self.ahead = following
 
     def _read_ahead(
-        self, states: list[SegmentState], tokens: tuple[Token, ...]
+        self,
+        states: list[SegmentState],
+        tokens: tuple[Token, ...],
+        carry: tuple[list[Event], Upto] | None = None,
     ) -> ReadAhead | None:
         """The next batch, read while the workers handle this one (the database works on the
-        read while handlers run); None when it could not be read (read again next round)."""
+        read while handlers run); None when it could not be read (read again next round).
+        ``carry``: the events past this batch's cut and how far they are complete: the next
+        batch starts with them, and the read goes on from there."""
         if self.stopping.is_set():
             return None
         seen = self.wakeup.generation
+        start = tokens if carry is None else tuple(advanced(t, carry[1]) for t in tokens)
         try:
-            events, upto, moved = self.reader.read(states, tokens)
+            events, upto, moved = self.reader.read(states, start)
         except Exception as exc:  # noqa: BLE001 - the next round reads again and reports it
             log.debug("%s: read ahead failed: %s", self.coordinator.name, exc)
-            return None
+            if carry is None:
+                return None
+            events, upto, moved = [], carry[1], True
+        if carry is not None:
+            if type(events) is not list:  # a range folded in SQL: the carried events alone
+                events, upto = [], carry[1]
+            assert isinstance(upto, int) and isinstance(carry[1], int)  # cuts: one source
+            events, upto, moved = carry[0] + events, max(upto, carry[1]), True
         return ReadAhead(tuple(states), tokens, seen, events, upto, moved)
 
     def _wait(self, futures: dict[Future[Outcome], SegmentState]) -> bool:
