@@ -40,7 +40,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..hashing import stable_hash
 from ..store import EventStore
@@ -50,7 +50,6 @@ from .declarative import _INT64, NAME, Declaration
 from .states import Entry
 
 if TYPE_CHECKING:
-    from .reader import BatchReader
     from .state import SegmentState
 
 __all__ = ["ENABLED", "SPAN", "Folded", "Pushdown"]
@@ -90,6 +89,17 @@ class _Field:
     type: type
 
 
+class RowSource(Protocol):
+    """What a folded range needs of the reader that folded it (the reader, seen from here
+    without importing it): its pushdown, and the range's events read again by rows."""
+
+    pushdown: Pushdown | None
+
+    def rows_between(
+        self, st: SegmentState, after: int, upto: int, batch_size: int
+    ) -> Iterator[list[Any]]: ...
+
+
 class Folded(list[list[Any]]):
     """One range folded in SQL: per key ``(key, events, first position, last position,
     partial per field...)``, with ``events`` in all, the range ``(after, upto]`` and the
@@ -98,7 +108,7 @@ class Folded(list[list[Any]]):
     __slots__ = ("after", "events", "reader", "upto")
 
     def __init__(
-        self, groups: Iterable[list[Any]], after: int, upto: int, reader: BatchReader
+        self, groups: Iterable[list[Any]], after: int, upto: int, reader: RowSource
     ) -> None:
         super().__init__(groups)
         self.after = after
@@ -230,7 +240,7 @@ class Pushdown:
         return sql, [*params, *types], props
 
     # -- reading (the reader's thread) --------------------------------------------------------
-    def read(self, after: int, reader: BatchReader) -> tuple[Folded | None, int]:
+    def read(self, after: int, reader: RowSource) -> tuple[Folded | None, int]:
         """The range after ``after`` folded in SQL, and its end; None when it must take the
         row path (then reads take it up to the range's end). The last range folded is kept: a
         read ahead that the loop let go (it does at every coordination round, about every
