@@ -124,7 +124,9 @@ class Context:
         ``Decimal``, ``bytes`` or ``None`` (their text is parsed by the column's type as an
         INSERT's parameter would be), else, or in a pipelined transaction, ``executemany``;
         ``executemany`` on SQLite. Every row is checked before anything is sent. Returns how
-        many rows were inserted."""
+        many rows were inserted. COPY is more lenient in one way: an ``int`` goes to a
+        ``boolean`` or ``jsonb`` column as its text (``1`` is true), where an INSERT refuses
+        it."""
         names = [table, *columns] if not isinstance(columns, str) else []
         if len(names) < 2 or not all(
             isinstance(n, str) and _IDENTIFIER.fullmatch(n) for n in names
