@@ -275,7 +275,7 @@ class App:
             )
             if not behind:
                 head = self.runtime.store.head()
-                if all(admin.caught_up(self.runtime, p) for p in selected):
+                if all(admin.caught_up(self.runtime, p, head) for p in selected):
                     return
             if time.monotonic() > deadline:
                 views = [self.status(p.name) for p in selected]

@@ -150,11 +150,7 @@ class Context:
                     copy.write_row(row)
             return len(checked)
         marks = ", ".join([self.param] * width)
-        cur = conn.cursor()
-        try:
-            cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", checked)
-        finally:
-            cur.close()
+        self.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", checked)
         return len(checked)
 
     def __repr__(self) -> str:

@@ -125,8 +125,7 @@ class PooledLoop:
                 worker.persist_idle(st)
             self.wakeup.wait(seen)
             return
-        full_upto = upto
-        shares, upto, rest = self.reader.cut(self.reader.share(states, events), events, upto)
+        shares, upto, carry = self.reader.cut(self.reader.share(states, events), events, upto)
         # Where every held segment will be once this batch committed (taken before a worker
         # can change a token).
         tokens = tuple(advanced(st.token, upto) for st in states)
@@ -137,7 +136,6 @@ class PooledLoop:
             if not evs:
                 worker.idle(st, upto)
         # The events past a cut start the next batch (not read again), the read ahead the rest.
-        carry = (rest, full_upto) if rest is not None else None
         following = self._read_ahead(states, tokens, carry) if futures or carry else None
         if self._wait(futures):
             # A stuck handler keeps its thread: leave it, and go on with a fresh pool.

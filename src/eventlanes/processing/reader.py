@@ -102,11 +102,12 @@ class BatchReader:
 
     def cut(
         self, shares: dict[SegmentState, list[Event]], events: list[Event], upto: Upto
-    ) -> tuple[dict[SegmentState, list[Event]], Upto, list[Event] | None]:
+    ) -> tuple[dict[SegmentState, list[Event]], Upto, tuple[list[Event], Upto] | None]:
         """The shares of a one-source batch cut so none is longer than ``batch_size``: where
         one would be, the batch ends at that share's last event, and so does how far it is
-        complete. Returns the shares, how far they are complete, and the events after the
-        cut (None when not cut): exactly the next batch, complete up to ``upto``."""
+        complete. Returns the shares, how far they are complete, and what was cut off (None
+        when nothing was): the events after the cut, exactly the start of the next batch,
+        and ``upto``, how far they are complete."""
         size = self.proc.batch_size
         if not isinstance(upto, int) or isinstance(events, Folded):
             return shares, upto, None  # several sources: cut by the merge; a fold: by range
@@ -115,7 +116,7 @@ class BatchReader:
             return shares, upto, None
         end = min(over)
         cut = {st: [e for e in evs if e.position <= end] for st, evs in shares.items()}
-        return cut, end, [e for e in events if e.position > end]
+        return cut, end, ([e for e in events if e.position > end], upto)
 
     def rows_between(
         self, st: SegmentState, after: int, upto: int, batch_size: int

@@ -108,12 +108,6 @@ class Token:
     @staticmethod
     def merged(seg_a: Segment, tok_a: Token, seg_b: Segment, tok_b: Token) -> Token:
         """The token of ``seg_a.merge(seg_b)`` that never re-delivers to either half."""
-        base = min(tok_a.position, tok_b.position)
-        ahead: list[Ahead] = []
-        for seg, tok in ((seg_a, tok_a), (seg_b, tok_b)):
-            if tok.position > base:
-                ahead.append((seg.id, seg.mask, tok.position))
-            ahead.extend(a for a in tok.ahead if a[2] > base)
         if tok_a.replay_until != tok_b.replay_until:
             # One replay end serves the whole merged segment: the other half's first-time
             # events would count as replays (disallow_replay handlers would skip them).
@@ -125,14 +119,19 @@ class Token:
                 f"cannot merge {seg_a} and {seg_b} while their replays end apart ({ends}): "
                 "merge once both have passed their replay"
             )
-        untils = [t.replay_until for t in (tok_a, tok_b) if t.replay_until is not None]
-        context = tok_a.replay_context if tok_a.replaying else tok_b.replay_context
-        until = max(untils) if untils else None
+        base = min(tok_a.position, tok_b.position)
+        ahead: list[Ahead] = []
+        for seg, tok in ((seg_a, tok_a), (seg_b, tok_b)):
+            if tok.position > base:
+                ahead.append((seg.id, seg.mask, tok.position))
+            ahead.extend(a for a in tok.ahead if a[2] > base)
+        until = tok_a.replay_until  # the halves' replay ends are equal (checked above)
         names = sorted({n for n, _ in tok_a.sources} | {n for n, _ in tok_b.sources})
         sources = tuple(
             (n, Token.merged(seg_a, tok_a.source(n), seg_b, tok_b.source(n))) for n in names
         )
-        return Token(base, tuple(sorted(set(ahead))), until, context if until else None, sources)
+        context = tok_a.replay_context if until else None
+        return Token(base, tuple(sorted(set(ahead))), until, context, sources)
 
     # -- persistence: ``position`` is a column; everything else is JSON detail ---------------
     def detail(self) -> str | None:
