@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import eventlanes as el
 
@@ -78,3 +79,21 @@ def kill_again_and_again(
         kills += 1
         workers.append(spawn())
     return kills
+
+
+def run_until_caught_up(
+    app: el.App, timeout: float = 60.0, processors: list[str] | None = None
+) -> None:
+    """Start the app's processors (or ``processors``), wait until they have reached the
+    store's head, and stop them, also when the wait fails."""
+    app.start(processors)
+    try:
+        app.wait_until_caught_up(timeout, processors)
+    finally:
+        app.stop()
+
+
+def context_in(app: el.App, conn: Any, processor: str = "test") -> el.Context:
+    """A handler context in the transaction of ``conn`` on the app's database."""
+    db = app.db
+    return el.Context(processor, None, None, conn, db.backend, db.param, db.prefix)

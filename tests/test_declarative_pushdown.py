@@ -19,6 +19,7 @@ import pytest
 import eventlanes as el
 from eventlanes.hashing import stable_hash
 from eventlanes.processing import pushdown
+from tests.processing_helpers import run_until_caught_up
 
 E = el.NewEvent
 FIELDS = {
@@ -118,11 +119,7 @@ def tokens(app: el.App, name: str) -> list[tuple[int, int, int]]:
 
 
 def run(app: el.App) -> None:
-    app.start(NAMES)
-    try:
-        app.wait_until_caught_up(120, NAMES)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 120, NAMES)
 
 
 def assert_same(app: el.App) -> dict[str, tuple[Any, Any, int]]:

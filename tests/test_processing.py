@@ -14,7 +14,9 @@ from tests.apps.recorder import create_schema, record
 from tests.processing_helpers import (
     append_load,
     assert_exactly_once_in_order,
+    context_in,
     handled_rows,
+    run_until_caught_up,
     serial_pk,
     wait_for,
 )
@@ -499,11 +501,7 @@ def test_a_cursor_a_handler_keeps_is_not_reset_by_its_next_statement(store_url: 
         counts.append((event.position, before.fetchone()[0]))
 
     app.store.append("s", [E("Step", {}) for _ in range(30)])
-    app.start()
-    try:
-        app.wait_until_caught_up(30)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 30)
     assert counts == [(i + 1, i) for i in range(30)]
     rows = app.db.query(f"SELECT position, seen FROM {table} ORDER BY position")
     assert [tuple(r) for r in rows] == [(i + 1, 30 - i) for i in range(30)]
@@ -529,11 +527,7 @@ def test_pooled_batches_are_per_segment_and_never_over_batch_size(
 
     for j in range(200):  # 10 events at a time per stream
         app.store.append(f"s-{j % streams}", [E("Step", {}) for _ in range(10)])
-    app.start()
-    try:
-        app.wait_until_caught_up(60)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 60)
     app.close()
     assert sorted(seen) == list(range(1, 2001))  # each event once
     assert max(sizes) == 50  # full batches per segment, not 50 shared by four
@@ -559,11 +553,7 @@ def test_insert_rows_writes_with_the_token_and_rolls_back_with_the_batch(store_u
 
     for j in range(20):
         app.store.append(f"s-{j % 7}", [E("Step", {}) for _ in range(10)])
-    app.start()
-    try:
-        app.wait_until_caught_up(60)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 60)
     rows = app.db.query(f"SELECT stream, position, note FROM {table} ORDER BY position")
     app.close()
     assert failed.is_set()
@@ -576,14 +566,14 @@ def test_insert_rows_refuses_bad_names_and_rows_naming_them(store_url: str) -> N
     table = app.db.table("bulk_bad")
     app.db.run_ddl([f"CREATE TABLE {table} (a BIGINT, b BIGINT)"])
     with app.db.transaction() as conn:
-        ctx = el.Context("p", None, None, conn, app.db.backend, app.db.param, app.db.prefix)
+        ctx = context_in(app, conn)
         for bad_table, cols in [("x; DROP TABLE y", ["a"]), (table, ["a b"]), (table, "ab"),
                                 (table, [])]:  # fmt: skip
             with pytest.raises(el.InvalidInputError, match="insert_rows: table and columns"):
                 ctx.insert_rows(bad_table, cols, [(1,)])
     short = pytest.raises(el.InvalidInputError, match="row 1 has 1 values for 2 columns")
     with short, app.db.transaction() as conn:
-        ctx = el.Context("p", None, None, conn, app.db.backend, app.db.param, app.db.prefix)
+        ctx = context_in(app, conn)
         ctx.insert_rows(table, ["a", "b"], [(1, 2), (3,)])
     assert app.db.query(f"SELECT count(*) FROM {table}")[0][0] == 0  # nothing written
     app.close()
@@ -607,11 +597,7 @@ def test_a_cut_batch_hands_out_the_rest_without_reading_it_again(store_url: str)
         return events, upto
 
     app.store.read_upto = counted  # type: ignore[method-assign]
-    app.start()
-    try:
-        app.wait_until_caught_up(60)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 60)
     app.close()
     assert seen == list(range(1, 401))
     assert sum(returned) <= 400 * 1.2, f"{sum(returned)} events read for 400"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import eventlanes as el
-from tests.processing_helpers import serial_pk, wait_for
+from tests.processing_helpers import context_in, run_until_caught_up, serial_pk, wait_for
 
 E = el.NewEvent
 
@@ -25,11 +25,6 @@ E = el.NewEvent
 @contextlib.contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-def _ctx(app: el.App, conn: Any) -> el.Context:
-    db = app.db
-    return el.Context("review", None, None, conn, db.backend, db.param, db.prefix)
 
 
 # -- Context.execute: the reused cursor ------------------------------------------------------
@@ -56,11 +51,7 @@ def test_a_cursor_the_handler_closed_is_not_used_again(store_url: str) -> None:
 
     for i in range(6):  # a key each: a parked event holds back only its own key
         app.store.append(f"s-{i}", [E("Step")])
-    app.start()
-    try:
-        app.wait_until_caught_up(20)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 20)
     rows = app.db.query(f"SELECT position FROM {table} ORDER BY position")
     parked = [(d.position, d.error) for d in app.dead_letter_list("closing")]
     app.close()
@@ -76,7 +67,7 @@ def test_a_cursor_being_iterated_keeps_its_rows_across_later_statements(store_ur
     app.db.run_ddl([f"CREATE TABLE {table} (n BIGINT)"])
     p = app.db.param
     with app.db.transaction() as conn:
-        ctx = _ctx(app, conn)
+        ctx = context_in(app, conn)
         for n in range(5):
             ctx.execute(f"INSERT INTO {table} VALUES ({p})", (n,))
 
@@ -133,7 +124,7 @@ def _insert_both_ways(app: el.App, column: str, value: Any) -> tuple[Any, Any]:
     app.db.run_ddl([f"CREATE TABLE {table} (k INTEGER, v {column})"])
     p = app.db.param
     with app.db.transaction() as conn:
-        ctx = _ctx(app, conn)
+        ctx = context_in(app, conn)
         ctx.execute(f"INSERT INTO {table} (k, v) VALUES ({p}, {p})", (1, value))
         assert ctx.insert_rows(table, ["k", "v"], [(2, value)]) == 1
     cast = "v::text" if app.db.backend == "postgresql" else "v"
@@ -176,7 +167,7 @@ def test_insert_rows_of_the_event_time_in_a_session_not_on_utc(pg_url: str) -> N
     try:
         with app.db.transaction() as conn:
             conn.execute("SET LOCAL TimeZone = 'America/New_York'")
-            ctx = _ctx(app, conn)
+            ctx = context_in(app, conn)
             ctx.execute(f"INSERT INTO {table} VALUES (1, %s)", (event.recorded_at,))
             ctx.insert_rows(table, ["k", "at"], [(2, event.recorded_at)])
         rows = app.db.query(f"SELECT at FROM {table} ORDER BY k")
@@ -201,11 +192,7 @@ def test_insert_rows_in_a_pipelined_processor_runs_each_batch_once(pg_url: str) 
         ctx.insert_rows(table, ["position"], [(e.position,) for e in events])
 
     app.store.append("s", [E("Step") for _ in range(30)])
-    app.start()
-    try:
-        app.wait_until_caught_up(20)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 20)
     rows = [r[0] for r in app.db.query(f"SELECT position FROM {table} ORDER BY position")]
     app.close()
     assert rows == list(range(1, 31))
@@ -237,11 +224,7 @@ def test_insert_rows_failing_mid_copy_rolls_the_batch_back(store_url: str) -> No
 
     for j in range(12):
         app.store.append(f"s-{j % 5}", [E("Step") for _ in range(5)])
-    app.start()
-    try:
-        app.wait_until_caught_up(30)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 30)
     rows = [r[0] for r in app.db.query(f"SELECT position FROM {table} ORDER BY position")]
     app.close()
     assert failures == {"generator": 1, "null": 1}
@@ -507,21 +490,13 @@ def test_on_batch_only_processor_replays_without_its_no_replay_handler(store_url
 
     for i in range(10):
         app.store.append(f"s-{i}", [E("Step")])
-    app.start()
-    try:
-        app.wait_until_caught_up(20)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 20)
     assert sorted(mailed) == list(range(1, 11))
     app.reset("batches")
     for i in range(5):
         app.store.append(f"n-{i}", [E("Step")])
     calls.clear()
-    app.start()
-    try:
-        app.wait_until_caught_up(20)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 20)
     app.close()
     assert sorted(p for positions, _ in calls for p in positions) == list(range(1, 16))
     for positions, replay in calls:
@@ -626,11 +601,7 @@ def test_a_merge_does_not_turn_the_other_halfs_new_events_into_replays(
                 app.reset("mails")  # 0/1 replays its events; 1/1 had none to replay
             else:
                 app.merge("mails", 1)
-    app.start()
-    try:
-        app.wait_until_caught_up(20)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 20)
     app.close()
     never_seen = sorted(set(range(1, 13)) - set(first_half))
     assert sorted(sent) == sorted(first_half + never_seen), "first-time events not mailed"
@@ -647,7 +618,7 @@ def test_a_bad_row_caught_by_the_handler_leaves_the_transaction_usable(
     app.db.run_ddl([f"CREATE TABLE {table} (a BIGINT, b BIGINT)"])
     p = app.db.param
     with app.db.transaction() as conn:
-        ctx = _ctx(app, conn)
+        ctx = context_in(app, conn)
         with pytest.raises(el.InvalidInputError, match="row 1 has 1 values"):
             ctx.insert_rows(table, ["a", "b"], [(1, 2), (3,)])
         ctx.execute(f"INSERT INTO {table} VALUES ({p}, {p})", (5, 6))
@@ -664,7 +635,7 @@ def test_a_cursor_kept_in_a_closure_keeps_its_results(store_url: str) -> None:
     app.db.run_ddl([f"CREATE TABLE {table} (n BIGINT)"])
     p = app.db.param
     with app.db.transaction() as conn:
-        ctx = _ctx(app, conn)
+        ctx = context_in(app, conn)
         for n in range(3):
             ctx.execute(f"INSERT INTO {table} VALUES ({p})", (n,))
 
