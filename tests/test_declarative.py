@@ -13,6 +13,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.processing.declarative import FieldTypeError
+from tests.processing_helpers import run_until_caught_up
 
 E = el.NewEvent
 FIELDS = {
@@ -105,11 +106,7 @@ def stored(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
 
 
 def run(app: el.App, names: list[str]) -> None:
-    app.start(names)
-    try:
-        app.wait_until_caught_up(120, names)
-    finally:
-        app.stop()
+    run_until_caught_up(app, 120, names)
 
 
 def test_declared_equals_the_python_fold_on_the_local_engine(store_url: str) -> None:

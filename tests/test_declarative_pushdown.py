@@ -6,7 +6,6 @@ and every range the pushdown cannot fold exactly takes the row path, with its er
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import sqlite3
@@ -20,6 +19,7 @@ import eventlanes as el
 from eventlanes.hashing import stable_hash
 from eventlanes.processing import pushdown
 from tests.processing_helpers import run_until_caught_up
+from tests.test_declarative import stored
 
 E = el.NewEvent
 FIELDS = {
@@ -104,14 +104,6 @@ def load(store: el.EventStore, events: int, seed: int, chains: float = 0.0) -> N
             kind = rng.choice(["Fastened"] * 6 + ["Loosened", "Painted"])
             batch.append(E(kind, d, meta))
         store.append(f"cell-{i % 7}", batch)
-
-
-def stored(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
-    t = app.db.table("aggregates")
-    rows = app.db.query(
-        app.db.sql(f"SELECT key, value, offsets, dropped FROM {t} WHERE aggregation = ?"), (name,)
-    )
-    return {k: (json.loads(v), json.loads(o), d) for k, v, o, d in rows}
 
 
 def tokens(app: el.App, name: str) -> list[tuple[int, int, int]]:
