@@ -139,11 +139,17 @@ def process(store: el.EventStore) -> list[bool]:
         if killed:
             note += f", killed pid {killed[0]}"
         progress.update(task, completed=done, note=note)
-        if view.caught_up:
+        # Caught up is not enough: the killed worker may have reached the head before it
+        # died. Wait until the survivor holds its segments too (its claims expire), or give up
+        # after a minute (the check below then fails).
+        dead = f":{killed[0]}:" if killed else None
+        taken_over = bool(dead) and all(s.owner and dead not in s.owner for s in view.segments)
+        if view.caught_up and (taken_over or time.monotonic() > give_up):
             final_owners.update(s.owner for s in view.segments)
             supervisor.stop()
 
     start = time.perf_counter()
+    give_up = time.monotonic() + 60
     with progress:
         supervisor.run(tick, interval=0.1)
     seconds = time.perf_counter() - start
