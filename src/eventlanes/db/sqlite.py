@@ -34,12 +34,7 @@ class SQLiteDatabase(Database):
 
     def __init__(self, url: DatabaseURL, create: bool = True) -> None:
         super().__init__(url, create)
-        self.path = url.target
-        if self.path == ":memory:":
-            raise InvalidInputError(
-                "sqlite:///:memory: is not supported: every thread and process needs the same "
-                "database; use a file (e.g. sqlite:////tmp/events.db)"
-            )
+        self.path = url.target  # never ":memory:" (refused by parse_url)
         sync = url.options.get("synchronous", "normal").lower()
         if sync not in _SYNC_LEVELS:
             raise InvalidInputError(

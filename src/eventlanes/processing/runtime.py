@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from functools import cached_property
 
-from ..db import Database
+from ..db import Database, parse_url
 from ..errors import InvalidInputError
 from ..observe import NO_OBSERVER, Observer
 from ..store import EventStore, open_store
@@ -37,6 +37,10 @@ class Runtime:
     ) -> None:
         if not isinstance(url, str):
             raise InvalidInputError(f"App needs a store URL, got {url!r}")
+        # A bad URL (scheme, prefix, path) fails here, where it is written; nothing connects.
+        parse_url(url)
+        if isinstance(token_store, str) and token_store != "memory":
+            parse_url(token_store)
         if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
             raise InvalidInputError(f"claim_timeout must be > 0 seconds, got {claim_timeout!r}")
         self.url = url

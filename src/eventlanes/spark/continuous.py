@@ -73,7 +73,6 @@ class ContinuousAggregation:
         self,
         app: Any,
         name: str,
-        checkpoint: str | None = None,
         spark: Any = None,
         trigger_seconds: float = 1.0,
         max_rows: int | None = None,
@@ -87,7 +86,6 @@ class ContinuousAggregation:
         self.spark = spark or get_session()
         self.url = executor_url(app.url, self.spark.sparkContext.master)
         self.n = partitions_of(self.spark, partitions)
-        self.checkpoint = checkpoint  # unused: progress lives in the token store (see module)
         self.trigger_seconds = trigger_seconds
         self.max_rows = max_rows
         self.wait = wait
@@ -203,7 +201,6 @@ def plan(app: Any, names: list[str]) -> tuple[list[str], list[str]]:
 def run(
     app: Any,
     names: list[str],
-    checkpoint: str,
     master: str | None = None,
     spark: Any = None,
     conf: dict[str, str] | None = None,
@@ -216,9 +213,7 @@ def run(
     if spark is None and master:
         executor_url(app.url, master)  # a store executors cannot see: refused before a JVM
     spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
-    runners = [
-        ContinuousAggregation(app, n, f"{checkpoint}/{n}", spark=spark, **options) for n in names
-    ]
+    runners = [ContinuousAggregation(app, n, spark=spark, **options) for n in names]
 
     def failed() -> bool:
         for runner in runners:
