@@ -159,6 +159,39 @@ def info(url: str) -> None:
         print_table(table)
 
 
+@main.command()
+@click.argument("url")
+@click.option("--check", is_flag=True,
+              help="change nothing: say what is pending and exit 1 unless up to date")  # fmt: skip
+def migrate(url: str, check: bool) -> None:
+    """Create or upgrade a store's tables (its schema version). Run it with a role that may
+    create and alter them; the app then runs with SELECT, INSERT, UPDATE and DELETE only."""
+    from .db import open_database
+    from .schema import inspect, latest, migrate
+
+    if not check:
+        console.print(migrate(url).summary(), highlight=False, soft_wrap=True)
+        return
+    db = open_database(url, create=False)  # reads only: never creates a file or a table
+    try:
+        state = inspect(db)
+    finally:
+        db.close()
+    if state.current:
+        console.print(f"{state.url}: schema version {state.version}, up to date", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        return
+    pending = ", ".join(f"{m.version} {m.name}" for m in state.pending) or "none"
+    console.print(
+        f"{state.url}: {state.describe()}; this eventlanes needs schema version {latest()} "
+        f"(pending: {pending})" + (", and knows no version " + ", ".join(map(str, state.unknown))
+                                   if state.unknown else ""),
+        highlight=False,
+        soft_wrap=True,
+    )  # fmt: skip
+    sys.exit(1)
+
+
 class _RateColumn(ProgressColumn):
     """Events per second, from rich's moving estimate of the position's speed."""
 

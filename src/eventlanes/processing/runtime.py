@@ -14,6 +14,7 @@ from functools import cached_property
 from ..db import Database, parse_url
 from ..errors import InvalidInputError
 from ..observe import NO_OBSERVER, Observer
+from ..schema import Migrated, migrate
 from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
@@ -77,6 +78,15 @@ class Runtime:
     @cached_property
     def states(self) -> StateTable:
         return StateTable(self.db)
+
+    def migrate(self) -> list[Migrated]:
+        """Create or upgrade the schema of the store, and of the token store when that is
+        another database given by URL; what each found and applied."""
+        targets = [self.url]
+        spec = self._token_store_spec
+        if isinstance(spec, str) and spec not in ("memory", self.url):
+            targets.append(spec)
+        return [migrate(target) for target in targets]
 
     def source_store(self, target: str | EventStore) -> EventStore:
         """An extra source of a multi-source processor, opened once per runtime."""

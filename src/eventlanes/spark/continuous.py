@@ -30,6 +30,7 @@ from ..errors import EventlanesError, InvalidInputError, SparkJobError
 from ..processing.aggregation import Aggregation, Entry, StateTable
 from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.weather import Backoff, is_transient
+from ..schema import require
 from ..signals import run_until_signal
 from ..tokens import Token
 from .bulk import (
@@ -90,13 +91,9 @@ class ContinuousAggregation:
         self.max_rows = max_rows
         self.wait = wait
         self.owner = f"spark:{node_name()}"
-        app.aggregate_states  # noqa: B018 - creates the states table: executors only read it
+        app.aggregate_states  # noqa: B018 - checks the states table: executors only read it
         self.batches = app.db.table("spark_batches")
-        app.db.run_ddl(
-            [f"CREATE TABLE IF NOT EXISTS {self.batches} (aggregation TEXT NOT NULL, "
-             "batch_id BIGINT NOT NULL, end_position BIGINT NOT NULL, "
-             "PRIMARY KEY (aggregation, batch_id))"]
-        )  # fmt: skip
+        require(app.db, "spark_batches")  # the table: eventlanes.schema.v1_initial
         self.error: BaseException | None = None
         self._records: list = []
         self._beat: Heartbeat | None = None
