@@ -288,7 +288,7 @@ def _open_and_append(url: str, barrier, results) -> None:
 
 
 def test_many_processes_open_a_new_store_at_once(store_url: str) -> None:
-    n = 6
+    n = 4
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_open_and_append, args=(store_url, barrier, results))
