@@ -132,9 +132,8 @@ def _continuous(url: str) -> tuple[float, float, float]:
 
     app = el.App(url)
     define(app, "totals-stream")
-    runner = ContinuousAggregation(app, "totals-stream", str(DATA / f"ckpt-{time.time()}"),
-                                   spark=get_session("local[2]"), trigger_seconds=0.2,
-                                   max_rows=100_000)  # fmt: skip
+    runner = ContinuousAggregation(app, "totals-stream", spark=get_session("local[2]"),
+                                   trigger_seconds=0.2, max_rows=100_000)  # fmt: skip
     head = app.store.head()
     start = time.perf_counter()
     runner.start()

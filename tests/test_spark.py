@@ -129,8 +129,8 @@ def test_replay_of_a_transactional_projection(spark, tmp_path) -> None:
     assert app.db.query(f"SELECT count(*) FROM {table} WHERE replay = 1")[0][0] == 3000
 
 
-def test_continuous_query_killed_and_restarted_from_its_checkpoint(tmp_path) -> None:
-    """`eventlanes run --engine spark` is SIGKILLed mid-run and restarted from its checkpoint:
+def test_continuous_query_killed_and_restarted_from_its_tokens(tmp_path) -> None:
+    """`eventlanes run --engine spark` is SIGKILLed mid-run and restarted from its tokens:
     the final states are exact."""
     import os
     import signal
@@ -159,7 +159,7 @@ def test_continuous_query_killed_and_restarted_from_its_checkpoint(tmp_path) -> 
     def start() -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.spark_app:app",
-             "--engine", "spark", "--checkpoint", str(tmp_path / "ckpt"), "--trigger", "0.5"],
+             "--engine", "spark", "--trigger", "0.5"],
             cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 

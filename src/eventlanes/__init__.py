@@ -16,6 +16,7 @@ from .errors import (
     InvalidInputError,
     ProcessorBusyError,
     ProcessorPausedError,
+    SchemaError,
     SparkJobError,
     StopTimeoutError,
     StoreConnectionError,
@@ -39,6 +40,7 @@ from .processing.declarative import count, first, last, max, min, sum
 from .processing.handlers import disallow_replay
 from .processing.processor import Guarantee, Processor
 from .processing.republisher import Republisher
+from .schema import migrate
 from .segments import Segment
 from .store import EventStore, open_store
 from .tokens import (
@@ -95,6 +97,7 @@ __all__ = [
     "CorruptEventError",
     "DatabaseUnavailableError",
     "ProcessorPausedError",
+    "SchemaError",
     "FieldTypeError",
     "SparkJobError",
     "Event",
@@ -104,6 +107,7 @@ __all__ = [
     "NewEvent",
     "StopTimeoutError",
     "StoreConnectionError",
+    "migrate",
     "open_store",
     "stable_hash",
 ]

@@ -29,6 +29,7 @@ from .processing.republisher import Republisher
 from .processing.runner import ProcessorRunner
 from .processing.runtime import Runtime
 from .processing.states import StateTable
+from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
@@ -93,6 +94,13 @@ class App:
     @property
     def aggregate_states(self) -> StateTable:
         return self.runtime.states
+
+    def migrate(self) -> list[Migrated]:
+        """Create or upgrade the tables of the app's store (and of its token store when that
+        is another database) with this role, as ``eventlanes migrate URL`` does; then a role
+        with SELECT, INSERT, UPDATE and DELETE only runs the app. Returns what each database
+        had and which migrations were applied (none when current)."""
+        return self.runtime.migrate()
 
     def source_store(self, target: str | EventStore) -> EventStore:
         """An extra source of a multi-source processor, opened once per app."""

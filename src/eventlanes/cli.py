@@ -13,7 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -92,7 +94,10 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="show full tracebacks of errors")
 @click.pass_context
 def main(ctx: click.Context, log_level: str, log_format: str, debug: bool) -> None:  # fmt: skip
-    """Parallel, per-key ordered, resumable, exactly-once event processing."""
+    """Parallel, per-key ordered, resumable, exactly-once event processing.
+
+    MODULE:APP names the app: a module importable from the current directory and its
+    el.App (shop:app, shop.app:app), or a Python file (./shop.py:app)."""
     ctx.obj = {"log_level": log_level.lower(), "log_format": log_format}
     logsetup.setup(log_level.lower(), log_format, err_console)
     logging.captureWarnings(True)
@@ -127,17 +132,64 @@ def _spark_kwargs(conf: tuple[str, ...], py_files: str, archives: str) -> dict[s
     }
 
 
+def print_table(table: Table) -> None:
+    """Print a table whole. On a terminal it fits the terminal's width, long cells folded onto
+    more lines (never cut with an ellipsis); elsewhere (a pipe, a file, a log) at its natural
+    width, one line per row, so scripts and people reading logs see every value."""
+    for column in table.columns:
+        column.overflow = "fold"
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Measurement.get(console, console.options.update(max_width=1_000_000), table)
+    title = cell_len(table.title) if isinstance(table.title, str) else 0
+    Console(file=console.file, width=max(natural.maximum, title, 1)).print(table)
+
+
 @main.command()
 @click.argument("url")
 def info(url: str) -> None:
-    """Show an event store's size and head position."""
-    with open_store(url) as store:
+    """Show an event store's size and head position (reads only: creates nothing)."""
+    with open_store(url, create=False) as store:
         table = Table(title=f"event store {store.db.url.redacted}")
         table.add_column("backend")
         table.add_column("events", justify="right")
         table.add_column("head position", justify="right")
         table.add_row(store.db.backend, f"{store.count():,}", f"{store.head():,}")
-        console.print(table)
+        print_table(table)
+
+
+@main.command()
+@click.argument("url")
+@click.option("--check", is_flag=True,
+              help="change nothing: say what is pending and exit 1 unless up to date")  # fmt: skip
+def migrate(url: str, check: bool) -> None:
+    """Create or upgrade a store's tables (its schema version). Run it with a role that may
+    create and alter them; the app then runs with SELECT, INSERT, UPDATE and DELETE only."""
+    from .db import open_database
+    from .schema import inspect, latest, migrate
+
+    if not check:
+        console.print(migrate(url).summary(), highlight=False, soft_wrap=True)
+        return
+    db = open_database(url, create=False)  # reads only: never creates a file or a table
+    try:
+        state = inspect(db)
+    finally:
+        db.close()
+    if state.current:
+        console.print(f"{state.url}: schema version {state.version}, up to date", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        return
+    pending = ", ".join(f"{m.version} {m.name}" for m in state.pending) or "none"
+    console.print(
+        f"{state.url}: {state.describe()}; this eventlanes needs schema version {latest()} "
+        f"(pending: {pending})" + (", and knows no version " + ", ".join(map(str, state.unknown))
+                                   if state.unknown else ""),
+        highlight=False,
+        soft_wrap=True,
+    )  # fmt: skip
+    sys.exit(1)
 
 
 class _RateColumn(ProgressColumn):
@@ -256,8 +308,6 @@ class _Metrics:
               help="split/merge segments so the live nodes share them evenly")  # fmt: skip
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
 @_spark_options
-@click.option("--checkpoint", default="eventlanes-checkpoints", show_default=True,
-              help="--engine spark: unused (progress lives in the token store)")  # fmt: skip
 @click.option("--trigger", default=1.0, show_default=True, help="--engine spark: seconds per batch")
 def run(
     app_spec: str,
@@ -275,11 +325,11 @@ def run(
     conf: tuple[str, ...],
     py_files: str,
     archives: str,
-    checkpoint: str,
     trigger: float,
 ) -> None:
     """Run the app's processors until SIGINT/SIGTERM (then finish batches, store tokens,
-    release claims). --engine spark runs its aggregations as Spark streaming queries."""
+    release claims). --engine spark keeps its aggregations up to date in micro-batches on
+    Spark (the other processors need --engine local)."""
     app = load_app(app_spec)
     names = list(processors) or list(app.processors)
     for name in names:
@@ -297,7 +347,7 @@ def run(
                 else ""
             )  # fmt: skip
         )
-        run_spark(app, runs, checkpoint, master, trigger_seconds=trigger,
+        run_spark(app, runs, master, trigger_seconds=trigger,
                   **_spark_kwargs(conf, py_files, archives))  # fmt: skip
         return
     if processes < 1:
@@ -455,7 +505,7 @@ def _print_status(document: dict[str, Any]) -> None:
                 f"until {s['replay_until']:,}" if s["replaying"] else "no",
                 error[:80] + (f" [{s['request']} requested]" if s["request"] else ""),
             )
-        console.print(table)
+        print_table(table)
         for problem in p["problems"]:
             console.print(f"[red]unhealthy:[/red] {p['name']}: {problem}", highlight=False)
 
@@ -551,7 +601,7 @@ def export(url: str, directory: str) -> None:
     job: one reader of the store)."""
     from .spark.export import export_parquet
 
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:  # reads only: a typo creates no new store
         end = export_parquet(store, directory)
     console.print(f"exported positions 1..{end:,} to {directory}")
 
@@ -597,7 +647,8 @@ def balance_command(app_spec: str, processor: str, timeout: float) -> None:
 @click.argument("processor")
 @click.option("--key", help="only the events of this sequence key")
 @click.option("--position", type=int, help="only the event at this position")
-@click.option("--retry", is_flag=True, help="re-process the parked events, in order per key")
+@click.option("--retry", is_flag=True,
+              help="re-run the parked events, in order per key (exit 1 if some stay)")  # fmt: skip
 @click.option("--discard", is_flag=True, help="drop the parked events (asks first)")
 @click.option("--yes", "-y", is_flag=True, help="--discard without asking")
 def dead_letters(
@@ -620,7 +671,7 @@ def dead_letters(
     if retry:
         handled, left = app.retry_dead_letters(processor, key=key, position=position)
         console.print(f"{processor} ({which}): {handled} event(s) handled, {left} still parked")
-        return
+        sys.exit(1 if left else 0)  # still parked: not done, whatever the count handled
     letters = app.dead_letter_list(processor, key=key, position=position)
     if discard:
         if not letters:
@@ -645,8 +696,8 @@ def dead_letters(
         table.add_column(col)
     for d in letters:
         table.add_row(str(d.position), d.seq_key or "-", d.stream_id, str(d.version), d.type,
-                      str(d.attempts), d.error[:80])  # fmt: skip
-    console.print(table)
+                      str(d.attempts), d.error)  # fmt: skip
+    print_table(table)
 
 
 @main.command()

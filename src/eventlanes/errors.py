@@ -15,6 +15,12 @@ class StoreConnectionError(EventlanesError):
     """The store URL could not be opened or connected to."""
 
 
+class SchemaError(StoreConnectionError):
+    """The store's tables are missing, older or newer than this eventlanes, or the role may not
+    use them: the message names the store (password hidden), the versions and what to run
+    (``eventlanes migrate URL`` with a role that may create and alter the tables)."""
+
+
 class ConcurrencyError(EventlanesError):
     """An append's expected version did not match the stream's actual version."""
 

@@ -51,7 +51,7 @@ def create_schema(app: el.App) -> str:
 
 
 app = make_app(
-    os.environ.get("EVENTLANES_TEST_OPS_URL", "unset://"),  # fails clearly on first use
+    os.environ.get("EVENTLANES_TEST_OPS_URL", "sqlite:////nonexistent/ops.db"),  # fails on use
     os.environ.get("EVENTLANES_TEST_OPS_FLAG"),
 )
 

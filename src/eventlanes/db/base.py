@@ -44,6 +44,9 @@ class Database(ABC):
         self.prefix = url.prefix
         #: False: opened read-only; nothing (file, schema, table, row) is ever created or written
         self.create = create
+        #: Parts of eventlanes' schema found usable on this database (eventlanes.schema.require
+        #: checks each once per open database).
+        self.schema_checked: set[str] = set()
 
     def table(self, name: str) -> str:
         """Full name of one of eventlanes' tables (the prefix was validated at parse time)."""
@@ -65,14 +68,24 @@ class Database(ABC):
     def connection(self) -> AbstractContextManager[Any]:
         """A connection in autocommit mode, for reads and single-statement writes."""
 
+    @abstractmethod
+    def ddl_transaction(self) -> AbstractContextManager[Any]:
+        """A transaction for schema changes, serialised with every other process's schema
+        changes on this store (PostgreSQL: an advisory lock; SQLite: its write lock). On
+        SQLite, inside this thread's open transaction: that one."""
+
     def run_ddl(self, statements: Sequence[str]) -> None:
-        """Run schema statements once, safely when many processes start at the same time.
+        """Run schema statements of your own tables (eventlanes' are versioned migrations:
+        :mod:`eventlanes.schema`) in one transaction, safely when many processes start at the
+        same time.
 
         Opened with ``create=False``: run nothing, only check that every table, sequence and
         function the statements would create exists (StoreConnectionError naming the first
         one missing)."""
         if self.create:
-            self._run_ddl(statements)
+            with self.ddl_transaction() as conn:
+                for statement in statements:
+                    conn.execute(statement)
             return
         for statement in statements:
             found = _CREATES.match(statement)
@@ -82,9 +95,6 @@ class Database(ABC):
                     f"{found.group(1).lower()} {found.group(2)!r}: not an eventlanes store, "
                     "another table prefix, or not initialised yet"
                 )
-
-    @abstractmethod
-    def _run_ddl(self, statements: Sequence[str]) -> None: ...
 
     @abstractmethod
     def _exists(self, kind: str, name: str) -> bool:

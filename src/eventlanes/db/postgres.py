@@ -6,7 +6,7 @@ import os
 import select
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -203,12 +203,13 @@ class PostgresDatabase(Database):
         }[kind]
         return bool(self.query(sql, (name,))[0][0])
 
-    def _run_ddl(self, statements: Sequence[str]) -> None:
+    @contextmanager
+    def ddl_transaction(self) -> Iterator[Any]:
         with self.transaction() as conn:
-            # Concurrent CREATE ... IF NOT EXISTS can still collide in the catalog: serialise.
+            # Concurrent CREATE ... IF NOT EXISTS can still collide in the catalog: serialise
+            # (the key earlier releases took for their DDL at open, so they wait for us too).
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.lock_namespace,))
-            for statement in statements:
-                conn.execute(statement)
+            yield conn
 
     def close(self) -> None:
         with self._lock:

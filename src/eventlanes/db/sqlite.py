@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -34,12 +34,7 @@ class SQLiteDatabase(Database):
 
     def __init__(self, url: DatabaseURL, create: bool = True) -> None:
         super().__init__(url, create)
-        self.path = url.target
-        if self.path == ":memory:":
-            raise InvalidInputError(
-                "sqlite:///:memory: is not supported: every thread and process needs the same "
-                "database; use a file (e.g. sqlite:////tmp/events.db)"
-            )
+        self.path = url.target  # never ":memory:" (refused by parse_url)
         sync = url.options.get("synchronous", "normal").lower()
         if sync not in _SYNC_LEVELS:
             raise InvalidInputError(
@@ -166,15 +161,14 @@ class SQLiteDatabase(Database):
         sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
         return self._conn().execute(sql, (name,)).fetchone() is not None
 
-    def _run_ddl(self, statements: Sequence[str]) -> None:
+    @contextmanager
+    def ddl_transaction(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         if conn.in_transaction:  # first use of a component inside this thread's transaction
-            for statement in statements:
-                conn.execute(statement)
+            yield conn
             return
         with self.transaction() as conn:
-            for statement in statements:
-                conn.execute(statement)
+            yield conn
 
     def close(self) -> None:
         with self._lock:

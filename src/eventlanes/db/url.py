@@ -84,6 +84,11 @@ def parse_url(url: str) -> DatabaseURL:
             raise InvalidInputError(
                 f"invalid SQLite URL {url!r}: use 'sqlite:///relative.db' or 'sqlite:////abs/path.db'"
             )
+        if rest[1:] == ":memory:":
+            raise InvalidInputError(
+                "sqlite:///:memory: is not supported: every thread and process needs the same "
+                "database; use a file (e.g. sqlite:////tmp/events.db)"
+            )
         return DatabaseURL(url, "sqlite", rest[1:], prefix, own)
     libpq_query = "&".join(f"{k}={v}" for k, v in passthrough)
     target = f"postgresql://{rest}" + (f"?{libpq_query}" if libpq_query else "")

@@ -14,6 +14,7 @@ from typing import Any
 from ..db import Database
 from ..errors import InvalidInputError
 from ..events import Event
+from ..schema import require
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,23 +34,8 @@ class DeadLetter:
 class DeadLetterStore:
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.table = t = db.table("dead_letters")
-        db.run_ddl(
-            [
-                f"""CREATE TABLE IF NOT EXISTS {t} (
-                    processor TEXT NOT NULL,
-                    position BIGINT NOT NULL,
-                    seq_key TEXT,
-                    routing_hash BIGINT NOT NULL,
-                    stream_id TEXT NOT NULL,
-                    version BIGINT NOT NULL,
-                    event_type TEXT NOT NULL,
-                    error TEXT NOT NULL,
-                    attempts INTEGER NOT NULL DEFAULT 1,
-                    parked_at BIGINT NOT NULL,
-                    PRIMARY KEY (processor, position))"""
-            ]
-        )
+        self.table = db.table("dead_letters")
+        require(db, "dead_letters")  # the table: eventlanes.schema.v1_initial
 
     def park(
         self,

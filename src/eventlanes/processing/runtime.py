@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 from functools import cached_property
 
-from ..db import Database
+from ..db import Database, parse_url
 from ..errors import InvalidInputError
 from ..observe import NO_OBSERVER, Observer
+from ..schema import Migrated, migrate
 from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
@@ -37,6 +38,10 @@ class Runtime:
     ) -> None:
         if not isinstance(url, str):
             raise InvalidInputError(f"App needs a store URL, got {url!r}")
+        # A bad URL (scheme, prefix, path) fails here, where it is written; nothing connects.
+        parse_url(url)
+        if isinstance(token_store, str) and token_store != "memory":
+            parse_url(token_store)
         if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
             raise InvalidInputError(f"claim_timeout must be > 0 seconds, got {claim_timeout!r}")
         self.url = url
@@ -73,6 +78,15 @@ class Runtime:
     @cached_property
     def states(self) -> StateTable:
         return StateTable(self.db)
+
+    def migrate(self) -> list[Migrated]:
+        """Create or upgrade the schema of the store, and of the token store when that is
+        another database given by URL; what each found and applied."""
+        targets = [self.url]
+        spec = self._token_store_spec
+        if isinstance(spec, str) and spec not in ("memory", self.url):
+            targets.append(spec)
+        return [migrate(target) for target in targets]
 
     def source_store(self, target: str | EventStore) -> EventStore:
         """An extra source of a multi-source processor, opened once per runtime."""

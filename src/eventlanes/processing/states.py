@@ -15,6 +15,7 @@ from itertools import repeat
 from typing import Any
 
 from ..db import Database
+from ..schema import require
 
 try:  # several times faster than the stdlib on both ways; exact, or it raises (see below)
     import orjson
@@ -77,18 +78,7 @@ class StateTable:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.table = t = db.table("aggregates")
-        db.run_ddl(
-            [
-                f"""CREATE TABLE IF NOT EXISTS {t} (
-                    aggregation TEXT NOT NULL,
-                    key TEXT NOT NULL,
-                    value TEXT NOT NULL,
-                    offsets TEXT NOT NULL,
-                    dropped BIGINT NOT NULL DEFAULT 0,
-                    updated_at BIGINT NOT NULL,
-                    PRIMARY KEY (aggregation, key))"""
-            ]
-        )
+        require(db, "aggregates")  # the table: eventlanes.schema.v1_initial
         q = db.sql
         self._create = q(
             f"""INSERT INTO {t} (aggregation, key, value, offsets, dropped, updated_at)

@@ -30,6 +30,7 @@ from ..errors import EventlanesError, InvalidInputError, SparkJobError
 from ..processing.aggregation import Aggregation, Entry, StateTable
 from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.weather import Backoff, is_transient
+from ..schema import require
 from ..signals import run_until_signal
 from ..tokens import Token
 from .bulk import (
@@ -73,7 +74,6 @@ class ContinuousAggregation:
         self,
         app: Any,
         name: str,
-        checkpoint: str | None = None,
         spark: Any = None,
         trigger_seconds: float = 1.0,
         max_rows: int | None = None,
@@ -87,18 +87,13 @@ class ContinuousAggregation:
         self.spark = spark or get_session()
         self.url = executor_url(app.url, self.spark.sparkContext.master)
         self.n = partitions_of(self.spark, partitions)
-        self.checkpoint = checkpoint  # unused: progress lives in the token store (see module)
         self.trigger_seconds = trigger_seconds
         self.max_rows = max_rows
         self.wait = wait
         self.owner = f"spark:{node_name()}"
-        app.aggregate_states  # noqa: B018 - creates the states table: executors only read it
+        app.aggregate_states  # noqa: B018 - checks the states table: executors only read it
         self.batches = app.db.table("spark_batches")
-        app.db.run_ddl(
-            [f"CREATE TABLE IF NOT EXISTS {self.batches} (aggregation TEXT NOT NULL, "
-             "batch_id BIGINT NOT NULL, end_position BIGINT NOT NULL, "
-             "PRIMARY KEY (aggregation, batch_id))"]
-        )  # fmt: skip
+        require(app.db, "spark_batches")  # the table: eventlanes.schema.v1_initial
         self.error: BaseException | None = None
         self._records: list = []
         self._beat: Heartbeat | None = None
@@ -203,7 +198,6 @@ def plan(app: Any, names: list[str]) -> tuple[list[str], list[str]]:
 def run(
     app: Any,
     names: list[str],
-    checkpoint: str,
     master: str | None = None,
     spark: Any = None,
     conf: dict[str, str] | None = None,
@@ -216,9 +210,7 @@ def run(
     if spark is None and master:
         executor_url(app.url, master)  # a store executors cannot see: refused before a JVM
     spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
-    runners = [
-        ContinuousAggregation(app, n, f"{checkpoint}/{n}", spark=spark, **options) for n in names
-    ]
+    runners = [ContinuousAggregation(app, n, spark=spark, **options) for n in names]
 
     def failed() -> bool:
         for runner in runners:

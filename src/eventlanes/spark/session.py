@@ -10,11 +10,13 @@ user's ``--conf`` settings apply.
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SparkJobError
 
 
 def is_local(master: str | None) -> bool:
@@ -42,6 +44,7 @@ def get_session(
         register(active)
         return active
     master = master or os.environ.get("EVENTLANES_SPARK_MASTER", "local[2]")
+    check_master(master)
     builder = SparkSession.builder.master(master).appName(app_name)
     local = is_local(master)
     if local:
@@ -86,6 +89,44 @@ def get_session(
     _add_py_files(spark, py_files)
     register(spark)  # the streaming source (batch reads need none), for Structured Streaming
     return spark
+
+
+def check_master(master: str, timeout: float = 10.0) -> None:
+    """A standalone master (``spark://host:port``, or several separated by commas) must accept
+    a connection before a session is built: Spark's own client retries for about a minute,
+    then fails with "Cannot call methods on a stopped SparkContext" and the cause only in its
+    log. Raises :class:`SparkJobError` naming the master and why, within ``timeout`` s."""
+    if not master.startswith("spark://"):
+        return
+    addresses = master[len("spark://") :].split(",")
+    reasons = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidInputError(f"invalid Spark master {master!r}: use spark://host:port")
+        reason = _unreachable(host, int(port), timeout)
+        if reason is None:
+            return
+        reasons.append(f"{address}: {reason}")
+    raise SparkJobError(f"cannot reach the Spark master {master}: {'; '.join(reasons)}")
+
+
+def _unreachable(host: str, port: int, timeout: float) -> str | None:
+    """Why ``host:port`` does not accept a connection (None: it does). In a thread of its own:
+    name resolution has no timeout of its own."""
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc.strerror or str(exc) or type(exc).__name__)
+
+    probe = threading.Thread(target=connect, name="eventlanes-spark-master", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 def _add_py_files(spark: Any, py_files: list[str]) -> None:

@@ -4,9 +4,11 @@ Spark pickles the user's functions by reference: an executor must import the mod
 defines them. Modules the app loaded from its own directories (not from an installed
 environment) are zipped on the fly and added with ``addPyFile``; so is eventlanes itself when
 the executors cannot import it (it is pure Python). Third-party packages the executors lack
-cannot be shipped this way: a preflight job (one task) imports everything on an executor and
-opens the store read-only there, and any failure stops the run at once with one line saying
-what is missing and how to ship it, instead of a Py4J trace after four task retries.
+cannot be shipped this way: a preflight job (one task) checks on an executor that its Python
+has pyarrow and pandas (PySpark's Arrow path), imports everything, compares eventlanes'
+version with the driver's and opens the store read-only there; any failure stops the run at
+once with one line saying what is missing and how to ship it, instead of a Py4J trace after
+four task retries.
 """
 
 from __future__ import annotations
@@ -157,7 +159,24 @@ def ship(spark: Any, tops: list[str]) -> None:
 _CHECK_SOURCE = """
 def check(_rows, modules, url):
     import importlib
-    result = {"missing": [], "store": None, "eventlanes": None}
+    import sys
+    result = {"missing": [], "store": None, "eventlanes": None, "python": sys.executable,
+              "packages": []}
+    # What Spark's Arrow path needs in the executors' Python (mapInArrow, Arrow batches),
+    # with the minimum versions PySpark itself requires.
+    for name in ("pyarrow", "pandas"):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            result["packages"].append((name, f"{type(exc).__name__}: {exc}"))
+    if not result["packages"]:
+        from pyspark.sql.pandas import utils
+        for name, require in (("pandas", utils.require_minimum_pandas_version),
+                              ("pyarrow", utils.require_minimum_pyarrow_version)):
+            try:
+                require()
+            except Exception as exc:
+                result["packages"].append((name, str(exc).strip().splitlines()[0]))
     for name in ["eventlanes", "eventlanes.spark.fold", *modules]:
         try:
             importlib.import_module(name)
@@ -231,6 +250,14 @@ def preflight(
     if result["missing"] and result["missing"][0][0] == "eventlanes":
         ship(spark, ["eventlanes"])  # pure Python: the driver's own copy, same version
         result = _run_check(spark, checked, url)
+    if result["packages"]:
+        lacking = ", ".join(f"{name} ({error})" for name, error in result["packages"])
+        raise SparkJobError(
+            f"the executors' Python ({result['python']}) lacks {lacking}: PySpark's Arrow "
+            "path needs pyarrow and pandas<3 there. Install them on every node (pip install "
+            "'eventlanes[spark]'), or ship an environment that has them: --archives "
+            "env.tar.gz#environment with PYSPARK_PYTHON=./environment/bin/python"
+        )
     if result["missing"]:
         name, error = result["missing"][0]
         raise SparkJobError(f"executors cannot import {name} ({error}): {SHIP_HINT}")

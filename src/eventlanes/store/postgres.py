@@ -31,6 +31,8 @@ from typing import Any
 from ..db.postgres import PostgresDatabase, pipelined
 from ..errors import ConcurrencyError, InvalidInputError
 from ..events import Event
+from ..schema import require
+from ..schema.v1_initial import VERSION_CONFLICT
 from .base import EncodedEvent, EventStore, SegmentSpec, segment_pairs, segment_sql
 
 # Read in binary: JSON as text (decoded lazily by Event) and the timestamp as Unix epoch
@@ -51,11 +53,6 @@ def _micros_loader() -> Any:
     from psycopg.pq import Format
 
     return psycopg.adapters.get_loader(psycopg.adapters.types["int8"].oid, Format.BINARY)
-
-
-_VERSION_CONFLICT = "EL409"
-# Position markers use single-bigint advisory keys (namespace << 48) | position.
-_MARKER_SHIFT = 48
 
 
 class _Notifier:
@@ -106,77 +103,8 @@ class PostgresEventStore(EventStore):
         super().__init__(db)
         self.pg = db
         t = self.events_table
-        ns = db.lock_namespace
-        self._marker_base = ns << _MARKER_SHIFT
-        seq = f"{t}_position_seq"
-        db.run_ddl(
-            [
-                f"CREATE SEQUENCE IF NOT EXISTS {seq}",
-                f"""CREATE TABLE IF NOT EXISTS {t} (
-                    position bigint PRIMARY KEY,
-                    stream_id text NOT NULL,
-                    version bigint NOT NULL,
-                    type text NOT NULL,
-                    data jsonb NOT NULL,
-                    metadata jsonb NOT NULL,
-                    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-                    routing_hash bigint NOT NULL,
-                    UNIQUE (stream_id, version))""",
-                f"CREATE INDEX IF NOT EXISTS {t}_recorded_at ON {t} (recorded_at)",
-                # Type filters: the rows of one type in position order.
-                f"CREATE INDEX IF NOT EXISTS {t}_type ON {t} (type, position)",
-                f"""CREATE OR REPLACE FUNCTION {t}_append(
-                        p_stream text, p_expected bigint, p_hash bigint,
-                        p_types text[], p_data jsonb[], p_meta jsonb[])
-                    RETURNS bigint[] LANGUAGE plpgsql AS $fn$
-                    DECLARE
-                        cur bigint;
-                        n int := cardinality(p_types);
-                        positions bigint[];
-                    BEGIN
-                        -- one appender per stream at a time, until commit
-                        PERFORM pg_advisory_xact_lock({ns}, (p_hash - 2147483648)::int);
-                        SELECT coalesce(max(version), 0) INTO cur
-                            FROM {t} WHERE stream_id = p_stream;
-                        IF p_expected IS NOT NULL AND cur <> p_expected THEN
-                            RAISE EXCEPTION USING ERRCODE = '{_VERSION_CONFLICT}',
-                                MESSAGE = cur::text;
-                        END IF;
-                        -- in-flight marker: a lower bound of the positions allocated next
-                        PERFORM pg_advisory_xact_lock_shared({self._marker_base} + (
-                            SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END
-                            FROM {seq}));
-                        SELECT array_agg(nextval('{seq}') ORDER BY g) INTO positions
-                            FROM generate_series(1, n) AS g;
-                        INSERT INTO {t} (position, stream_id, version, type, data, metadata,
-                                         routing_hash)
-                            SELECT positions[i], p_stream, cur + i, p_types[i], p_data[i],
-                                   p_meta[i], p_hash
-                            FROM generate_series(1, n) AS i;
-                        RETURN positions;
-                    END $fn$""",
-                f"""CREATE OR REPLACE FUNCTION {t}_horizon() RETURNS bigint
-                    LANGUAGE plpgsql VOLATILE AS $fn$
-                    DECLARE
-                        last_pos bigint;
-                        low_marker bigint;
-                    BEGIN
-                        -- order matters: the sequence first, then the markers
-                        SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO last_pos
-                            FROM {seq};
-                        SELECT min((l.classid::bigint << 32) | l.objid::bigint) INTO low_marker
-                            FROM pg_locks l
-                            WHERE l.locktype = 'advisory' AND l.objsubid = 1
-                              AND l.database = (SELECT oid FROM pg_database
-                                                WHERE datname = current_database())
-                              AND (l.classid::bigint >> 16) = {ns};
-                        IF low_marker IS NULL THEN
-                            RETURN last_pos;
-                        END IF;
-                        RETURN least(last_pos, low_marker - {self._marker_base} - 1);
-                    END $fn$""",
-            ]
-        )
+        # The table, its sequence and the append and horizon functions: schema.v1_initial.
+        require(db, "events")
         self._append_sql = f"SELECT {t}_append(%s, %s, %s, %s, %s::jsonb[], %s::jsonb[])"
         # Wake consumers (LISTEN) after each append, unless the URL says notify=off.
         notify = db.url.options.get("notify", "on").lower()
@@ -219,7 +147,7 @@ class PostgresEventStore(EventStore):
                 self._notifier.poke()
             return positions
         except psycopg.Error as exc:
-            if exc.sqlstate == _VERSION_CONFLICT:
+            if exc.sqlstate == VERSION_CONFLICT:
                 actual = int(exc.diag.message_primary or -1)
                 raise ConcurrencyError(stream_id, expected_version or 0, actual) from None
             if exc.sqlstate == "23505":  # unique (stream_id, version): lost a race

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from ..db.sqlite import SQLiteDatabase
 from ..errors import ConcurrencyError, CorruptEventError
 from ..events import Event, Undecodable
+from ..schema import require
 from .base import EncodedEvent, EventStore
 
 T = TypeVar("T")
@@ -85,24 +86,7 @@ class SQLiteEventStore(EventStore):
 
     def __init__(self, db: SQLiteDatabase) -> None:
         super().__init__(db)
-        t = self.events_table
-        db.run_ddl(
-            [
-                f"""CREATE TABLE IF NOT EXISTS {t} (
-                    position INTEGER PRIMARY KEY,
-                    stream_id TEXT NOT NULL,
-                    version INTEGER NOT NULL,
-                    type TEXT NOT NULL,
-                    data TEXT NOT NULL,
-                    metadata TEXT NOT NULL,
-                    recorded_at INTEGER NOT NULL,
-                    routing_hash INTEGER NOT NULL,
-                    UNIQUE (stream_id, version))""",
-                f"CREATE INDEX IF NOT EXISTS {t}_recorded_at ON {t} (recorded_at)",
-                # Type filters: the rows of one type in position order.
-                f"CREATE INDEX IF NOT EXISTS {t}_type ON {t} (type, position)",
-            ]
-        )
+        require(db, "events")  # the table: eventlanes.schema.v1_initial
 
     def _append(
         self,

@@ -23,9 +23,8 @@ Table ``{prefix}nodes``: (processor, node, last_seen) heartbeats, for fair share
 Table ``{prefix}paused``: one row per paused processor (processor, paused_at). A table of its
 own, so that a processor can be paused before its token rows exist.
 
-The schema is created when missing and brought up to date in place (databases of earlier
-versions lack ``refused`` and ``{prefix}paused``). Opening a current schema only reads, so
-read-only work (``status``) never writes.
+The tables are part of eventlanes' versioned schema (:mod:`eventlanes.schema`): opening a
+current schema only reads, so read-only work (``status``) never writes.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from typing import Any
 
 from ..db import Database
 from ..errors import ClaimLostError
+from ..schema import require
 from ..segments import Segment
 from .base import (
     DEFAULT_CLAIM_TIMEOUT,
@@ -55,7 +55,7 @@ class SQLTokenStore(TokenStore):
         self.table = t = db.table("tokens")
         self.nodes_table = db.table("nodes")
         self.paused_table = pz = db.table("paused")
-        self._ensure_schema()
+        require(db, "tokens")  # the tables: eventlanes.schema.v1_initial
         now = db.now_ms
         q = db.sql
         not_paused = f"NOT EXISTS (SELECT 1 FROM {pz} WHERE processor = ?)"
@@ -99,83 +99,6 @@ class SQLTokenStore(TokenStore):
                 FROM {t} WHERE processor = ? ORDER BY segment_id"""
         )
         self._is_paused_sql = q(f"SELECT count(*) FROM {pz} WHERE processor = ?")
-
-    # -- schema ----------------------------------------------------------------------------------
-    def _tables(self) -> dict[str, str]:
-        """CREATE statement of each table, by name."""
-        return {
-            self.table: f"""CREATE TABLE IF NOT EXISTS {self.table} (
-                    processor TEXT NOT NULL,
-                    segment_id BIGINT NOT NULL,
-                    mask BIGINT NOT NULL,
-                    position BIGINT NOT NULL,
-                    token_detail TEXT,
-                    owner TEXT,
-                    claimed_since BIGINT,
-                    claim_deadline BIGINT,
-                    released_by TEXT,
-                    release_until BIGINT,
-                    request TEXT,
-                    refused TEXT,
-                    last_error TEXT,
-                    errors INTEGER NOT NULL DEFAULT 0,
-                    retry_at BIGINT,
-                    updated_at BIGINT NOT NULL,
-                    PRIMARY KEY (processor, segment_id))""",
-            self.nodes_table: f"""CREATE TABLE IF NOT EXISTS {self.nodes_table} (
-                    processor TEXT NOT NULL,
-                    node TEXT NOT NULL,
-                    last_seen BIGINT NOT NULL,
-                    PRIMARY KEY (processor, node))""",
-            self.paused_table: f"""CREATE TABLE IF NOT EXISTS {self.paused_table} (
-                    processor TEXT NOT NULL PRIMARY KEY,
-                    paused_at BIGINT NOT NULL)""",
-        }
-
-    #: Columns added since the first version: (column, type).
-    _ADDED_COLUMNS = (("refused", "TEXT"),)
-
-    def _columns(self, table: str) -> set[str]:
-        """Column names of ``table`` (empty if it does not exist); a read, never a write."""
-        if self.db.backend == "sqlite":
-            # The table name is ours: prefix validated whole when the URL was parsed.
-            return {row[1] for row in self.db.query(f"PRAGMA table_info({table})")}
-        rows = self.db.query(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = %s",
-            (table,),
-        )
-        return {row[0] for row in rows}
-
-    def _schema_changes(self) -> list[str]:
-        changes = []
-        for table, create in self._tables().items():
-            columns = self._columns(table)
-            if not columns:
-                changes.append(create)
-            elif table == self.table:
-                # PostgreSQL can say IF NOT EXISTS; on SQLite, racing openers are caught below.
-                guard = "IF NOT EXISTS " if self.db.backend != "sqlite" else ""
-                changes += [
-                    f"ALTER TABLE {table} ADD COLUMN {guard}{name} {kind}"
-                    for name, kind in self._ADDED_COLUMNS
-                    if name not in columns
-                ]
-        return changes
-
-    def _ensure_schema(self) -> None:
-        """Create missing tables and add missing columns; nothing is written when current."""
-        for attempt in range(3):
-            changes = self._schema_changes()
-            if not changes:
-                return
-            try:
-                self.db.run_ddl(changes)
-            except Exception:
-                # Another process may have changed the schema between our look and our DDL
-                # (SQLite has no ADD COLUMN IF NOT EXISTS): look again, give up after three.
-                if attempt == 2:
-                    raise
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         # A single statement is its own transaction: autocommit on both backends.

@@ -1,0 +1,72 @@
+"""Spark failures a user meets before any job runs: a master that cannot be reached, executors
+whose Python lacks what PySpark's Arrow path needs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import eventlanes as el
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens once it is closed
+
+
+@pytest.mark.parametrize("where", ["unreachable:7077", "closed"])
+def test_an_unreachable_spark_master_is_one_line_naming_it(tmp_path, where: str) -> None:
+    master = f"spark://{where if where != 'closed' else f'127.0.0.1:{_closed_port()}'}"
+    url = f"sqlite:///{tmp_path}/events.db"
+    el.open_store(url).close()
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "eventlanes.cli", "replay", "tests.apps.spark_app:app", "screws",
+         "--master", master],
+        cwd=ROOT, env={**os.environ, "EVENTLANES_TEST_APP_URL": url},
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].startswith(f"error: cannot reach the Spark master {master}: "), lines[0]
+    assert elapsed < 30  # Spark's own client gave up after about a minute, naming nothing
+
+
+def _fold(state: dict, event: el.Event) -> None:
+    state["n"] += 1
+
+
+def test_preflight_names_what_the_executors_python_lacks(spark, tmp_path, monkeypatch) -> None:
+    """A session whose executors run a Python without pyarrow and pandas (as a user-built
+    session with PYSPARK_PYTHON set to such a Python would): one line naming both, before any
+    job or write."""
+    venv = tmp_path / "bare"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    app = el.App(f"sqlite:///{tmp_path}/events.db")
+    totals = app.aggregation("totals", key=lambda e: e.stream_id, initial=lambda: {"n": 0})
+    totals.on_any(_fold)
+    app.store.append("s", [el.NewEvent("E")])
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", str(python))  # what executors run
+    with pytest.raises(el.SparkJobError) as caught:
+        el.spark.replay(app, "totals", spark=spark)
+    assert str(caught.value).startswith(
+        f"the executors' Python ({python}) lacks pyarrow (ModuleNotFoundError: No module named "
+        "'pyarrow'), pandas (ModuleNotFoundError: No module named 'pandas'): "
+    ), caught.value
+    assert app.status("totals").position == 0 and totals.get("s") is None  # nothing written
+    monkeypatch.undo()  # the driver's own Python has both: the same replay runs
+    assert el.spark.replay(app, "totals", spark=spark).events == 1
+    assert totals.get("s") == {"n": 1}
+    app.close()
