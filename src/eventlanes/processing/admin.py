@@ -190,22 +190,9 @@ def _claim_every_segment(
     return claim_all(rt.tokens, proc.name, owner, wait, timeout)
 
 
-def reset(
-    rt: Runtime,
-    proc: Processor,
-    to: str | int | datetime = "tail",
-    wait: bool = False,
-    timeout: float | None = None,
-    context: Any = None,
-) -> int:
-    """Reset a stopped processor to ``to``; returns the position it restarts from.
-
-    Runs the ``on_reset`` handlers and writes replay tokens in one transaction: events up to
-    where each segment had got are replays (``ctx.is_replay``; ``disallow_replay`` handlers
-    skip them). Parked dead letters of the processor are dropped: the replay delivers them again.
-    A position beyond the store's head is refused: the events appended there later would never
-    be handled.
-    """
+def _reset_targets(rt: Runtime, proc: Processor, to: str | int | datetime) -> dict[str, int]:
+    """The position each source restarts from ("" is the app's own store); refused beyond the
+    store's head (the events appended there later would never be handled)."""
     target = resolve_initial(to, rt.store)
     head = rt.store.head()
     if target > head:
@@ -219,6 +206,38 @@ def reset(
         at = rt.store.read(after=max(0, to - 1), limit=1) if to else []
         when = at[0].recorded_at if at else ("tail" if not to else "head")
     targets = {name: resolve_initial(when, rt.source_store(t)) for name, t in proc.sources.items()}
+    return {"": target, **targets}
+
+
+def _reset_token(before: Token, segment: Segment, targets: dict[str, int], context: Any) -> Token:
+    """A segment's token after a reset: per source, every event it had passed is a replay
+    (per part of the segment, see :meth:`Token.reset`)."""
+    token = Token.reset(before, targets[""], context, segment)
+    for name, position in targets.items():
+        if name:
+            token = token.with_source(
+                name, Token.reset(before.source(name), position, context, segment)
+            )
+    return token
+
+
+def reset(
+    rt: Runtime,
+    proc: Processor,
+    to: str | int | datetime = "tail",
+    wait: bool = False,
+    timeout: float | None = None,
+    context: Any = None,
+) -> int:
+    """Reset a stopped processor to ``to``; returns the position it restarts from.
+
+    Runs the ``on_reset`` handlers and writes replay tokens in one transaction: events up to
+    where each segment (each part of a merged segment) had got are replays (``ctx.is_replay``;
+    ``disallow_replay`` handlers skip them). Parked dead letters of the processor are dropped:
+    the replay delivers them again. A position beyond the store's head is refused: the events
+    appended there later would never be handled.
+    """
+    targets = _reset_targets(rt, proc, to)
     owner = f"reset:{node_name()}"
     records = _claim_every_segment(rt, proc, owner, wait, timeout)
     try:
@@ -227,20 +246,12 @@ def reset(
             ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
             Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
             for record in records:
-                try:
-                    token = Token.reset(record.token, target, context)
-                    for name, position in targets.items():
-                        before = record.token.source(name)
-                        token = token.with_source(name, Token.reset(before, position, context))
-                except InvalidInputError as exc:  # nothing written: the transaction rolls back
-                    raise InvalidInputError(
-                        f"cannot reset {proc.name!r}: segment {record.segment} {exc}"
-                    ) from None
+                token = _reset_token(record.token, record.segment, targets, context)
                 rt.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
             rt.dead_letters.clear(conn, proc.name)
     finally:
         release_all(rt.tokens, proc.name, owner, records)
-    return target
+    return targets[""]
 
 
 def steer(rt: Runtime, proc: Processor, segment_id: int, what: str, timeout: float = 15.0) -> str:

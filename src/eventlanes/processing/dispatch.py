@@ -53,8 +53,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def is_replay(token: Token, event: Event) -> bool:
-    return token.source(event.source).is_replay(event.position)
+def is_replay(token: Token, event: Event, policy: SequencingPolicy) -> bool:
+    """Whether ``event`` was handled before the last reset, by the replay end of its part of
+    the segment (routed by ``policy``, as the reader routes it)."""
+    tok = token.source(event.source)
+    if not tok.replays:
+        return False
+    if not tok.replays_by_part:  # one end for the whole segment: no hash needed
+        return tok.is_replay(event.position)
+    return tok.is_replay(event.position, policy.routing_hash(event))
 
 
 def never_replay(token: Token | bool) -> bool:
@@ -62,7 +69,7 @@ def never_replay(token: Token | bool) -> bool:
     in any source): the common case, where per-event replay checks can be skipped."""
     if isinstance(token, bool):
         return not token
-    return token.replay_until is None and all(t.replay_until is None for _, t in token.sources)
+    return not token.replays and all(not t.replays for _, t in token.sources)
 
 
 class Parking:
@@ -107,6 +114,10 @@ class Dispatch:
         self.handlers = handlers
         self.policy = policy
 
+    def replayed(self, token: Token, event: Event) -> bool:
+        """Whether ``event`` is a replay by ``token`` (see :func:`is_replay`)."""
+        return is_replay(token, event, self.policy)
+
     def for_event(self, event: Event, replay: bool) -> Sequence[Handler]:
         """The per-event handlers to call for ``event``."""
         found = self.handlers.for_type(event.type)
@@ -148,7 +159,7 @@ class Dispatch:
                 replay = False
                 handlers: Sequence[Handler] = for_type(event.type)
             else:
-                replay = token if isinstance(token, bool) else is_replay(token, event)
+                replay = token if isinstance(token, bool) else self.replayed(token, event)
                 handlers = self.for_event(event, replay)
             ctx.is_replay = replay
             if watch is not None:
@@ -176,7 +187,7 @@ class Dispatch:
             live = never_replay(token)
 
         def replayed(e: Event) -> bool:
-            return token if isinstance(token, bool) else is_replay(token, e)
+            return token if isinstance(token, bool) else self.replayed(token, e)
 
         for types, handler in self.handlers.batch_handlers:
             if live:
