@@ -219,3 +219,59 @@ def test_a_reset_of_a_merged_segment_writes_ends_per_part_the_previous_release_r
     assert all(not r for _, r, _ in log[: len(first)])
     replayed = sorted((p, r) for p, r, e in log[len(first) :])
     assert replayed == [(p, int(p in first)) for p in range(1, 31)]
+
+
+# -- what a reset would do, before it is done ---------------------------------------------------
+def test_a_reset_plan_counts_replays_per_part_exactly(store_url: str) -> None:
+    """The counts of ``reset_plan`` (what ``eventlanes reset`` asks about): by the tokens' own
+    ends, per segment and per part, equal to what the reset then replays."""
+    app, _ = define(store_url)
+    append(app, random.Random(9), 40)
+    plan = app.reset_plan("rec")  # never ran: nothing to replay
+    assert (plan.replays, plan.first_time, plan.warnings) == (0, 40, [])
+    app.start(node_index=0, nodes=2)  # only 0/1 runs
+    try:
+        wait_for(lambda: app.status("rec").segments[0].caught_up, what="segment 0/1")
+    finally:
+        app.stop()
+    handled = {p for p, _, _ in rows(app)}
+    for step in ("apart", "merged"):
+        plan = app.reset_plan("rec", to=5)
+        expected = len({p for p in handled if p > 5})
+        assert (plan.replays, plan.first_time) == (expected, 35 - expected), step
+        assert plan.to == 5 and plan.held == []
+        if step == "apart":
+            assert app.merge("rec", 1) == "merged 1/1 and 0/1 into 0/0"
+    assert app.reset("rec", to=5) == 5
+    before = len(rows(app))
+    run_until_caught_up(app, 30)
+    replayed = rows(app)[before:]
+    app.close()
+    assert sum(r for _, r, _ in replayed) == expected and len(replayed) == 35
+
+
+def test_reset_warnings_name_what_would_be_written_twice(store_url: str) -> None:
+    app = el.App(store_url, claim_timeout=2)
+    writes = app.processor("writes")
+    writes.on_any(lambda e, ctx: None)
+    cleared = app.processor("cleared")
+    cleared.on_any(lambda e, ctx: None)
+    cleared.on_reset(lambda ctx: None)
+    mails = app.processor("mails")
+    mails.on_any(el.disallow_replay(lambda e, ctx: None))  # nothing runs on a replay
+    totals = app.aggregation("totals", key=lambda e: e.stream_id, initial=dict)
+    totals.on("Step")(lambda state, e: None)
+    append(app, random.Random(1), 6)
+    names = ["writes", "cleared", "mails", "totals"]
+    run_until_caught_up(app, 30, names)
+    warnings = {n: app.reset_plan(n).warnings for n in names}
+    head = app.reset_plan("cleared", to="head")
+    app.close()
+    assert len(warnings["writes"]) == 1 and "written a second time" in warnings["writes"][0]
+    assert "6 replayed event(s)" in warnings["writes"][0]
+    assert warnings["cleared"] == warnings["mails"] == []
+    assert len(warnings["totals"]) == 1 and "dropped as duplicates" in warnings["totals"][0]
+    # on_reset handlers that clear what nothing builds again
+    assert (
+        head.replays == 0 and "replays nothing, but its on_reset handlers run" in head.warnings[0]
+    )

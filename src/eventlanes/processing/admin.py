@@ -21,7 +21,9 @@ from .claims import claim_all, node_name, release_all
 from .context import Context
 from .dead_letters import DeadLetter
 from .dispatch import Dispatch, describe
-from .processor import Processor
+from .handlers import runs_on_replay
+from .processor import Guarantee, Processor
+from .republisher import Republisher
 from .runtime import Runtime
 
 __all__ = [
@@ -30,7 +32,9 @@ __all__ = [
     "SegmentView",
     "discard_dead_letters",
     "list_dead_letters",
+    "ResetPlan",
     "reset",
+    "reset_plan",
     "retry_dead_letters",
     "status",
     "steer",
@@ -219,6 +223,105 @@ def _reset_token(before: Token, segment: Segment, targets: dict[str, int], conte
                 name, Token.reset(before.source(name), position, context, segment)
             )
     return token
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    """What a reset would do, read without writing (``eventlanes reset`` shows it first)."""
+
+    name: str
+    to: int  # the position the app's own store restarts from
+    replays: int  # events that will be handled again (flagged replays), in every source
+    first_time: int  # events after the restart position never handled before, up to the heads
+    held: list[str]  # segments a live node holds: the reset is refused while it runs
+    warnings: list[str]
+
+
+def reset_plan(
+    rt: Runtime, proc: Processor, to: str | int | datetime = "tail", context: Any = None
+) -> ResetPlan:
+    """What :func:`reset` to ``to`` would replay, counted without writing anything."""
+    targets = _reset_targets(rt, proc, to)
+    rows = rt.tokens.status(proc.name)
+    if rows:
+        befores = [(s.segment, s.token) for s in rows]
+    else:  # never run: the reset creates its rows where a first run would start
+        start = Token(resolve_initial(proc.initial, rt.store))
+        befores = [(seg, start) for seg in Segment.initial(proc.segments)]
+    after = [(seg, _reset_token(tok, seg, targets, context)) for seg, tok in befores]
+    replays = first_time = 0
+    for name, target in targets.items():
+        store = rt.source_store(proc.sources[name]) if name else rt.store
+        total = store.count(until=store.head()) - store.count(until=target)
+        again = _replayed(store, proc, name, target, after)
+        replays += again
+        first_time += total - again
+    held = [
+        f"{s.segment} by {s.owner}"
+        for s in rows
+        if s.owner is not None and (s.claim_expires_in or 0) > 0
+    ]
+    handled = any(tok.high > 0 or tok.replays or tok.sources for _, tok in befores)
+    return ResetPlan(proc.name, targets[""], replays, first_time, held,
+                     _reset_warnings(proc, replays, handled))  # fmt: skip
+
+
+def _replayed(
+    store: Any, proc: Processor, name: str, target: int, tokens: list[tuple[Segment, Token]]
+) -> int:
+    """How many events of source ``name`` after ``target`` the reset tokens flag as replays."""
+    sources = [tok.source(name) for _, tok in tokens]
+    ends = {tok.replay_until for tok in sources}
+    if ends == {None}:
+        return 0
+    end = max(e for e in ends if e is not None)
+    if not any(tok.replays_by_part for tok in sources) and len(ends) == 1:
+        # One end everywhere: a count, no read.
+        return store.count(until=end) - store.count(until=target)
+    # Ends that differ per segment or part: each event is routed as the processor routes it.
+    routing_hash = proc.policy.routing_hash
+    count = 0
+    for event in store.iter_events(after=target, until=end):
+        h = routing_hash(event)
+        for seg, tok in tokens:
+            if seg.matches(h):
+                count += tok.source(name).is_replay(event.position, h)
+                break
+    return count
+
+
+def _reset_warnings(proc: Processor, replays: int, handled: bool) -> list[str]:
+    """Why a reset of ``proc`` may surprise: what its replayed events do without an
+    ``on_reset`` handler to clear what they wrote the first time, or what its ``on_reset``
+    handlers clear when nothing is replayed (``handled``: it had passed events before)."""
+    if not replays:
+        if handled and proc.handlers.reset_handlers:
+            return [
+                f"{proc.name!r} replays nothing, but its on_reset handlers run: what they "
+                "clear is not built again from the events before the reset position"
+            ]
+        return []
+    if proc.handlers.reset_handlers:
+        return []
+    if isinstance(proc, Republisher):
+        return [
+            f"{proc.name!r} appends its outputs for the {replays:,} replayed event(s) again "
+            "(aggregations downstream drop them by their source chain; other readers see them "
+            "twice)"
+        ]
+    if proc.guarantee is Guarantee.AGGREGATION:
+        return [
+            f"{proc.name!r} has no on_reset handler: its states keep the offsets they folded, so "
+            f"the {replays:,} replayed event(s) are dropped as duplicates and the states stay "
+            "as they are; to rebuild them, clear them in an on_reset handler"
+        ]
+    if any(runs_on_replay(h) for h in proc.handlers.handlers()):
+        return [
+            f"{proc.name!r} has no on_reset handler: what its handlers wrote for the {replays:,} "
+            "replayed event(s) is written a second time (rows twice, unless the writes are "
+            "idempotent, e.g. upserts)"
+        ]
+    return []
 
 
 def reset(
