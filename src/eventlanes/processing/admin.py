@@ -139,12 +139,14 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
 
 def caught_up(rt: Runtime, proc: Processor, head: int) -> bool:
     """Whether every segment of ``proc`` has reached ``head`` (the store's, read by the
-    caller once for several processors): :func:`status`'s ``caught_up`` with one read (the
-    tokens) instead of five, for callers that poll it."""
+    caller once for several processors) and the head of each other store it reads: for
+    callers that poll it, one read of the tokens (and of the other stores' heads)."""
     rows = rt.tokens.status(proc.name)
-    if not rows:
-        return status(rt, proc).caught_up  # not run yet: where it would start
-    return all(s.token.position >= head for s in rows)
+    # Not run yet: where it would start (other sources start from their beginning).
+    start = [] if rows else [Token(resolve_initial(proc.initial, rt.store))]
+    tokens = [s.token for s in rows] or start
+    heads = {"": head, **{name: rt.source_store(t).head() for name, t in proc.sources.items()}}
+    return all(t.source(name).position >= h for t in tokens for name, h in heads.items())
 
 
 def wait_for(
