@@ -71,19 +71,19 @@ class Token:
     # -- replays ---------------------------------------------------------------------------
     def is_replay(self, position: int, routing_hash: int | None = None) -> bool:
         """True when the event at ``position`` (with ``routing_hash``) was handled before the
-        last reset. The hash is needed only when the ends differ per part
-        (:attr:`replays_by_part`)."""
-        if routing_hash is None:
-            if self.replays_by_part:
-                raise ValueError(
-                    f"token {self} has replay ends per part: is_replay needs the event's "
-                    "routing hash"
-                )
-            until = self.replay_until
-            return until is not None and position <= until
-        for seg_id, mask, until in self.replays:
-            if position <= until and routing_hash & mask == seg_id:
-                return True
+        last reset. The hash is needed only where the answer depends on the part (ends per
+        part, :attr:`replays_by_part`); without it, that raises ValueError."""
+        for seg_id, mask, until in self.replays:  # sorted: the whole segment's end first
+            if position <= until:
+                if not mask:
+                    return True
+                if routing_hash is None:
+                    raise ValueError(
+                        f"token {self} has replay ends per part: is_replay needs the event's "
+                        "routing hash"
+                    )
+                if routing_hash & mask == seg_id:
+                    return True
         return False
 
     @property
