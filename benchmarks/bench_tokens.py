@@ -1,6 +1,7 @@
 """Token store: claims, extends, stores and status reads per second on SQLite and PostgreSQL,
 for a single owner and for 4 processes competing for the same 16 segments; and how fast a
-paused processor refuses claims (every one must be refused)."""
+paused processor refuses claims (every one must be refused). Also what replay flags cost per
+event in dispatch (no database): live, one replay end, ends per part (each event routed)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,63 @@ def _competitor(ready: Any, url: str, owner: str, seconds: float, counts: Any) -
         counts[1] += wins
 
 
+def _replay_flags(n: int) -> list[list[Any]]:
+    """Events through Dispatch.run with a handler and a ``disallow_replay`` one, under three
+    tokens; the calls of each are checked against a plain loop's count of the replays."""
+    from eventlanes.hashing import stable_hash
+    from eventlanes.processing.dispatch import Dispatch
+    from eventlanes.processing.handlers import HandlerSet
+
+    events = []
+    for p in range(1, n + 1):
+        stream = f"s-{p % 1000}"
+        events.append(el.Event(p, stream, 1, "Step", {}, {}, 0, stable_hash(stream)))
+    calls = {"all": 0, "first-time": 0}
+
+    def handle(event: el.Event, ctx: el.Context) -> None:
+        calls["all"] += 1
+
+    def mail(event: el.Event, ctx: el.Context) -> None:
+        calls["first-time"] += 1
+
+    handlers = HandlerSet()
+    handlers.add(None, handle)
+    handlers.add(None, el.disallow_replay(mail))
+    dispatch = Dispatch("bench", handlers, el.per_stream())
+    low, high = el.Segment(0, 1), el.Segment(1, 1)
+    half = n // 2
+    tokens = {
+        "live (no replay)": (el.Token(0), lambda e: False),
+        "one replay end": (el.Token.reset(el.Token(half), 0), lambda e: e.position <= half),
+        "ends per part": (
+            el.Token.reset(el.Token.merged(low, el.Token(n), high, el.Token(half)), 0),
+            lambda e: e.position <= (n if e.routing_hash & 1 == 0 else half),
+        ),
+    }
+    rows = []
+    live = 0.0
+    for name, (token, replayed) in tokens.items():
+        expected = sum(not replayed(e) for e in events)  # the plain loop: first-time events
+        ctx = el.Context("bench", None, token, None, "sqlite", "?")
+        calls.update({"all": 0, "first-time": 0})
+        start = time.perf_counter()
+        dispatch.run(events, ctx, token)
+        rate = n / (time.perf_counter() - start)
+        assert calls == {"all": n, "first-time": expected}, (name, calls, expected)
+        live = live or rate
+        rows.append(["-", f"dispatch: {name}", 1, rate, f"{rate / live:.2f}"])
+    return rows
+
+
 def run(backends: list[str], quick: bool = False) -> None:
     import multiprocessing as mp
+
+    flags = _replay_flags(50_000 if quick else 500_000)
+    print_table(
+        "replay flags in dispatch (events/s, one thread)",
+        ["backend", "token", "processes", "events/s", "vs live"],
+        flags,
+    )
 
     rows = []
     n = 500 if quick else 3000

@@ -19,21 +19,17 @@ import pytest
 
 import eventlanes as el
 
+# The plugin users load for their own processor tests: its server is the suite's too.
+pytest_plugins = ["eventlanes.testing.pytest_plugin"]
+
 BACKENDS = ["sqlite", "postgres"]
 _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    from eventlanes.testing.postgres import server_url
-
-    # fsync off: the tests kill processes, not machines, and it keeps the suite fast.
-    url, server = server_url(fsync=False)
-    try:
-        yield url
-    finally:
-        if server is not None:
-            server.stop()
+def pg_url(eventlanes_postgres_url: str) -> str:
+    """One PostgreSQL server per session (fsync off: the tests kill processes, not machines)."""
+    return eventlanes_postgres_url
 
 
 def _unique_prefix() -> str:

@@ -122,6 +122,61 @@ def test_discard_confirmation_on_a_terminal(parked, tmp_path) -> None:
         assert len(letters(app)) == kept
 
 
+# -- reset: asks first, says what it replays ---------------------------------------------------
+def orders_tokens(app) -> list:
+    return [s.token for s in app.status("orders").segments]
+
+
+def test_reset_says_what_it_replays_warns_and_refuses_without_a_terminal(parked) -> None:
+    app, _ = parked
+    before = orders_tokens(app)
+    result = CliRunner().invoke(main, ["reset", OPS, "orders"])  # stdin is not a terminal
+    assert result.exit_code == 2, result.output
+    assert "replays 12 event(s) handled before" in result.output
+    assert "0 event(s) after position 0 are handled for the first time" in result.output
+    # orders writes rows through ctx and has no on_reset handler to clear them first.
+    assert "warning:" in result.output and "written a second time" in result.output
+    assert "error:" in result.output and "--yes" in result.output
+    assert orders_tokens(app) == before  # nothing was reset
+    result = CliRunner().invoke(main, ["reset", OPS, "orders", "--yes"])
+    assert result.exit_code == 0, result.output
+    assert "orders: reset; replays 12 event(s) from position 0 on the next run" in result.output
+    assert all(t.replay_until == 12 for t in orders_tokens(app))
+    # Replaying nothing says so (and a processor that never ran has nothing to replay).
+    for args in (["orders", "--to", "head"], ["audit"]):
+        result = CliRunner().invoke(main, ["reset", OPS, *args, "--yes"])
+        assert result.exit_code == 0, result.output
+        assert "the reset replays nothing" in result.output and "warning" not in result.output
+        assert "reset; nothing to replay; continues from position" in result.output
+    assert all(t == el.Token(12) for t in orders_tokens(app))
+
+
+def test_reset_confirmation_on_a_terminal_and_refusal_on_a_pipe(parked) -> None:
+    """On a real terminal (a pty) reset asks: "n" keeps the tokens, "y" resets. A pipe is no
+    terminal, even when it says "y": refused, nothing reset."""
+    import pty
+
+    app, flag = parked
+    env = dict(os.environ, EVENTLANES_TEST_OPS_URL=str(app.url), EVENTLANES_TEST_OPS_FLAG=str(flag))
+    command = [sys.executable, "-m", "eventlanes.cli", "reset", OPS, "orders"]
+    before = orders_tokens(app)
+    piped = subprocess.run(command, cwd=ROOT, env=env, input=b"y\n", capture_output=True,
+                           timeout=60)  # fmt: skip
+    assert piped.returncode == 2 and b"no terminal to ask on" in piped.stdout, piped.stdout
+    assert orders_tokens(app) == before
+    for answer, reset in ((b"n\n", False), (b"y\n", True)):
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        os.close(slave)
+        os.write(master, answer)
+        out, _ = proc.communicate(timeout=60)
+        os.close(master)
+        assert b"replays 12 event(s)" in out and b"Reset orders to position 0?" in out, out
+        assert proc.returncode == (0 if reset else 1), out
+        assert (orders_tokens(app) != before) == reset
+
+
 # -- logs --------------------------------------------------------------------------------------
 def _run(url: str, flag: str, *args: str) -> subprocess.Popen:
     env = dict(os.environ, EVENTLANES_TEST_OPS_URL=url, EVENTLANES_TEST_OPS_FLAG=flag)

@@ -142,8 +142,8 @@ def test_cli_status_reset_steering_and_dead_letters(store_url: str) -> None:
     assert out.returncode == 0 and "merged 5/7 and 1/7 into 1/3" in out.stdout
     out = cli("merge", APP, "recorder", "9")
     assert out.returncode == 2 and "has no segment 9" in out.stdout
-    out = cli("reset", APP, "recorder", "--to", "head")
-    assert out.returncode == 0 and "replays from position 3" in out.stdout
+    out = cli("reset", APP, "recorder", "--to", "head", "--yes")
+    assert out.returncode == 0 and "continues from position 3" in out.stdout
     out = cli("reset", APP, "recorder", "--to", "yesterday")
     assert out.returncode == 2 and "invalid --to 'yesterday'" in out.stdout
     out = cli("dead-letters", APP, "recorder")
@@ -153,7 +153,7 @@ def test_cli_status_reset_steering_and_dead_letters(store_url: str) -> None:
     worker = _worker(env)
     try:
         wait_for(lambda: any(s.owner for s in app.status("recorder").segments), timeout=30)
-        out = cli("reset", APP, "recorder")
+        out = cli("reset", APP, "recorder", "--yes")
         assert out.returncode == 2 and "is running" in out.stdout
     finally:
         _stop([worker])

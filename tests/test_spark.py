@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import eventlanes as el
-from tests.processing_helpers import assert_exactly_once_in_order
+from tests.processing_helpers import assert_exactly_once_in_order, wait_for
 
 E = el.NewEvent
 
@@ -126,7 +126,63 @@ def test_replay_of_a_transactional_projection(spark, tmp_path) -> None:
     assert result.events == 3000
     assert assert_exactly_once_in_order(app, table) == 3000  # the reset handler cleared 'x'
     assert all(s.position == 3000 for s in app.status("recorder").segments)
-    assert app.db.query(f"SELECT count(*) FROM {table} WHERE replay = 1")[0][0] == 3000
+    # It had never run: nothing was handled before, so nothing is a replay.
+    assert app.db.query(f"SELECT count(*) FROM {table} WHERE replay = 1")[0][0] == 0
+
+
+def test_a_projection_replay_flags_only_what_was_handled_before(spark, tmp_path) -> None:
+    """A Spark replay of a projection that had handled part of history (one half of its
+    segments, merged since with the half that had handled nothing): the events it had handled
+    are replays (the mails are not sent again), the others are handled as first-time (mailed,
+    once). It used to flag every event a replay, so the never-handled ones were never mailed."""
+    from tests.apps.recorder import create_schema, mail, record
+
+    app = el.App(f"sqlite:///{tmp_path}/flags.db", claim_timeout=5)
+    proc = app.processor("recorder", segments=2)
+    proc.on_any(record)
+    proc.on_any(mail)
+    table = create_schema(app)
+    app.db.run_ddl([f"CREATE TABLE {app.db.table('mails')} (position BIGINT)"])
+    for i in range(400):
+        app.store.append(f"s-{i % 37}", [E("Step")])
+    app.start(node_index=0, nodes=2)  # only 0/1 runs
+    try:
+        wait_for(lambda: app.status("recorder").segments[0].caught_up, 60, what="segment 0/1")
+    finally:
+        app.stop()
+    handled = {p for (p,) in app.db.query(f"SELECT position FROM {table}")}
+    assert 0 < len(handled) < 400
+    assert app.merge("recorder", 1) == "merged 1/1 and 0/1 into 0/0"
+    el.spark.replay(app, "recorder", spark=spark)
+    rows = app.db.query(f"SELECT position, replay FROM {table} ORDER BY id")[len(handled) :]
+    assert sorted(rows) == [(p, int(p in handled)) for p in range(1, 401)]
+    mails = [p for (p,) in app.db.query(f"SELECT position FROM {app.db.table('mails')}")]
+    assert sorted(mails) == list(range(1, 401)), "each event mailed once, the first time"
+
+
+def test_a_continuous_micro_batch_keeps_a_resets_replay_end(spark, tmp_path) -> None:
+    """A micro-batch that ends below a reset's replay end moves each token on with it: the
+    segments still say how far their replay goes (they were set to plain positions)."""
+    from eventlanes.processing.claims import claim_all
+    from eventlanes.spark.continuous import ContinuousAggregation
+    from tests.processing_helpers import run_until_caught_up
+
+    app = el.App(f"sqlite:///{tmp_path}/cont.db", claim_timeout=5)
+    define(app, "screws")
+    load(app.store, 400, seed=4)
+    run_until_caught_up(app, 60, ["screws"])
+    app.reset("screws", context="rebuild")
+    runner = ContinuousAggregation(app, "screws", spark=spark, max_rows=100)
+    # One micro-batch, by hand (start() would run them all in a loop, racing the check).
+    runner._records = claim_all(app.tokens, "screws", runner.owner)
+    try:
+        assert runner.run_batch()
+    finally:
+        runner.stop()
+    segments = app.status("screws").segments
+    assert {s.position for s in segments} == {100}
+    assert all(s.replaying and s.token.replay_until == 400 for s in segments)
+    assert {s.token.replay_context for s in segments} == {"rebuild"}
 
 
 def test_continuous_query_killed_and_restarted_from_its_tokens(tmp_path) -> None:

@@ -314,6 +314,14 @@ class App:
         time); refuses while a live node holds a segment unless ``wait``."""
         return admin.reset(self.runtime, self.get(name), to, wait, timeout, context)
 
+    def reset_plan(
+        self, name: str, to: str | int | datetime = "tail", *, context: Any = None
+    ) -> admin.ResetPlan:
+        """What ``reset(name, to)`` would do, read without writing: how many events it replays
+        (handled before) and handles for the first time, which segments a live node holds, and
+        warnings (e.g. rows its handlers would write twice without an ``on_reset`` handler)."""
+        return admin.reset_plan(self.runtime, self.get(name), to, context)
+
     def balance(self, name: str, timeout: float = 15.0) -> list[str]:
         """Split or merge the processor's segments, one operation at a time, until the live
         nodes can share them evenly (see ``eventlanes.processing.balance``)."""

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from . import __version__
 from . import logs as logsetup
-from .errors import EventlanesError, InvalidInputError, StopTimeoutError
+from .errors import EventlanesError, InvalidInputError, ProcessorBusyError, StopTimeoutError
 from .health import (
     MaxLag,
     ReadOnlyInspector,
@@ -555,11 +555,49 @@ def _parse_to(value: str) -> str | int | datetime:
 @click.option("--to", "to", default="tail", show_default=True, help="tail, head, POSITION or TIME")
 @click.option("--wait", is_flag=True, help="wait for running nodes to stop instead of refusing")
 @click.option("--timeout", type=float, help="with --wait: give up after this many seconds")
-def reset(app_spec: str, processor: str, to: str, wait: bool, timeout: float | None) -> None:
-    """Reset a stopped processor: run its reset handlers and replay from --to."""
+@click.option("--yes", "-y", is_flag=True, help="reset without asking (for scripts)")
+def reset(
+    app_spec: str, processor: str, to: str, wait: bool, timeout: float | None, yes: bool
+) -> None:
+    """Reset a stopped processor: run its reset handlers and replay from --to (asks first)."""
+    from rich.markup import escape
+
     app = load_app(app_spec)
-    position = app.reset(processor, _parse_to(to), wait=wait, timeout=timeout)
-    console.print(f"{processor}: reset; replays from position {position:,} on the next run")
+    target = _parse_to(to)
+    plan = app.reset_plan(processor, target)  # read only: nothing changes before the answer
+    if plan.held and not wait:
+        raise ProcessorBusyError(
+            f"processor {processor!r} is running: {', '.join(plan.held)}. Stop it everywhere "
+            "first or wait for it (--wait)"
+        )
+    if plan.held:
+        console.print(f"{processor}: still running; counted as of now", highlight=False)
+    if plan.replays:
+        what = (
+            f"replays {plan.replays:,} event(s) handled before (disallow_replay handlers skip them)"
+        )
+    else:
+        what = f"replays nothing (no event after position {plan.to:,} was handled before)"
+    console.print(
+        f"{processor}: the reset {what}; {plan.first_time:,} event(s) after position "
+        f"{plan.to:,} are handled for the first time",
+        highlight=False,
+    )
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InvalidInputError(
+                f"reset of {processor} to position {plan.to:,} not confirmed: confirm with "
+                "--yes (no terminal to ask on)"
+            )
+        click.confirm(f"Reset {processor} to position {plan.to:,}?", abort=True)
+    position = app.reset(processor, target, wait=wait, timeout=timeout)
+    if plan.replays:
+        done = f"replays {plan.replays:,} event(s) from position {position:,} on the next run"
+    else:
+        done = f"nothing to replay; continues from position {position:,} on the next run"
+    console.print(f"{processor}: reset; {done}", highlight=False)
 
 
 @main.command()

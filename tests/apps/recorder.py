@@ -46,3 +46,11 @@ def record(event: el.Event, ctx: el.Context) -> None:
         f"VALUES ({p}, {p}, {p}, {p})",
         (event.stream_id, event.version, event.position, int(ctx.is_replay)),
     )
+
+
+@el.disallow_replay
+def mail(event: el.Event, ctx: el.Context) -> None:
+    """A side effect that must happen once per event, never on a replay (its table: mails)."""
+    ctx.execute(
+        f"INSERT INTO {ctx.table('mails')} (position) VALUES ({ctx.param})", (event.position,)
+    )

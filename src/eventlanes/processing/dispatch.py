@@ -53,8 +53,36 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def is_replay(token: Token, event: Event) -> bool:
-    return token.source(event.source).is_replay(event.position)
+def is_replay(token: Token, event: Event, policy: SequencingPolicy) -> bool:
+    """Whether ``event`` was handled before the last reset, by the replay end of its part of
+    the segment (routed by ``policy``, as the reader routes it)."""
+    return replay_test(token, policy)(event)
+
+
+def replay_test(token: Token, policy: SequencingPolicy) -> Callable[[Event], bool]:
+    """:func:`is_replay` for the events of one batch read with ``token``, worked out once:
+    a position compare where one end serves the whole segment, the event routed only where
+    the ends differ per part."""
+    if not token.sources:
+        return _replay_test(token, policy)
+    tests = {"": _replay_test(token, policy)}
+    tests.update((name, _replay_test(t, policy)) for name, t in token.sources)
+    return lambda event: tests.get(event.source, _never)(event)
+
+
+def _never(event: Event) -> bool:
+    return False
+
+
+def _replay_test(token: Token, policy: SequencingPolicy) -> Callable[[Event], bool]:
+    if not token.replays:
+        return _never
+    if not token.replays_by_part:
+        until = token.replay_until
+        assert until is not None
+        return lambda event: event.position <= until
+    routing_hash = policy.routing_hash
+    return lambda event: token.is_replay(event.position, routing_hash(event))
 
 
 def never_replay(token: Token | bool) -> bool:
@@ -62,7 +90,7 @@ def never_replay(token: Token | bool) -> bool:
     in any source): the common case, where per-event replay checks can be skipped."""
     if isinstance(token, bool):
         return not token
-    return token.replay_until is None and all(t.replay_until is None for _, t in token.sources)
+    return not token.replays and all(not t.replays for _, t in token.sources)
 
 
 class Parking:
@@ -107,6 +135,10 @@ class Dispatch:
         self.handlers = handlers
         self.policy = policy
 
+    def replayed(self, token: Token, event: Event) -> bool:
+        """Whether ``event`` is a replay by ``token`` (see :func:`is_replay`)."""
+        return is_replay(token, event, self.policy)
+
     def for_event(self, event: Event, replay: bool) -> Sequence[Handler]:
         """The per-event handlers to call for ``event``."""
         found = self.handlers.for_type(event.type)
@@ -129,6 +161,7 @@ class Dispatch:
         Raises :class:`HandlerFailed` or :class:`BatchHandlerFailed`; the caller rolls back."""
         check = parking is not None and parking.active
         live = never_replay(token)
+        replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
         if not check and not self.handlers.has_event_handlers:
             handled = list(events)  # on_batch handlers only: nothing to do per event
             self.run_batch(handled, ctx, token, watch, live)
@@ -148,7 +181,7 @@ class Dispatch:
                 replay = False
                 handlers: Sequence[Handler] = for_type(event.type)
             else:
-                replay = token if isinstance(token, bool) else is_replay(token, event)
+                replay = replayed(event)
                 handlers = self.for_event(event, replay)
             ctx.is_replay = replay
             if watch is not None:
@@ -174,9 +207,7 @@ class Dispatch:
         known that none of them is a replay (:func:`never_replay`)."""
         if live is None:
             live = never_replay(token)
-
-        def replayed(e: Event) -> bool:
-            return token if isinstance(token, bool) else is_replay(token, e)
+        replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
 
         for types, handler in self.handlers.batch_handlers:
             if live:

@@ -51,6 +51,10 @@ class HandlerSet:
             raise TypeError(f"a handler must be callable, got {type(handler).__name__}")
         self.batch_handlers.append((types, handler))
 
+    def handlers(self) -> list[Handler]:
+        """Every per-event and ``on_batch`` handler, in registration order."""
+        return [h for _, h in (*self._entries, *self.batch_handlers)]
+
     def __bool__(self) -> bool:
         return bool(self._entries or self.batch_handlers)
 

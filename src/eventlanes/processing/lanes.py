@@ -30,7 +30,7 @@ from ..errors import ClaimLostError, HandlerTimeoutError
 from ..events import Event
 from ..hashing import stable_hash
 from .context import Context
-from .dispatch import HandlerFailed, is_replay
+from .dispatch import HandlerFailed
 from .state import Outcome, SegmentState, advanced
 from .worker import SegmentWorker
 
@@ -76,7 +76,7 @@ class LaneWorker(SegmentWorker):
                 index, event = item
                 if stopped or st.lost:
                     continue  # behind a failure, or the claim is gone: runs again elsewhere
-                replay = is_replay(st.token, event)
+                replay = dispatch.replayed(st.token, event)
                 try:
                     for handler in dispatch.for_event(event, replay):
                         result = handler(event, ctx)

@@ -8,9 +8,12 @@ order (sorted by position within each key) and folds with the user's own code on
 * Aggregations: the states are computed from scratch and written, with every segment's token
   set to ``E``, in one transaction: the live processor continues exactly where the replay
   stopped (no gap, no double count).
-* Transactional projections (``ctx.execute`` handlers): ``on_reset`` handlers run first; each
-  Spark partition then handles one segment in position order, committing its writes and the
-  segment's token together every ``chunk`` events; at the end every token is set to ``E``.
+* Transactional projections (``ctx.execute`` handlers): as a reset, ``on_reset`` handlers run
+  first and every token is set back to the start with its replay ends (what each segment, or
+  part of it, had handled is a replay, skipped by ``disallow_replay`` handlers; the rest is
+  handled as new); each Spark partition then handles one segment in position order, committing
+  its writes and the segment's token together every ``chunk`` events; at the end every token
+  is set to ``E``.
 
 Before anything is written: a preflight job ships the app's modules and checks on an executor
 that they import and that the store opens there (read-only); after the fold, the rows Spark
@@ -378,15 +381,17 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
     def commit(seg_id: int) -> None:
         # A retried (or re-run) task starts its partition again: what an earlier attempt
         # committed is behind the segment's stored token, and is not handled twice.
-        stored = tokens.token(spec.name, seg_id)
-        done = stored.position if stored is not None else 0
-        todo = [e for e in pending if e.position > done]
+        # The stored token is the reset's (see _run_projection): it says which events were
+        # handled before (replays, skipped by disallow_replay handlers) and which are new.
+        stored = tokens.token(spec.name, seg_id) or Token(0)
+        todo = [e for e in pending if e.position > stored.position]
         if todo:
             with db.transaction() as conn:
-                ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), None, conn, db.backend,
-                              db.param, db.prefix)  # fmt: skip
-                spec.dispatch.run(todo, ctx, True)  # per-event and on_batch handlers, as live
-                tokens.store(spec.name, seg_id, Token(todo[-1].position), spec.owner, conn=conn)
+                ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), stored, conn,
+                              db.backend, db.param, db.prefix)  # fmt: skip
+                spec.dispatch.run(todo, ctx, stored)  # per-event and on_batch handlers
+                done = stored.advance(todo[-1].position)
+                tokens.store(spec.name, seg_id, done, spec.owner, conn=conn)
         counts[seg_id] = counts.get(seg_id, 0) + len(pending)
         pending.clear()
 
@@ -444,11 +449,14 @@ def _run_projection(
     records: list,
 ) -> int:
     db = app.db
-    with db.transaction() as conn:  # like a reset: reset handlers, tokens back to the start
+    with db.transaction() as conn:  # a reset: reset handlers, tokens back to the start
         ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
         dispatch.reset(ctx)
         for record in records:
-            app.tokens.store(proc.name, record.segment.id, Token(0), owner, conn=conn)
+            # What each segment (each part of it) had handled is a replay; the rest is new,
+            # also for the live processor if the replay stops half-way.
+            token = Token.reset(record.token, 0, segment=record.segment)
+            app.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
         app.dead_letters.clear(conn, proc.name)  # the replay delivers parked events again
     n = len(spec.segments)
     ordered = routed.repartition(n, "seg").sortWithinPartitions("seg", "position")
@@ -458,5 +466,6 @@ def _run_projection(
     handled = check_read(proc.name, "handled", sum(r["events"] for r in counts), source.expected)
     with db.transaction() as conn:
         for record in records:
-            app.tokens.store(proc.name, record.segment.id, Token(source.end), owner, conn=conn)
+            done = (app.tokens.token(proc.name, record.segment.id) or Token(0)).advance(source.end)
+            app.tokens.store(proc.name, record.segment.id, done, owner, conn=conn)
     return handled

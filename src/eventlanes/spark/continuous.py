@@ -133,7 +133,8 @@ class ContinuousAggregation:
         """Fold the events after the stored token (at most ``max_rows``) onto the stored
         states; write states and tokens in one transaction. False: nothing new."""
         app, agg = self.app, self.agg
-        after = min(r.token.position for r in app.tokens.status(agg.name))
+        current = {s.segment.id: s.token for s in app.tokens.status(agg.name)}
+        after = min(t.position for t in current.values())
         head = app.store.head()
         if head <= after:
             return False
@@ -166,7 +167,9 @@ class ContinuousAggregation:
             for name in states:
                 save_states(app, conn, name, states)
             for record in self._records:  # fenced: a stolen claim fails the whole commit
-                app.tokens.store(agg.name, record.segment.id, Token(end), self.owner, conn=conn)
+                # advance keeps what lies past ``end`` (a reset's replay ends, per part)
+                token = current.get(record.segment.id, Token(0)).advance(end)
+                app.tokens.store(agg.name, record.segment.id, token, self.owner, conn=conn)
         return True
 
     def stop(self) -> None:

@@ -1,16 +1,33 @@
-"""Tracking tokens: how far a segment has been processed.
+"""Tracking tokens: how far a segment has been processed, and which of its events are replays.
 
 A plain token is a position: every event of the segment at or below it is done. After a merge
 of two siblings at different positions the merged token also remembers how far the half that
-was ahead had got (``ahead``: (segment id, mask, position) entries), so each event is delivered
+was ahead had got (``ahead``: (segment id, mask, position) parts), so each event is delivered
 only to work that has not yet seen it; Axon re-delivers here. Once processing passes every
 ``ahead`` position the token collapses back to a plain position.
 
-After a reset a token also carries ``replay_until`` (the furthest position processed before the
-reset) and the reset's ``replay_context``: events up to there are replays.
+After a reset a token also carries replay ends, per part in the same way (``replays``: (segment
+id, mask, until) parts; the part ``(0, 0)`` is the whole segment): an event of a part at or
+below its end was handled before the reset, so it is a replay. A merge keeps each half's end,
+a split gives each half the ends that concern it, and a reset of a merged token gives each half
+the end it had reached, so no first-time event is taken for a replay and no replay for a
+first-time event. The reset's ``replay_context`` goes with them; the token is plain again once
+processing passes every end.
 
 A processor that reads several stores keeps one token per source: the token of the app's own
 store, with the others' tokens in ``sources`` (name -> token).
+
+Stored form (``token_detail``, JSON; the position is a column of its own)::
+
+    {"ahead": [[id, mask, position], ...],
+     "replay": {"until": N, "context": C},      # one end for the whole segment
+     "sources": {"name": [position, detail]}}
+
+The ``replay`` object is the form of the release before replay ends per part, and it is still
+written whenever a token has one end for its whole segment, so that release reads it. Ends per
+part are written as a list, ``"replay": [[id, mask, until], ...], "replay_context": C``: that
+release fails loudly on it (it expects an object) instead of reading one part's replays as
+first-time events or the other way round.
 """
 
 from __future__ import annotations
@@ -22,14 +39,17 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..segments import Segment
 
-Ahead = tuple[int, int, int]  # (segment id, mask, position)
+Part = tuple[int, int, int]  # (segment id, mask, position): a part of a segment and a position
+Ahead = Part
+WHOLE = Segment.root()  # as a part of a token: the whole of the token's segment
+_KNOWN = frozenset({"ahead", "replay", "replay_context", "sources"})
 
 
 @dataclass(frozen=True, slots=True)
 class Token:
     position: int
-    ahead: tuple[Ahead, ...] = ()
-    replay_until: int | None = None
+    ahead: tuple[Part, ...] = ()
+    replays: tuple[Part, ...] = ()  # (segment id, mask, until): events up to until are replays
     replay_context: Any = None
     sources: tuple[tuple[str, Token], ...] = ()
 
@@ -48,14 +68,39 @@ class Token:
         others = tuple((n, t) for n, t in self.sources if n != name) + ((name, token),)
         return replace(self, sources=tuple(sorted(others)))
 
-    def is_replay(self, position: int) -> bool:
-        """True when the event at ``position`` was handled before the last reset."""
-        return self.replay_until is not None and position <= self.replay_until
+    # -- replays ---------------------------------------------------------------------------
+    def is_replay(self, position: int, routing_hash: int | None = None) -> bool:
+        """True when the event at ``position`` (with ``routing_hash``) was handled before the
+        last reset. The hash is needed only where the answer depends on the part (ends per
+        part, :attr:`replays_by_part`); without it, that raises ValueError."""
+        for seg_id, mask, until in self.replays:  # sorted: the whole segment's end first
+            if position <= until:
+                if not mask:
+                    return True
+                if routing_hash is None:
+                    raise ValueError(
+                        f"token {self} has replay ends per part: is_replay needs the event's "
+                        "routing hash"
+                    )
+                if routing_hash & mask == seg_id:
+                    return True
+        return False
 
     @property
     def replaying(self) -> bool:
-        return self.replay_until is not None
+        return bool(self.replays)
 
+    @property
+    def replay_until(self) -> int | None:
+        """The furthest replay end of any part (None when nothing is a replay)."""
+        return max(until for _, _, until in self.replays) if self.replays else None
+
+    @property
+    def replays_by_part(self) -> bool:
+        """True when the replay ends differ between parts of the segment."""
+        return any(mask for _, mask, _ in self.replays)
+
+    # -- progress --------------------------------------------------------------------------
     def covers(self, position: int, routing_hash: int) -> bool:
         """True when the event at ``position`` with ``routing_hash`` was already handled."""
         if position <= self.position:
@@ -78,12 +123,12 @@ class Token:
         """Everything of the segment up to ``position`` is now done."""
         if position <= self.position:
             return self
-        replay = self.replay_until is not None and position < self.replay_until
+        replays = tuple(r for r in self.replays if r[2] > position)
         return Token(
             position,
             tuple(a for a in self.ahead if a[2] > position),
-            self.replay_until if replay else None,
-            self.replay_context if replay else None,
+            replays,
+            self.replay_context if replays else None,
             self.sources,
         )
 
@@ -97,48 +142,63 @@ class Token:
                 base = max(base, pos)  # the whole of ``segment`` is done up to ``pos``
             elif part.overlaps(segment):
                 kept.append((seg_id, mask, pos))
+        replays = _normal(_parts(self.replays, segment, base), segment)
         return Token(
             base,
             tuple(a for a in kept if a[2] > base),
-            self.replay_until,
-            self.replay_context,
+            replays,
+            self.replay_context if replays else None,
             tuple((n, t.for_segment(segment)) for n, t in self.sources),
         )
 
     @staticmethod
     def merged(seg_a: Segment, tok_a: Token, seg_b: Segment, tok_b: Token) -> Token:
-        """The token of ``seg_a.merge(seg_b)`` that never re-delivers to either half."""
-        if tok_a.replay_until != tok_b.replay_until:
-            # One replay end serves the whole merged segment: the other half's first-time
-            # events would count as replays (disallow_replay handlers would skip them).
-            ends = ", ".join(
-                f"{seg} {'up to ' + str(t.replay_until) if t.replaying else 'not replaying'}"
-                for seg, t in ((seg_a, tok_a), (seg_b, tok_b))
-            )
+        """The token of ``seg_a.merge(seg_b)`` that never re-delivers to either half, and keeps
+        each half's replay end (a half's end covers that half only)."""
+        parent = seg_a.merge(seg_b)
+        contexts = [t.replay_context for t in (tok_a, tok_b) if t.replays]
+        if len(contexts) == 2 and contexts[0] != contexts[1]:
+            # A reset gives every segment its context, and replaces it everywhere: two
+            # contexts at once come from tokens written by something else. Not guessed.
             raise InvalidInputError(
-                f"cannot merge {seg_a} and {seg_b} while their replays end apart ({ends}): "
-                "merge once both have passed their replay"
+                f"cannot merge {seg_a} and {seg_b}: their replays come from different resets "
+                f"(contexts {contexts[0]!r} and {contexts[1]!r})"
             )
         base = min(tok_a.position, tok_b.position)
         ahead: list[Ahead] = []
+        replays: list[Part] = []
         for seg, tok in ((seg_a, tok_a), (seg_b, tok_b)):
             if tok.position > base:
                 ahead.append((seg.id, seg.mask, tok.position))
             ahead.extend(a for a in tok.ahead if a[2] > base)
-        until = tok_a.replay_until  # the halves' replay ends are equal (checked above)
+            # A half's ends concern that half only: its whole-segment end becomes the half's.
+            replays.extend(_parts(tok.replays, seg, base, whole=seg))
         names = sorted({n for n, _ in tok_a.sources} | {n for n, _ in tok_b.sources})
         sources = tuple(
             (n, Token.merged(seg_a, tok_a.source(n), seg_b, tok_b.source(n))) for n in names
         )
-        context = tok_a.replay_context if until else None
-        return Token(base, tuple(sorted(set(ahead))), until, context, sources)
+        ends = _normal(replays, parent)
+        context = contexts[0] if ends else None
+        return Token(base, tuple(sorted(set(ahead))), ends, context, sources)
+
+    @classmethod
+    def reset(cls, before: Token, to: int, context: Any = None, segment: Segment = WHOLE) -> Token:
+        """The token of ``segment`` after a reset to ``to``: every event ``before`` had passed
+        (handled, or passed over by an earlier reset) becomes a replay, per part: a merged
+        token's halves keep their own ends, and the ends of a replay still running are kept."""
+        parts = [(0, 0, before.position), *before.ahead, *before.replays]
+        replays = _normal([p for p in parts if p[2] > to], segment)
+        return cls(to, (), replays, context) if replays else cls(to)
 
     # -- persistence: ``position`` is a column; everything else is JSON detail ---------------
     def detail(self) -> str | None:
         data: dict[str, Any] = {}
         if self.ahead:
             data["ahead"] = [list(a) for a in self.ahead]
-        if self.replay_until is not None:
+        if self.replays_by_part:
+            data["replay"] = [list(r) for r in self.replays]
+            data["replay_context"] = self.replay_context
+        elif self.replays:  # one end for the whole segment: the previous release's form
             data["replay"] = {"until": self.replay_until, "context": self.replay_context}
         if self.sources:
             data["sources"] = {n: [t.position, t.detail()] for n, t in self.sources}
@@ -149,36 +209,95 @@ class Token:
         if not detail:
             return cls(position)
         data: dict[str, Any] = json.loads(detail)
+        unknown = set(data) - _KNOWN
+        if unknown:
+            # Written by a newer release: guessing would misplace events or replay flags.
+            raise InvalidInputError(
+                f"token detail {detail[:200]!r} has parts this release does not know "
+                f"({', '.join(sorted(unknown))}): was it written by a newer eventlanes?"
+            )
         ahead = tuple((int(i), int(m), int(pos)) for i, m, pos in data.get("ahead", ()))
-        replay = data.get("replay") or {}
+        replay = data.get("replay")
+        replays: tuple[Part, ...] = ()
+        context = None
+        if isinstance(replay, list):
+            replays = tuple(sorted((int(i), int(m), int(until)) for i, m, until in replay))
+            context = data.get("replay_context")
+        elif replay and replay.get("until") is not None:
+            replays, context = ((0, 0, int(replay["until"])),), replay.get("context")
         sources = tuple(
             sorted((n, cls.from_row(p, d)) for n, (p, d) in data.get("sources", {}).items())
         )
-        return cls(position, ahead, replay.get("until"), replay.get("context"), sources)
-
-    @classmethod
-    def reset(cls, before: Token, to: int, context: Any = None) -> Token:
-        """The token after a reset to ``to``: events up to ``before.high`` become replays.
-        Refused for a merged token whose halves had got to different positions, past ``to``:
-        one replay end would make the lagging half's first-time events replays."""
-        until = before.high
-        if before.ahead and until > max(to, before.position):
-            raise InvalidInputError(
-                f"it was merged from halves at different positions (handled up to "
-                f"{before.position} on one part, {until} on another) and a reset to {to} "
-                f"cannot tell their replays apart: run it until it has passed {until}, "
-                "then reset"
-            )
-        if before.replay_until is not None:
-            until = max(until, before.replay_until)
-        return cls(to, (), until, context) if until > to else cls(to)
+        return cls(position, ahead, replays, context, sources)
 
     def __str__(self) -> str:
         text = str(self.position)
         if self.ahead:
             text += " (+" + ", ".join(f"{i}/{m}@{p}" for i, m, p in self.ahead) + ")"
-        if self.replay_until is not None:
+        if self.replays_by_part:
+            ends = ", ".join(f"{i}/{m} to {u}" if m else f"to {u}" for i, m, u in self.replays)
+            text += f" (replay {ends})"
+        elif self.replays:
             text += f" (replay to {self.replay_until})"
         for name, token in self.sources:
             text += f" [{name}: {token}]"
         return text
+
+
+def _parts(
+    parts: tuple[Part, ...], segment: Segment, floor: int, whole: Segment = WHOLE
+) -> list[Part]:
+    """The parts that concern ``segment`` and end past ``floor``: a part containing the whole
+    segment becomes ``whole`` (the whole of a token of ``segment``, or the segment itself
+    when it becomes a half of a merged token)."""
+    kept = []
+    for seg_id, mask, until in parts:
+        if until <= floor:
+            continue
+        part = Segment(seg_id, mask)
+        if part.contains(segment):
+            kept.append((whole.id, whole.mask, until))
+        elif part.overlaps(segment):
+            kept.append((seg_id, mask, until))
+    return kept
+
+
+def _normal(parts: list[Part] | tuple[Part, ...], segment: Segment = WHOLE) -> tuple[Part, ...]:
+    """One form for the same ends (so equal tokens compare and store equal), for a token of
+    ``segment``: walking down from the segment, each part gets an entry only where the lowest
+    end over all of it is beyond the ends above it; the segment's own entry is the whole
+    ``(0, 0)``. Parts outside the segment are dropped."""
+    ends: dict[Segment, int] = {}
+    for seg_id, mask, until in parts:
+        part = Segment(seg_id, mask)
+        if part.contains(segment):
+            part = segment
+        elif not segment.contains(part):
+            continue
+        ends[part] = max(ends.get(part, until), until)
+
+    def inside(node: Segment) -> bool:
+        return any(p != node and node.contains(p) for p in ends)
+
+    def lowest(node: Segment) -> int:
+        """The lowest end of any hash of ``node``, counting the parts at or below it."""
+        own = ends.get(node, 0)
+        if not inside(node):
+            return own
+        low, high = node.split()
+        return max(own, min(lowest(low), lowest(high)))
+
+    out: list[Part] = []
+
+    def walk(node: Segment, above: int) -> None:
+        end = lowest(node)
+        if end > above:
+            out.append((0, 0, end) if node == segment else (node.id, node.mask, end))
+            above = end
+        if inside(node):
+            for half in node.split():
+                if half in ends or inside(half):
+                    walk(half, above)
+
+    walk(segment, 0)
+    return tuple(sorted(out))

@@ -497,13 +497,23 @@ class TokenStoreContract(ABC):
         replay = Token.reset(before, 10, {"reason": "handler fixed", "n": [1, 2]})
         assert replay.is_replay(50) and not replay.is_replay(51)
         merged = Token.merged(
-            Segment(0, 3), Token(30, replay_until=40), Segment(2, 3), Token(20, replay_until=40)
+            Segment(0, 3), Token.reset(Token(40), 30), Segment(2, 3), Token.reset(Token(40), 20)
         ).with_source("orders", Token(7, ((1, 1, 9),)))
+        # Halves replaying to different ends (one not at all): a replay end per part.
+        apart = Token.merged(
+            Segment(1, 3), Token.reset(Token(40), 30, "why"), Segment(3, 3), Token(20)
+        )
+        assert apart.is_replay(35, 0b01) and not apart.is_replay(35, 0b11)
         ts.store(P, 0, replay, "reset")
-        ts.store(P, 1, merged, "reset")
+        ts.store(P, 1, apart, "reset")
         ts.release_all(P, "reset")
         got = {s.segment.id: s.token for s in ts.status(P)}
-        assert got == {0: replay, 1: merged}
+        assert got == {0: replay, 1: apart}
+        assert got[1].replay_context == "why" and got[1].replays == ((1, 3, 40),)
+        ts.claim(P, 1, "reset")
+        ts.store(P, 1, merged, "reset")
+        ts.release(P, 1, "reset")
+        assert ts.token(P, 1) == merged
         record = ts.claim(P, 0, "node-a")
         assert record is not None and record.token == replay
         assert record.token.replay_context == {"reason": "handler fixed", "n": [1, 2]}
