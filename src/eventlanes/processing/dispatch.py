@@ -104,6 +104,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def describe_crash(exc: BaseException) -> str:
+    """One line for an exception that stopped a runner, with the notes saying where it came
+    from (the handler and event, added by :class:`Dispatch`)."""
+    lines = traceback.format_exception_only(type(exc), exc)
+    return "; ".join(line.strip() for line in "".join(lines).splitlines() if line.strip())
+
+
+def _note(exc: BaseException, handler: Any, event: Event | None) -> None:
+    where = f"raised by handler {name_of(handler)}"
+    if event is not None:
+        where += f" at event {event.position} ({event.type}, {event.stream_id} v{event.version})"
+    exc.add_note(where)
+
+
 def is_replay(token: Token, event: Event) -> bool:
     return token.source(event.source).is_replay(event.position)
 
@@ -229,6 +243,9 @@ class Dispatch:
                         result(returned, handler)
                 except Exception as exc:  # noqa: BLE001 - reported with the event
                     raise HandlerFailed(event, key_of(event), exc) from exc
+                except BaseException as exc:  # stops the runner: say where it came from
+                    _note(exc, handler, event)
+                    raise
             handled.append(event)
         self.run_batch(handled, ctx, token, watch, live, awaiter)
         return handled
@@ -279,6 +296,9 @@ class Dispatch:
                     awaiter.result(returned, handler)
             except Exception as exc:  # noqa: BLE001
                 raise BatchHandlerFailed(handler, exc) from exc
+            except BaseException as exc:
+                _note(exc, handler, None)
+                raise
 
     def reset(self, ctx: Any) -> None:
         """The ``on_reset`` handlers, in the reset's (or replay's) transaction."""
