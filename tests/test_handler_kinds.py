@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import warnings
 from typing import Any
 
@@ -364,3 +365,42 @@ def test_a_key_function_returning_a_coroutine_is_an_error_not_a_key() -> None:
         warnings.simplefilter("ignore", RuntimeWarning)  # the coroutine is never awaited
         with pytest.raises(el.InvalidInputError, match="key of event 7 is coroutine"):
             policy.key(event)
+
+
+def test_options_an_executor_would_ignore_are_refused(tmp_path) -> None:
+    """Before: accepted and ignored (an aggregation in dead-letter mode retried instead,
+    lanes and pipeline did nothing)."""
+    app = el.App(f"sqlite:///{tmp_path}/o.db")
+    agg = {"key": "k", "initial": dict}
+    cases = [
+        (lambda: app.aggregation("a1", on_error="dead_letter", **agg), "aggregation 'a1': dead"),
+        (lambda: app.aggregation("a2", lanes=2, **agg), "aggregation 'a2': lanes=2 are for"),
+        (lambda: app.republisher("r1", to_stream="x", lanes=2), "republisher 'r1': lanes=2"),
+        (lambda: app.aggregation("a3", pipeline=True, **agg), "aggregation 'a3': pipeline=True"),
+        (lambda: app.republisher("r2", to_stream="x", pipeline=True), "'r2': pipeline=True"),
+        (
+            lambda: app.processor("p1", guarantee="at-least-once", pipeline=True),
+            "processor 'p1': pipeline=True",
+        ),
+    ]
+    for define, message in cases:
+        with pytest.raises(el.InvalidInputError, match=re.escape(message)):
+            define()
+    assert list(app.processors) == []
+
+
+def test_a_republisher_on_any_mapping_runs_for_every_event(tmp_path) -> None:
+    """Before: ``@rep.on_any`` registered a processor handler the republisher never called."""
+    app = el.App(f"sqlite:///{tmp_path}/any.db")
+    target = el.open_store(f"sqlite:///{tmp_path}/copies.db")  # not its own input again
+    rep = app.republisher("all", to_stream="copies", to_store=target)
+
+    @rep.on_any
+    def copy(event: el.Event) -> el.NewEvent:
+        return el.NewEvent("Copy", {"of": event.type})
+
+    app.store.append("in", [el.NewEvent("A"), el.NewEvent("B")])
+    run_until_caught_up(app)
+    assert [e.data["of"] for e in target.read_stream("copies")] == ["A", "B"]
+    target.close()
+    app.close()

@@ -94,6 +94,8 @@ class Aggregation(Processor):
     SQLite store is folded inside SQLite over larger ranges when that is exact
     (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
 
+    _kind = "aggregation"
+
     def __init__(
         self,
         runtime: Runtime,

@@ -46,6 +46,9 @@ def _guarantee(name: str, value: object) -> Guarantee:
 class Processor:
     """Named consumer of the store. Many processes with the same name share its segments."""
 
+    #: what this kind of processor is called in messages
+    _kind = "processor"
+
     def __init__(
         self,
         runtime: Runtime,
@@ -115,9 +118,14 @@ class Processor:
                 f"processor {name!r}: lanes={lanes} run handlers outside the token's "
                 "transaction; declare guarantee='at-least-once' (and make effects idempotent)"
             )
-        if self.guarantee is Guarantee.AT_LEAST_ONCE and on_error == "dead_letter":
+        if lanes > 1 and type(self) is not Processor:  # would be ignored: refused instead
             raise InvalidInputError(
-                f"processor {name!r}: dead letters are parked in the token's transaction; "
+                f"{self._kind} {name!r}: lanes={lanes} are for app.processor(..., "
+                "guarantee='at-least-once') handlers"
+            )
+        if self.guarantee is not Guarantee.EXACTLY_ONCE and on_error == "dead_letter":
+            raise InvalidInputError(
+                f"{self._kind} {name!r}: dead letters are parked in the token's transaction; "
                 "on_error='dead_letter' needs guarantee='exactly-once'"
             )
         if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
@@ -129,6 +137,13 @@ class Processor:
         self.lane_window = lane_window
         if not isinstance(pipeline, bool):
             raise InvalidInputError(f"processor {name!r}: pipeline must be True or False")
+        if pipeline and (
+            self.guarantee is not Guarantee.EXACTLY_ONCE or type(self) is not Processor
+        ):
+            raise InvalidInputError(
+                f"{self._kind} {name!r}: pipeline=True pipelines the batch's transaction of "
+                "exactly-once handlers; this one has none"
+            )
         #: PostgreSQL pipeline mode for exactly-once batches (see worker.SegmentWorker)
         self.pipeline = pipeline
         self.handlers = HandlerSet(self.name)

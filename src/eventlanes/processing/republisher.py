@@ -34,6 +34,8 @@ Republish = Callable[[Event], Any]
 
 
 class Republisher(Processor):
+    _kind = "republisher"
+
     def __init__(
         self,
         runtime: Runtime,
@@ -66,6 +68,10 @@ class Republisher(Processor):
         """Decorator: ``fn(event)`` returns an ``el.NewEvent``, a list of them, or None (an
         ``async def`` is awaited, one event at a time)."""
         return self.functions.on(*types)
+
+    def on_any(self, fn: Republish) -> Republish:  # type: ignore[override]
+        """Decorator: ``fn(event)`` for every event (as :meth:`on`)."""
+        return self.functions.add_any(fn)
 
     def handled_types(self) -> frozenset[str] | None:
         return self.functions.types()
