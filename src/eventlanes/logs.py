@@ -22,13 +22,11 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from .errors import InvalidInputError
+from .observe import CRASH
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 _OURS = "_eventlanes_handler"  # marks handlers this module installed (replaced on reconfigure)
-#: a record attribute: the record says a runner crashed (the supervisor announces no ready line
-#: after one)
-CRASH = "eventlanes_crash"
 #: a record attribute: a worker process tells the supervisor its processors run (not printed)
 READY = "eventlanes_ready"
 

@@ -14,8 +14,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ..logs import CRASH
 from ..notify import Wakeup, wakeup_for
+from ..observe import CRASH
 from .claims import Heartbeat, node_name
 from .coordinator import Coordinator
 from .dispatch import describe_crash
