@@ -1,6 +1,7 @@
-"""PostgreSQL projections through the processor, in one run: one INSERT per event (plain and
-``pipeline=True``), one ``executemany`` per batch and one ``ctx.insert_rows`` (COPY) per
-batch (``on_batch``); every run's rows are
+"""PostgreSQL projections through the processor, in one run: one INSERT per event (plain,
+written with ``?`` placeholders that ``ctx.execute`` translates, and ``pipeline=True``), one
+``executemany`` per batch and one ``ctx.insert_rows`` (COPY) per batch (``on_batch``); every
+run's rows are
 checked equal to the events. Beside them, on the same server and events, the raw loops of
 :mod:`benchmarks.bench_postgres` (read, insert, fenced token update, commit; no processor).
 Targets: 20k events/s one statement per event, 60k with ``on_batch``.
@@ -30,6 +31,8 @@ def _run(url: str, name: str, kind: str) -> float:
     table = app.db.table(f"rows_{name.replace('-', '_')}")
     app.db.run_ddl([f"CREATE TABLE {table} (stream TEXT, version BIGINT, position BIGINT)"])
     sql = f"INSERT INTO {table} VALUES (%s, %s, %s)"
+    if kind == "plain ?":  # the portable style: translated (once, then cached) for psycopg
+        sql = f"INSERT INTO {table} VALUES (?, ?, ?)"
     if kind == "on_batch":
 
         @proc.on_batch("Step")
@@ -75,18 +78,20 @@ def run(backends: list[str], quick: bool = False) -> None:
             if count != events:
                 raise AssertionError(f"raw {variant}: {count} rows for {events} events")
         rates: dict[str, float] = {}
-        kinds = ["plain", "pipelined", "on_batch", "insert_rows"]
-        for i, kind in enumerate(kinds * 2):  # alternate: noisy
+        kinds = ["plain", "plain ?", "pipelined", "on_batch", "insert_rows"]
+        for i, kind in enumerate(kinds + kinds[::-1]):  # alternate, both orders: noisy
             rates[kind] = max(rates.get(kind, 0.0), _run(url, f"p{i}", kind))
         raw_plain = raw["plain transaction"][0]
         for variant, (rate, _) in raw.items():
             rows.append([f"raw loop, {variant}", events, rate, f"{rate / raw_plain:.2f}x"])
-        for kind, target in (("plain", 20_000), ("pipelined", 20_000), ("on_batch", 60_000),
-                             ("insert_rows", 60_000)):  # fmt: skip
+        for kind, target in (("plain", 20_000), ("plain ?", 20_000), ("pipelined", 20_000),
+                             ("on_batch", 60_000), ("insert_rows", 60_000)):  # fmt: skip
             rate = rates[kind]
             what = "on_batch with ctx.insert_rows (COPY)" if kind == "insert_rows" else kind
             if kind == "on_batch":
                 what = "on_batch with ctx.executemany"
+            if kind == "plain ?":
+                what = f"plain, ? placeholders ({rate / rates['plain']:.2f}x plain %s)"
             rows.append([f"processor, {what} (target {target:,})", events, rate,
                          f"{rate / raw_plain:.2f}x"])  # fmt: skip
     print_table(

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 from .db import Database
-from .errors import InvalidInputError, StopTimeoutError
+from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
 from .notify import Wakeup, wakeup_for
 from .observe import Observer
 from .processing import admin
@@ -24,9 +24,10 @@ from .processing.aggregation import Aggregation
 from .processing.balance import Balancer, balance
 from .processing.claims import node_name
 from .processing.dead_letters import DeadLetter, DeadLetterStore
+from .processing.dispatch import describe_crash
 from .processing.processor import Processor
 from .processing.republisher import Republisher
-from .processing.runner import ProcessorRunner
+from .processing.runner import ProcessorRunner, unless_crashed
 from .processing.runtime import Runtime
 from .processing.states import StateTable
 from .schema import Migrated
@@ -150,11 +151,14 @@ class App:
         balance: bool = False,
         observer: Observer | None = None,
         metrics_port: int | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         """Start the processors in background threads of this process; ``balance``: this node
         also splits and merges segments when it is the balancing node (see ``balance``);
         ``metrics_port``: serve Prometheus metrics there (``observer``: your own
-        :class:`Observer` instead, or a ``PrometheusObserver`` to serve)."""
+        :class:`Observer` instead, or a ``PrometheusObserver`` to serve). ``on_ready()`` is
+        called once every processor runs, unless one has crashed by then (never after a
+        crash was logged)."""
         if self._runners:
             raise RuntimeError("this app is already running")
         selected = self._selected(processors)
@@ -165,7 +169,6 @@ class App:
             if node_index is None or nodes is None:
                 raise InvalidInputError("static mode needs both node_index and nodes")
             static = (node_index, nodes)
-        self._stop.clear()
         chosen = self._observe(observer, metrics_port, [p.name for p in selected])
         if chosen is not None:
             self.runtime.observer = chosen
@@ -179,6 +182,8 @@ class App:
                 balancer = Balancer(self.runtime, proc, owner)
                 balancer.start()
                 self._balancers.append(balancer)
+        if on_ready is not None:
+            unless_crashed(self._runners, on_ready)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batches in hand, store tokens, release claims; within ``timeout`` seconds
@@ -198,9 +203,11 @@ class App:
         if self._metrics is not None:
             self._metrics, server = None, self._metrics
             server.close()
-        errors = [r.error for r in runners if r.error is not None]
-        if errors:
-            raise errors[0]
+        crashed = [r for r in runners if r.error is not None]
+        if crashed:
+            error = crashed[0].error
+            assert error is not None
+            raise ProcessorCrashedError(crashed[0].name, describe_crash(error)) from error
         if stuck:
             raise StopTimeoutError(
                 f"processor(s) {', '.join(stuck)} did not stop within {timeout:g} s (a handler "
@@ -249,12 +256,19 @@ class App:
         **options: Any,
     ) -> None:
         """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly
-        within ``grace`` seconds; a runner that crashed stops the rest and its error is raised."""
-        self.start(processors, **options)
+        within ``grace`` seconds; a runner that crashed stops the rest and
+        :class:`ProcessorCrashedError` is raised (the crash chained as its cause)."""
+        if self._runners:
+            raise RuntimeError("this app is already running")
+        self._stop.clear()
         try:
-            run_until_signal(self._stop, lambda: any(r.stopping.is_set() for r in self._runners))
+            run_until_signal(
+                self._stop,
+                lambda: any(r.stopping.is_set() for r in self._runners),
+                start=lambda: self.start(processors, **options),
+            )
         finally:
-            self.stop(grace)
+            self.stop(grace)  # also what a start that failed half-way had started
 
     def wait_for(self, name: str, positions: int | Iterable[int], timeout: float = 30.0) -> None:
         """Read-your-writes: block until processor ``name`` has handled the events at

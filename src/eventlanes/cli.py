@@ -30,7 +30,13 @@ from rich.text import Text
 
 from . import __version__
 from . import logs as logsetup
-from .errors import EventlanesError, InvalidInputError, ProcessorBusyError, StopTimeoutError
+from .errors import (
+    EventlanesError,
+    InvalidInputError,
+    ProcessorBusyError,
+    ProcessorCrashedError,
+    StopTimeoutError,
+)
 from .health import (
     MaxLag,
     ReadOnlyInspector,
@@ -367,13 +373,12 @@ def run(
     if processes == 1:
         stop_ticking = threading.Event()
 
+        def ready() -> None:  # called by app.run once every processor runs, never after a crash
+            where = f", metrics on port {app.metrics_port}" if metrics_port is not None else ""
+            log.info("ready: %d processor(s) running in process %d%s", len(names), os.getpid(),
+                     where)  # fmt: skip
+
         def ticker() -> None:
-            while not app.running and not stop_ticking.wait(0.05):
-                pass
-            if app.running:
-                where = f", metrics on port {app.metrics_port}" if metrics_port is not None else ""
-                log.info("ready: %d processor(s) running in process %d%s", len(names),
-                         os.getpid(), where)  # fmt: skip
             while not stop_ticking.wait(0.5):
                 if tick is not None:
                     tick()
@@ -384,13 +389,19 @@ def run(
         thread.start()
         try:
             app.run(names, node_index=node_index, nodes=nodes, metrics_port=metrics_port,
-                    grace=grace, balance=balance)  # fmt: skip
-        except StopTimeoutError as exc:
+                    grace=grace, balance=balance, on_ready=ready)  # fmt: skip
+        except (StopTimeoutError, ProcessorCrashedError) as exc:
+            # A crash: processing stopped (the error is in status); a stuck handler: its thread
+            # would block a normal exit. Both exit 1, as a worker process that died does.
+            from rich.markup import escape
+
             if bars:
                 bars.stop()
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            if isinstance(exc, ProcessorCrashedError):
+                sys.exit(1)
             sys.stdout.flush()
-            os._exit(1)  # the stuck handler's thread would block a normal exit
+            os._exit(1)
         finally:
             stop_ticking.set()
             if bars:
@@ -398,18 +409,17 @@ def run(
         return
     from .supervisor import Supervisor
 
+    def all_ready() -> None:  # every worker's processors run, and none crashed before
+        where = f", metrics on port {metrics.server.port}" if metrics.server else ""
+        log.info("ready: %d worker process(es) started for %s%s", processes, ", ".join(names),
+                 where)  # fmt: skip
+
     supervisor = Supervisor(
         app_spec, processes, names, max_restarts=max_restarts, grace=grace, log_level=level,
-        balance=balance,
+        balance=balance, on_ready=all_ready,
     )  # fmt: skip
-    ready: list[bool] = []
 
     def supervise() -> None:
-        if not ready and all(c.is_alive() for c in supervisor.children):
-            ready.append(True)
-            where = f", metrics on port {metrics.server.port}" if metrics.server else ""
-            log.info("ready: %d worker process(es) started for %s%s", processes,
-                     ", ".join(names), where)  # fmt: skip
         metrics.reap(supervisor.children)
         if tick is not None:
             tick()

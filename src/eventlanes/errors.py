@@ -54,6 +54,17 @@ class StopTimeoutError(EventlanesError):
     left to expire, so another node continues from the stored tokens."""
 
 
+class ProcessorCrashedError(EventlanesError):
+    """A processor's runner was stopped by an exception it could not handle as a failed batch
+    (a handler raising ``KeyboardInterrupt`` or ``SystemExit``, a bug): the batch in hand was
+    rolled back, the error recorded on its segments (``status`` shows it), and the other
+    processors stopped. The exception is chained as ``__cause__``."""
+
+    def __init__(self, processor: str, text: str) -> None:
+        self.processor = processor
+        super().__init__(f"processor {processor!r} crashed: {text}")
+
+
 class ProcessorPausedError(ClaimLostError):
     """The processor is paused: its owners must let their claims go until it is resumed."""
 

@@ -22,10 +22,13 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from .errors import InvalidInputError
+from .observe import CRASH
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 _OURS = "_eventlanes_handler"  # marks handlers this module installed (replaced on reconfigure)
+#: a record attribute: a worker process tells the supervisor its processors run (not printed)
+READY = "eventlanes_ready"
 
 
 def _utc(created: float, msecs: float) -> str:
@@ -96,16 +99,46 @@ def setup_worker(queue: Any, level: str) -> None:
     logging.captureWarnings(True)
 
 
+def tell_ready(queue: Any) -> None:
+    """In a worker process: tell the supervisor that its processors run, in line with its
+    log records (so a crash logged before it is seen before it)."""
+    queue.put_nowait(logging.makeLogRecord({"name": "eventlanes.worker", "msg": "ready",
+                                            READY: True}))  # fmt: skip
+
+
+class _Listener(logging.handlers.QueueListener):
+    """Hands records to the handlers in the order they came; counts the workers' ready notes
+    and calls ``on_ready`` once all ``workers`` sent one, unless a crash was logged before."""
+
+    def __init__(self, queue: Any, handlers: list[logging.Handler], workers: int,
+                 on_ready: Any) -> None:  # fmt: skip
+        super().__init__(queue, *handlers, respect_handler_level=True)
+        self.workers = workers
+        self.on_ready = on_ready
+        self.ready = 0
+        self.crashed = False
+
+    def handle(self, record: logging.LogRecord) -> None:
+        if getattr(record, READY, False):
+            self.ready += 1
+            if self.ready == self.workers and not self.crashed and self.on_ready is not None:
+                self.on_ready()
+            return
+        if getattr(record, CRASH, False):
+            self.crashed = True
+        super().handle(record)
+
+
 class WorkerLogs:
     """In the supervisor: a queue for the workers' records and a listener that hands them to
-    this process's handlers (formatted and placed like its own lines)."""
+    this process's handlers (formatted and placed like its own lines). ``on_ready()`` is called
+    (on the listener's thread, in line with the records) once ``workers`` workers told that
+    their processors run, unless one logged a crash first."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, workers: int = 0, on_ready: Any = None) -> None:
         self.queue = ctx.Queue()
         root = logging.getLogger()
-        self.listener = logging.handlers.QueueListener(
-            self.queue, *root.handlers, respect_handler_level=True
-        )
+        self.listener = _Listener(self.queue, list(root.handlers), workers, on_ready)
         self.listener.start()
 
     def close(self) -> None:

@@ -7,6 +7,10 @@ Methods must be cheap and must not raise: they run on the processing threads.
 
 from __future__ import annotations
 
+#: set on the log record of a runner's crash (the supervisor of ``run --processes N``
+#: announces no ready line after one)
+CRASH = "eventlanes_crash"
+
 
 class Observer:
     """No-op base: subclass and override what you need."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .callables import check, name_of
+from .errors import InvalidInputError
 from .events import Event
 from .hashing import stable_hash
 
@@ -29,7 +31,9 @@ class SequencingPolicy:
 
     def key(self, event: Event) -> str | None:
         value = self._key(event)
-        return None if value is None else value if isinstance(value, str) else str(value)
+        if value is None or value.__class__ is str:
+            return value
+        return key_text(value, f"sequencing policy {self.name}", event)
 
     def routing_hash(self, event: Event) -> int:
         if self.by_stream:
@@ -96,12 +100,28 @@ def _by_mapping(
     return SequencingPolicy(key, f"{kind}({name!r})")
 
 
-def as_policy(policy: SequencingPolicy | KeyFunction | None) -> SequencingPolicy:
-    """Accept a policy, any callable ``event -> key | None``, or None (per stream)."""
+def key_text(value: Any, what: str, event: Event) -> str:
+    """A key that is not a string, as text; an awaitable (a key function that is async, or
+    returns a coroutine) would become a different key each time: refused."""
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "__await__"):
+        raise InvalidInputError(
+            f"{what}: the key of event {event.position} is {type(value).__name__}, an "
+            "awaitable: key functions must return the key itself"
+        )
+    return str(value)
+
+
+def as_policy(policy: SequencingPolicy | KeyFunction | None, what: str = "") -> SequencingPolicy:
+    """Accept a policy, any callable ``event -> key | None``, or None (per stream).
+    ``what``: who it is for, in errors (``"processor 'p'"``)."""
     if policy is None:
         return per_stream()
     if isinstance(policy, SequencingPolicy):
         return policy
     if callable(policy):
-        return SequencingPolicy(policy, getattr(policy, "__name__", "custom"))
+        role = f"{what}: sequencing policy" if what else "sequencing policy"
+        check(policy, role, ("event",), why_sync="the key routes the event before it is read")
+        return SequencingPolicy(policy, getattr(policy, "__name__", None) or name_of(policy))
     raise TypeError(f"a sequencing policy must be callable, got {type(policy).__name__}")

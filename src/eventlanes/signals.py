@@ -12,15 +12,19 @@ def run_until_signal(
     stop: threading.Event,
     done: Callable[[], bool] | None = None,
     interval: float = 0.5,
+    start: Callable[[], None] | None = None,
 ) -> None:
     """Block until a signal arrives, ``stop`` is set (from another thread), or ``done()`` says
     so; ``done`` is also where callers do their periodic work. Signal handlers are installed
-    only on the main thread and restored afterwards."""
+    only on the main thread and restored afterwards. ``start()`` runs once they are installed
+    (so a signal sent as soon as it says "ready" stops cleanly)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
+        if start is not None:
+            start()
         while not stop.wait(interval):
             if done is not None and done():
                 break

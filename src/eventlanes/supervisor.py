@@ -34,20 +34,27 @@ USER_ERROR = 2  # exit code of a worker stopped by an eventlanes error (see _wor
 def _worker(
     spec: str, processors: list[str] | None, grace: float, logs: Any, level: str, balance: bool
 ) -> None:
-    from .errors import EventlanesError, StopTimeoutError
+    from .errors import EventlanesError, ProcessorCrashedError, StopTimeoutError
     from .loader import load_app
+    from .logs import setup_worker, tell_ready
 
     if logs is not None:  # records go to the supervisor's handlers
-        from .logs import setup_worker
-
         setup_worker(logs, level)
     observer = None
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the supervisor serves the sum
         from .metrics import PrometheusObserver
 
         observer = PrometheusObserver(registry=None)
+    ready = None if logs is None else (lambda: tell_ready(logs))
     try:
-        load_app(spec).run(processors, grace=grace, observer=observer, balance=balance)
+        load_app(spec).run(
+            processors, grace=grace, observer=observer, balance=balance, on_ready=ready
+        )
+    except ProcessorCrashedError as exc:
+        # An abnormal exit (the crash is recorded in status): replaced like any dead worker. A
+        # normal exit, so the log records still queued reach the supervisor.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except StopTimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         os._exit(1)  # a hung handler's thread would block a normal exit
@@ -67,7 +74,10 @@ class Supervisor:
         grace: float = 30.0,
         log_level: str | None = None,
         balance: bool = False,
+        on_ready: Callable[[], Any] | None = None,
     ) -> None:
+        """``on_ready()``: called once every worker's processors run, unless a worker logged a
+        crash before (needs ``log_level``: workers tell it in line with their log records)."""
         if processes < 1:
             raise ValueError("--processes must be >= 1")
         if max_restarts < 0:
@@ -83,7 +93,7 @@ class Supervisor:
         self.observer = observer or NO_OBSERVER
         self.grace = grace
         self.ctx = mp.get_context("spawn")
-        self.logs = None if log_level is None else WorkerLogs(self.ctx)
+        self.logs = None if log_level is None else WorkerLogs(self.ctx, processes, on_ready)
         self._args = (
             spec, processors, grace, self.logs and self.logs.queue, log_level or "info", balance
         )  # fmt: skip

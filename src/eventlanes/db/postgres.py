@@ -6,7 +6,7 @@ import os
 import select
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -17,6 +17,7 @@ from ..errors import (
     StoreConnectionError,
 )
 from .base import Database, first_line
+from .placeholders import for_psycopg
 from .url import DatabaseURL
 
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (psycopg is an optional import)
@@ -173,6 +174,10 @@ class PostgresDatabase(Database):
     def connection(self) -> Iterator[Any]:
         with self._get_pool().connection() as conn:
             yield conn
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """``?`` placeholders work here as on SQLite (:mod:`.placeholders`)."""
+        return super().query(*for_psycopg(sql, params))
 
     def lock(self, conn: Any, key: str) -> None:
         conn.execute(

@@ -17,16 +17,18 @@ Table ``{prefix}aggregates``: (aggregation, key) primary key, ``value`` (JSON), 
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..callables import check, name_of
 from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent, datas, types
 from ..names import validate_processor_name
-from ..policies import SequencingPolicy
+from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
 from .chains import CHAIN_KEY, Coordinates, Marks, coordinates, dedupe, is_newer, record
 from .declarative import Declaration, Op
@@ -60,10 +62,9 @@ class _FieldKey:
 
 
 def _check_callables(name: str, key: Any, initial: Any) -> None:
-    if not callable(key):
-        raise InvalidInputError(f"aggregation {name!r}: key must be a function of the event")
-    if not callable(initial):
-        raise InvalidInputError(f"aggregation {name!r}: initial must be a function (fresh state)")
+    what = f"aggregation {name!r}"
+    check(key, f"{what}: key", ("event",), why_sync="the key routes the event before it is read")
+    check(initial, f"{what}: initial", (), why_sync="it makes a fresh state when one is needed")
 
 
 class Stage:
@@ -76,7 +77,7 @@ class Stage:
         self.name = name
         self.key = key
         self.initial = initial
-        self.folds = FunctionsByType(name)
+        self.folds = FunctionsByType(f"stage {name!r}")
         self.on = self.folds.on
 
     def get(self, key: str) -> Any:
@@ -92,6 +93,8 @@ class Aggregation(Processor):
     ``persist_every`` seconds whatever it is). A declarative aggregation (``fields=``) over a
     SQLite store is folded inside SQLite over larger ranges when that is exact
     (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
+
+    _kind = "aggregation"
 
     def __init__(
         self,
@@ -110,7 +113,7 @@ class Aggregation(Processor):
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
         key_fn: Callable[[Event], Any] = _FieldKey(key) if isinstance(key, str) and key else key  # type: ignore[assignment]
-        self.folds = FunctionsByType(name)
+        self.folds = FunctionsByType(f"aggregation {name!r}")
         #: fields=...: a declarative aggregation (declarative.py), folded without Python per event
         self.declaration: Declaration | None = None
         if fields is not None or on is not None:
@@ -159,8 +162,7 @@ class Aggregation(Processor):
 
     def on_any(self, fold: Fold) -> Fold:
         self._python_only("on_any()")
-        self.folds.any.append(fold)
-        return fold
+        return self.folds.add_any(fold)
 
     def _python_only(self, what: str) -> None:
         if self.declaration is not None:
@@ -206,12 +208,12 @@ def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
     return [e for e in events if e.type in wanted]
 
 
-def _keyless(key: Any, event: Event) -> str:
+def _keyless(key: Any, event: Event, name: str) -> str:
     if key is None:  # never folded into a state named "None"
         raise InvalidInputError(
             f"event {event.position} ({event.type}): the aggregation key is None"
         )
-    return str(key)
+    return key_text(key, f"aggregation {name!r}", event)
 
 
 class AggregationWorker(SegmentWorker):
@@ -266,7 +268,7 @@ class AggregationWorker(SegmentWorker):
             keys: list[Any] = [d.get(field) for d in datas(mine)]
             if list(map(type, keys)).count(str) == len(keys):
                 return mine, keys, None
-        keys = [k if (k := key(e)).__class__ is str else _keyless(k, e) for e in mine]
+        keys = [k if (k := key(e)).__class__ is str else _keyless(k, e, self.name) for e in mine]
         return mine, keys, None
 
     def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
@@ -363,7 +365,8 @@ class AggregationWorker(SegmentWorker):
                 keys = [keys[i] for i in accepted]
             fold = only[0]
             for value, event in zip([entries[k].value for k in keys], events, strict=True):
-                fold(value, event)
+                if (produced := fold(value, event)) is not None:
+                    _not_awaitable(produced, fold, event)
             return
         folds_of: dict[str, list[Fold]] = {}
         for i in accepted:
@@ -374,6 +377,8 @@ class AggregationWorker(SegmentWorker):
             value = entries[key].value
             for fold in folds:
                 produced = fold(value, event)
+                if produced is not None:
+                    _not_awaitable(produced, fold, event)
                 if produced is not None and stages:
                     coords = coordinates(event, self.source)
                     outs = produced if isinstance(produced, list) else [produced]
@@ -445,7 +450,10 @@ class AggregationWorker(SegmentWorker):
                 by_stage.setdefault(item[0].name, []).append(item)
             for name, items in by_stage.items():
                 stage = items[0][0]
-                keyed = [(str(stage.key(out)), coords, out, src) for _, coords, out, src in items]
+                keyed = [
+                    (key_text(stage.key(out), f"stage {name!r}", src), coords, out, src)
+                    for _, coords, out, src in items
+                ]
                 keys = sorted({k for k, *_ in keyed})
                 entries = self.table.lock(conn, name, keys, stage.initial)
                 for key, coords, out, src in keyed:
@@ -457,10 +465,20 @@ class AggregationWorker(SegmentWorker):
                         continue
                     event = _as_event(out, src, coords)
                     for fold in stage.folds.for_type(event.type):
-                        fold(entry.value, event)
+                        if (produced := fold(entry.value, event)) is not None:
+                            _not_awaitable(produced, fold, event)
                     record(entry.offsets, coords)
                 self.table.save(conn, name, entries)
         self.outputs.pop(seg, None)
+
+
+def _not_awaitable(produced: Any, fold: Any, event: Event) -> None:
+    """A fold's result is its outputs: a coroutine (a plain def returning one) never ran."""
+    if hasattr(produced, "__await__") or inspect.isgenerator(produced):
+        raise InvalidInputError(
+            f"event {event.position} ({event.type}): fold {name_of(fold)} returned "
+            f"{type(produced).__name__}, whose body never runs: folds update the state in place"
+        )
 
 
 def _as_event(out: Any, source: Event, coords: Coordinates) -> Event:

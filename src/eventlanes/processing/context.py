@@ -9,6 +9,7 @@ from decimal import Decimal
 from itertools import chain
 from typing import Any
 
+from ..db.placeholders import for_psycopg, translated
 from ..errors import InvalidInputError
 from ..segments import Segment
 from ..tokens import Token
@@ -39,7 +40,9 @@ class Context:
     """Handler context. ``execute``/``connection`` run in the transaction that also stores the
     segment's token, so writes to the token store's database are exactly-once.
 
-    SQL placeholders follow the driver: ``?`` on SQLite, ``%s`` on PostgreSQL (``ctx.param``).
+    ``execute`` and ``executemany`` take ``?`` placeholders on both backends (translated for
+    PostgreSQL: :mod:`eventlanes.db.placeholders`); psycopg's own ``%s`` style (``ctx.param``)
+    works there too. ``ctx.connection`` is the driver's connection, with the driver's style.
     """
 
     __slots__ = (
@@ -100,6 +103,7 @@ class Context:
         """Run ``sql`` in the batch's transaction; returns the cursor (to fetch from)."""
         if self.backend != "postgresql":
             return self.connection.execute(sql, params)
+        sql, params = for_psycopg(sql, params)
         cur = self._cursor
         # One statement per event spent a third of its driver time making and freeing a
         # cursor: the last one is used again, but only if it is open and nothing but this
@@ -111,6 +115,8 @@ class Context:
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """One statement, many parameter rows (a cursor's executemany on both drivers)."""
+        if self.backend == "postgresql":
+            sql = translated(sql)
         cur = self.connection.cursor()
         try:
             cur.executemany(sql, rows)

@@ -193,6 +193,23 @@ class Coordinator:
             self.release(st, drop, hold_off=0.0)
         self._notify_claims()
 
+    def crashed(self, exc: BaseException) -> None:
+        """The runner is stopped by ``exc``. Unless a segment's batch raised it (and recorded
+        it), it is recorded on every held segment, so that ``status`` shows the crash; they
+        are let go with a back-off (their tokens stored first), like failed batches."""
+        with self.lock:
+            held = list(self.claimed.values())
+        if any(st.crashed for st in held):
+            return
+        for st in held:
+            if st.lost:
+                continue
+            try:
+                self.worker.persist(st)
+            except Exception:  # noqa: BLE001 - its last stored token stays: nothing is lost
+                log.warning("%s %s: storing the token failed", self.name, st.segment)
+            self.worker.crashed(st, exc)
+
     def release_all(self) -> None:
         """On shutdown, after the last batch: persist tokens, release, leave. A database that is
         down does not stop the shutdown: unreleased claims expire by themselves."""

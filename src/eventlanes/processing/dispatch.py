@@ -5,14 +5,23 @@ the Spark replay of projections. It runs, in this order, the per-event handlers 
 (skipping ``disallow_replay`` handlers for replayed events), parking an event instead when its
 key has an earlier failure (dead-letter mode), and then the ``on_batch`` handlers with the
 events they asked for. Reset handlers run through :meth:`Dispatch.reset`.
+
+A handler that is an ``async def`` (or returns any awaitable) is awaited where it is called,
+before the next handler or event: one at a time, in order, on the calling thread, so its
+``ctx.execute`` writes are in the batch's transaction like a plain handler's. The event loop
+is made at the batch's first awaitable and closed with the batch (:class:`Awaiter`), as the
+lanes' loop is: objects bound to a loop must not be kept across batches.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from ..callables import name_of
 from ..events import Event
 from ..policies import SequencingPolicy
 from ..tokens import Token
@@ -47,10 +56,66 @@ class BatchHandlerFailed(Exception):
         super().__init__(self.text)
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def never_ran(value: Any, handler: Any) -> None:
+    """Refuse a generator returned by a handler: none of its body ran (a ``yield`` in it?)."""
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        raise TypeError(
+            f"handler {name_of(handler)} returned a {type(value).__name__}: its body never "
+            "ran (a `yield` in it?); handlers return None or an awaitable"
+        )
+
+
+class Awaiter:
+    """Runs the awaitables handlers return, on an event loop of this thread made at the first
+    one and closed by :meth:`close` (the end of the batch)."""
+
+    __slots__ = ("_runner",)
+
+    def __init__(self) -> None:
+        self._runner: asyncio.Runner | None = None
+
+    def result(self, value: Any, handler: Any) -> Any:
+        """``value`` as a handler returned it, awaited if it is awaitable. A generator (a
+        handler with ``yield``) ran none of its body: refused rather than dropped."""
+        if inspect.isawaitable(value):
+            if self._runner is None:
+                self._runner = asyncio.Runner()
+            coro: Coroutine[Any, Any, Any] = (
+                value if inspect.iscoroutine(value) else _awaited(value)
+            )
+            return self._runner.run(coro)
+        never_ran(value, handler)
+        return value
+
+    def close(self) -> None:
+        runner = self._runner
+        if runner is not None:
+            self._runner = None
+            runner.close()
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, HandlerFailed | BatchHandlerFailed):
         return exc.text
     return f"{type(exc).__name__}: {exc}"
+
+
+def describe_crash(exc: BaseException) -> str:
+    """One line for an exception that stopped a runner, with the notes saying where it came
+    from (the handler and event, added by :class:`Dispatch`)."""
+    lines = traceback.format_exception_only(type(exc), exc)
+    return "; ".join(line.strip() for line in "".join(lines).splitlines() if line.strip())
+
+
+def _note(exc: BaseException, handler: Any, event: Event | None) -> None:
+    where = f"raised by handler {name_of(handler)}"
+    if event is not None:
+        where += f" at event {event.position} ({event.type}, {event.stream_id} v{event.version})"
+    exc.add_note(where)
 
 
 def is_replay(token: Token, event: Event, policy: SequencingPolicy) -> bool:
@@ -161,13 +226,32 @@ class Dispatch:
         Raises :class:`HandlerFailed` or :class:`BatchHandlerFailed`; the caller rolls back."""
         check = parking is not None and parking.active
         live = never_replay(token)
-        replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
         if not check and not self.handlers.has_event_handlers:
             handled = list(events)  # on_batch handlers only: nothing to do per event
             self.run_batch(handled, ctx, token, watch, live)
             return handled
+        awaiter = Awaiter()
+        try:
+            return self._run(events, ctx, token, parking, park, watch, check, live, awaiter)
+        finally:
+            awaiter.close()
+
+    def _run(
+        self,
+        events: Sequence[Event],
+        ctx: Any,
+        token: Token | bool,
+        parking: Parking | None,
+        park: Park | None,
+        watch: Watch | None,
+        check: bool,
+        live: bool,
+        awaiter: Awaiter,
+    ) -> list[Event]:
         key_of = self.policy.key
         for_type = self.handlers.for_type
+        result = awaiter.result
+        replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
         handled = []
         for event in events:
             if check:
@@ -188,11 +272,15 @@ class Dispatch:
                 watch(event)
             for handler in handlers:
                 try:
-                    handler(event, ctx)
+                    if (returned := handler(event, ctx)) is not None:
+                        result(returned, handler)
                 except Exception as exc:  # noqa: BLE001 - reported with the event
                     raise HandlerFailed(event, key_of(event), exc) from exc
+                except BaseException as exc:  # stops the runner: say where it came from
+                    _note(exc, handler, event)
+                    raise
             handled.append(event)
-        self.run_batch(handled, ctx, token, watch, live)
+        self.run_batch(handled, ctx, token, watch, live, awaiter)
         return handled
 
     def run_batch(
@@ -202,9 +290,19 @@ class Dispatch:
         token: Token | bool,
         watch: Watch | None = None,
         live: bool | None = None,
+        awaiter: Awaiter | None = None,
     ) -> None:
         """The ``on_batch`` handlers, each with the handled events of its types. ``live``:
-        known that none of them is a replay (:func:`never_replay`)."""
+        known that none of them is a replay (:func:`never_replay`); ``awaiter``: the batch's
+        (else one of its own)."""
+        if not self.handlers.batch_handlers:
+            return
+        if awaiter is None:
+            own = Awaiter()
+            try:
+                return self.run_batch(handled, ctx, token, watch, live, own)
+            finally:
+                own.close()
         if live is None:
             live = never_replay(token)
         replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
@@ -225,11 +323,20 @@ class Dispatch:
             if watch is not None:
                 watch(handler)
             try:
-                handler(chosen, ctx)
+                if (returned := handler(chosen, ctx)) is not None:
+                    awaiter.result(returned, handler)
             except Exception as exc:  # noqa: BLE001
                 raise BatchHandlerFailed(handler, exc) from exc
+            except BaseException as exc:
+                _note(exc, handler, None)
+                raise
 
     def reset(self, ctx: Any) -> None:
         """The ``on_reset`` handlers, in the reset's (or replay's) transaction."""
-        for handler in self.handlers.reset_handlers:
-            handler(ctx)
+        awaiter = Awaiter()
+        try:
+            for handler in self.handlers.reset_handlers:
+                if (returned := handler(ctx)) is not None:
+                    awaiter.result(returned, handler)
+        finally:
+            awaiter.close()

@@ -1,10 +1,12 @@
-"""Handler registration: by event type, for every event, and for resets."""
+"""Handler registration: by event type, for every event, and for resets. Every function is
+checked where it is registered (:func:`eventlanes.callables.check`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from ..callables import check
 from ..errors import InvalidInputError
 
 Handler = Callable[[Any, Any], Any]
@@ -25,17 +27,24 @@ def runs_on_replay(handler: Handler) -> bool:
 
 
 class HandlerSet:
-    """Handlers in registration order; the list for an event type is computed once."""
+    """Handlers in registration order; the list for an event type is computed once.
 
-    def __init__(self) -> None:
+    Handlers may be ``async def`` (or return an awaitable): every executor awaits them where it
+    calls them (:mod:`.dispatch`), so exactly-once handlers still write in the batch's
+    transaction."""
+
+    def __init__(self, owner: str = "") -> None:
+        self.owner = owner
         self._entries: list[tuple[frozenset[str] | None, Handler]] = []
         self.batch_handlers: list[tuple[frozenset[str] | None, Handler]] = []
         self.reset_handlers: list[ResetHandler] = []
         self._cache: dict[str, tuple[Handler, ...]] = {}
 
+    def _check(self, handler: Any, role: str, params: tuple[str, ...]) -> None:
+        check(handler, f"processor {self.owner!r}: {role}", params, awaited=True)
+
     def add(self, types: frozenset[str] | None, handler: Handler) -> None:
-        if not callable(handler):
-            raise TypeError(f"a handler must be callable, got {type(handler).__name__}")
+        self._check(handler, "handler", ("event", "ctx"))
         self._entries.append((types, handler))
         self._cache.clear()
 
@@ -47,13 +56,16 @@ class HandlerSet:
         return found
 
     def add_batch(self, types: frozenset[str] | None, handler: Handler) -> None:
-        if not callable(handler):
-            raise TypeError(f"a handler must be callable, got {type(handler).__name__}")
+        self._check(handler, "on_batch handler", ("events", "ctx"))
         self.batch_handlers.append((types, handler))
 
     def handlers(self) -> list[Handler]:
         """Every per-event and ``on_batch`` handler, in registration order."""
         return [h for _, h in (*self._entries, *self.batch_handlers)]
+
+    def add_reset(self, handler: ResetHandler) -> None:
+        self._check(handler, "on_reset handler", ("ctx",))
+        self.reset_handlers.append(handler)
 
     def __bool__(self) -> bool:
         return bool(self._entries or self.batch_handlers)
@@ -74,18 +86,41 @@ class HandlerSet:
 
 
 class FunctionsByType:
-    """Plain functions by event type (aggregation fns, republisher mappings)."""
+    """Plain functions by event type (aggregation folds, republisher mappings) of ``owner``
+    (``"aggregation 'a'"``), each called with ``params`` (checked at registration);
+    ``awaited``: an ``async def`` is run, else it is refused saying ``why_sync``."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(
+        self,
+        owner: str,
+        role: str = "fold",
+        params: tuple[str, ...] = ("state", "event"),
+        awaited: bool = False,
+        why_sync: str = "folds update the state in memory, in the batch's order",
+    ) -> None:
         self.owner = owner
+        self.role = role
+        self.params = params
+        self.awaited = awaited
+        self.why_sync = why_sync
         self.by_type: dict[str, list[Function]] = {}
         self.any: list[Function] = []
 
+    def check(self, fn: Function) -> None:
+        what = f"{self.owner}: {self.role}"
+        check(fn, what, self.params, awaited=self.awaited, why_sync=self.why_sync)
+
+    def add_any(self, fn: Function) -> Function:
+        self.check(fn)
+        self.any.append(fn)
+        return fn
+
     def on(self, *types: str) -> Callable[[Function], Function]:
         if not types or not all(isinstance(t, str) and t for t in types):
-            raise InvalidInputError(f"{self.owner!r}: on() needs event type names")
+            raise InvalidInputError(f"{self.owner}: on() needs event type names")
 
         def register(fn: Function) -> Function:
+            self.check(fn)
             for t in types:
                 self.by_type.setdefault(t, []).append(fn)
             return fn

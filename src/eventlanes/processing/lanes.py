@@ -30,7 +30,7 @@ from ..errors import ClaimLostError, HandlerTimeoutError
 from ..events import Event
 from ..hashing import stable_hash
 from .context import Context
-from .dispatch import HandlerFailed
+from .dispatch import HandlerFailed, never_ran
 from .state import Outcome, SegmentState, advanced
 from .worker import SegmentWorker
 
@@ -82,6 +82,8 @@ class LaneWorker(SegmentWorker):
                         result = handler(event, ctx)
                         if inspect.isawaitable(result):
                             await asyncio.wait_for(result, self.handler_timeout)
+                        elif result is not None:
+                            never_ran(result, handler)
                 except TimeoutError:
                     stopped = True
                     tracker.fail(index, HandlerTimeoutError(

@@ -86,6 +86,7 @@ class PooledLoop:
         name = self.coordinator.name
         self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"el-{name}")
         backoff = Backoff()
+        crash: BaseException | None = None
         try:
             while not self.stopping.is_set():
                 try:
@@ -95,8 +96,13 @@ class PooledLoop:
                     if not is_transient(exc):
                         raise
                     weather(self.coordinator, exc, backoff, self.stopping)
+        except BaseException as exc:
+            crash = exc
+            raise
         finally:
             self.pool.shutdown(wait=not self.abandoned)
+            if crash is not None:
+                self.coordinator.crashed(crash)
             self.coordinator.release_all()
 
     def _round(self) -> None:
@@ -130,7 +136,7 @@ class PooledLoop:
         # can change a token).
         tokens = tuple(advanced(st.token, upto) for st in states)
         futures = {
-            self.pool.submit(worker.process, st, evs, upto): st for st, evs in shares.items() if evs
+            self.pool.submit(worker.handle, st, evs, upto): st for st, evs in shares.items() if evs
         }
         for st, evs in shares.items():
             if not evs:
@@ -227,6 +233,7 @@ class TrackingLoop:
     def run(self) -> None:
         coordinator = self.coordinator
         backoff = Backoff()
+        crash: BaseException | None = None
         try:
             while not self.stopping.is_set():
                 try:
@@ -251,9 +258,14 @@ class TrackingLoop:
                         self.threads[seg_id] = thread
                         thread.start()
                 self.stopping.wait(coordinator.interval)
+        except BaseException as exc:
+            crash = exc
+            raise
         finally:
             for st in list(coordinator.claimed.values()):
                 self._stop_thread(st)
+            if crash is not None:
+                coordinator.crashed(crash)
             coordinator.release_all()
 
     def _stop_thread(self, st: SegmentState) -> None:
@@ -289,7 +301,7 @@ class TrackingLoop:
             events, upto, moved = self.reader.read([st])
             mine = self.reader.share([st], events)[st] if events else []
             if mine:
-                if worker.process(st, mine, upto) is not Outcome.OK:
+                if worker.handle(st, mine, upto) is not Outcome.OK:
                     return
             elif moved:
                 worker.idle(st, upto)

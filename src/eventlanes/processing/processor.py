@@ -6,6 +6,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from ..callables import check
 from ..errors import InvalidInputError
 from ..names import validate_processor_name
 from ..policies import KeyFunction, SequencingPolicy, as_policy
@@ -45,6 +46,9 @@ def _guarantee(name: str, value: object) -> Guarantee:
 class Processor:
     """Named consumer of the store. Many processes with the same name share its segments."""
 
+    #: what this kind of processor is called in messages
+    _kind = "processor"
+
     def __init__(
         self,
         runtime: Runtime,
@@ -78,7 +82,7 @@ class Processor:
         except ValueError as exc:
             raise InvalidInputError(f"processor {name!r}: {exc}") from None
         self.segments = segments
-        self.policy = as_policy(policy)
+        self.policy = as_policy(policy, f"processor {name!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInputError(
                 f"processor {name!r}: batch_size must be >= 1, got {batch_size!r}"
@@ -103,8 +107,9 @@ class Processor:
         self.initial = initial
         #: other stores to read besides the app's own: name -> URL or EventStore
         self.sources = validate_sources(sources)
-        if order is not None and not callable(order):
-            raise InvalidInputError(f"processor {name!r}: order must be callable (event -> key)")
+        if order is not None:
+            check(order, f"processor {name!r}: order=", ("event",),
+                  why_sync="the merge compares the keys at once")  # fmt: skip
         self.order = order or oldest_first
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise InvalidInputError(f"processor {name!r}: lanes must be >= 1, got {lanes!r}")
@@ -113,9 +118,14 @@ class Processor:
                 f"processor {name!r}: lanes={lanes} run handlers outside the token's "
                 "transaction; declare guarantee='at-least-once' (and make effects idempotent)"
             )
-        if self.guarantee is Guarantee.AT_LEAST_ONCE and on_error == "dead_letter":
+        if lanes > 1 and type(self) is not Processor:  # would be ignored: refused instead
             raise InvalidInputError(
-                f"processor {name!r}: dead letters are parked in the token's transaction; "
+                f"{self._kind} {name!r}: lanes={lanes} are for app.processor(..., "
+                "guarantee='at-least-once') handlers"
+            )
+        if self.guarantee is not Guarantee.EXACTLY_ONCE and on_error == "dead_letter":
+            raise InvalidInputError(
+                f"{self._kind} {name!r}: dead letters are parked in the token's transaction; "
                 "on_error='dead_letter' needs guarantee='exactly-once'"
             )
         if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
@@ -127,9 +137,16 @@ class Processor:
         self.lane_window = lane_window
         if not isinstance(pipeline, bool):
             raise InvalidInputError(f"processor {name!r}: pipeline must be True or False")
+        if pipeline and (
+            self.guarantee is not Guarantee.EXACTLY_ONCE or type(self) is not Processor
+        ):
+            raise InvalidInputError(
+                f"{self._kind} {name!r}: pipeline=True pipelines the batch's transaction of "
+                "exactly-once handlers; this one has none"
+            )
         #: PostgreSQL pipeline mode for exactly-once batches (see worker.SegmentWorker)
         self.pipeline = pipeline
-        self.handlers = HandlerSet()
+        self.handlers = HandlerSet(self.name)
 
     def on(self, *types: str) -> Callable[[Handler], Handler]:
         """Decorator: handle events of these types (``@proc.on("FrontWheelAdded")``)."""
@@ -168,9 +185,7 @@ class Processor:
 
     def on_reset(self, handler: ResetHandler) -> ResetHandler:
         """Decorator: run ``handler(ctx)`` in the reset's transaction (e.g. clear a table)."""
-        if not callable(handler):
-            raise TypeError("on_reset needs a callable")
-        self.handlers.reset_handlers.append(handler)
+        self.handlers.add_reset(handler)
         return handler
 
     def handled_types(self) -> frozenset[str] | None:

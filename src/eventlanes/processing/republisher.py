@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..callables import check
 from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent
+from ..policies import key_text
 from ..store import EventStore
 from .chains import CHAIN_KEY, extend_chain
-from .dispatch import HandlerFailed
+from .dispatch import Awaiter, HandlerFailed
 from .handlers import FunctionsByType
 from .processor import Processor
 from .state import Outcome, SegmentState, advanced
@@ -32,6 +34,8 @@ Republish = Callable[[Event], Any]
 
 
 class Republisher(Processor):
+    _kind = "republisher"
+
     def __init__(
         self,
         runtime: Runtime,
@@ -47,15 +51,27 @@ class Republisher(Processor):
                 "before the token; source chains let aggregations drop the repeats)"
             )
         super().__init__(runtime, name, guarantee="at-least-once", **options)
-        if not (isinstance(to_stream, str) and to_stream) and not callable(to_stream):
-            raise InvalidInputError(f"republisher {name!r}: to_stream must be a name or function")
+        if not (isinstance(to_stream, str) and to_stream):
+            if not callable(to_stream):
+                raise InvalidInputError(
+                    f"republisher {name!r}: to_stream must be a name or function"
+                )
+            check(to_stream, f"republisher {name!r}: to_stream", ("event",),
+                  why_sync="the stream is named when the outputs are appended")  # fmt: skip
         self.to_stream = to_stream
         self.to_store = to_store
-        self.functions = FunctionsByType(name)
+        self.functions = FunctionsByType(
+            f"republisher {name!r}", role="mapping", params=("event",), awaited=True
+        )
 
     def on(self, *types: str) -> Callable[[Republish], Republish]:  # type: ignore[override]
-        """Decorator: ``fn(event)`` returns an ``el.NewEvent``, a list of them, or None."""
+        """Decorator: ``fn(event)`` returns an ``el.NewEvent``, a list of them, or None (an
+        ``async def`` is awaited, one event at a time)."""
         return self.functions.on(*types)
+
+    def on_any(self, fn: Republish) -> Republish:  # type: ignore[override]
+        """Decorator: ``fn(event)`` for every event (as :meth:`on`)."""
+        return self.functions.add_any(fn)
 
     def handled_types(self) -> frozenset[str] | None:
         return self.functions.types()
@@ -76,12 +92,23 @@ class RepublishWorker(SegmentWorker):
         self.source = runtime.store.events_table
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
+        awaiter = Awaiter()
+        try:
+            return self._process(st, events, upto, awaiter)
+        finally:
+            awaiter.close()
+
+    def _process(
+        self, st: SegmentState, events: list[Event], upto: int | dict[str, int], awaiter: Awaiter
+    ) -> Outcome:
         per_stream: dict[str, list[NewEvent]] = {}
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
                     try:
                         produced = fn(event)
+                        if produced is not None and not isinstance(produced, NewEvent | list):
+                            produced = awaiter.result(produced, fn)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
                     if produced is None:
@@ -112,4 +139,6 @@ class RepublishWorker(SegmentWorker):
 
     def _stream(self, event: Event) -> str:
         to = self.rep.to_stream
-        return to if isinstance(to, str) else str(to(event))
+        if isinstance(to, str):
+            return to
+        return key_text(to(event), f"republisher {self.name!r}", event)

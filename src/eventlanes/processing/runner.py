@@ -15,8 +15,10 @@ import threading
 from collections.abc import Callable
 
 from ..notify import Wakeup, wakeup_for
+from ..observe import CRASH
 from .claims import Heartbeat, node_name
 from .coordinator import Coordinator
+from .dispatch import describe_crash
 from .executors import executor_for
 from .loops import PooledLoop, TrackingLoop
 from .processor import Processor
@@ -26,7 +28,21 @@ from .state import SegmentState
 
 log = logging.getLogger("eventlanes.processing")
 
-__all__ = ["ProcessorRunner", "node_name"]
+__all__ = ["ProcessorRunner", "node_name", "unless_crashed"]
+
+#: held while a crash is recorded and while "ready" is announced, so that no ready line ever
+#: follows a crash line (see :func:`unless_crashed`)
+_CRASHES = threading.Lock()
+
+
+def unless_crashed(runners: list[ProcessorRunner], then: Callable[[], None]) -> bool:
+    """Call ``then`` (e.g. log a ready line) unless one of ``runners`` has crashed, atomically
+    with the crashes: a crash is either before it (and ``then`` is not called) or after."""
+    with _CRASHES:
+        if any(r.error is not None for r in runners):
+            return False
+        then()
+        return True
 
 
 class ProcessorRunner:
@@ -92,9 +108,12 @@ class ProcessorRunner:
             try:
                 target()
             except BaseException as exc:  # noqa: BLE001 - surfaced by stop() and status
-                log.exception("%s: runner thread crashed", self.name)
-                self.error = exc
-                self.stopping.set()
+                with _CRASHES:
+                    if self.error is None:
+                        self.error = exc
+                    self.stopping.set()
+                    log.error("%s: crashed, stopping: %s", self.name, describe_crash(exc),
+                              exc_info=exc, extra={CRASH: True})  # fmt: skip
 
         return run
 

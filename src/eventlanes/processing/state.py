@@ -58,6 +58,7 @@ class SegmentState:
     dirty: bool = False
     persisted_at: float = field(default_factory=time.monotonic)
     lost: bool = False
+    crashed: bool = False  # an exception that stops the runner was recorded as its error
     stop: bool = False  # tracking mode: asks the segment's thread to leave its loop
     #: the event (or batch handler) whose handlers are running, and since when (monotonic)
     running: Any = None

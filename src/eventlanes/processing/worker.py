@@ -17,6 +17,7 @@ from .dispatch import (
     HandlerFailed,
     Parking,
     describe,
+    describe_crash,
     is_replay,
 )
 from .state import Outcome, SegmentState, advanced
@@ -62,6 +63,33 @@ class SegmentWorker:
         #: right event. Opt-in: in pipeline mode a cursor's ``rowcount`` is not known (-1)
         #: until a fetch, which silently breaks handlers that branch on it.
         self.pipeline = proc.pipeline and runtime.db.backend == "postgresql"
+
+    def handle(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
+        """:meth:`process`, what the loops call. An exception that escapes it (a handler
+        raising ``KeyboardInterrupt`` or ``SystemExit``; a bug) stops the runner: it is
+        recorded as the segment's error first, so ``status`` shows it."""
+        try:
+            return self.process(st, events, upto)
+        except BaseException as exc:
+            self.crashed(st, exc)
+            raise
+
+    def crashed(self, st: SegmentState, exc: BaseException) -> None:
+        """Record ``exc``, which stops the runner, as the segment's failure (its batch was
+        rolled back) and let the segment go with a back-off, like a failed batch. Nothing is
+        logged here: the runner logs the crash, with a note of where it was recorded added to
+        ``exc`` (so no other line can come between the crash and its log line)."""
+        text = f"the runner crashed: {describe_crash(exc)}"
+        st.crashed = True
+        if st.lost:  # given up meanwhile: a new claim may hold it now, leave it be
+            return
+        st.mark_lost()
+        self.observer.failed(self.name, str(st.segment), text)
+        try:
+            self.tokens.fail(self.name, st.segment.id, self.owner, text)
+            exc.add_note(f"recorded as the error of segment {st.segment}")
+        except Exception as error:  # noqa: BLE001 - the claim expires by itself
+            exc.add_note(f"recording it as the error of segment {st.segment} failed: {error}")
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         """Handle ``events`` (already filtered for the segment) and move its token to ``upto``
