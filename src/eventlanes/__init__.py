@@ -22,6 +22,7 @@ from .errors import (
 )
 from .events import Event, NewEvent
 from .hashing import stable_hash
+from .kafka import Ingestor, Kafka, KafkaUnavailableError
 from .observe import Observer
 from .policies import (
     SequencingPolicy,
@@ -78,6 +79,9 @@ __all__ = [
     "SegmentView",
     "disallow_replay",
     "InMemoryTokenStore",
+    "Ingestor",
+    "Kafka",
+    "KafkaUnavailableError",
     "SQLTokenStore",
     "Segment",
     "SegmentStatus",

@@ -16,6 +16,8 @@ from typing import Any
 
 from .db import Database
 from .errors import InvalidInputError, StopTimeoutError
+from .kafka.ingestor import Ingestor
+from .kafka.settings import Kafka
 from .notify import Wakeup, wakeup_for
 from .observe import Observer
 from .processing import admin
@@ -55,6 +57,8 @@ class App:
             observer=observer,
         )
         self.processors: dict[str, Processor] = {}
+        self.ingestors: dict[str, Ingestor] = {}
+        self._ingest_runners: list[Any] = []
         self._runners: list[ProcessorRunner] = []
         self._balancers: list[Balancer] = []
         self._metrics: Any = None  # the metrics HTTP server while running
@@ -114,8 +118,18 @@ class App:
         :class:`eventlanes.processing.republisher.Republisher`."""
         return self._add(Republisher(self.runtime, name, **options))
 
+    def ingest(self, name: str, kafka: Kafka, *, topic: str, **options: Any) -> Ingestor:
+        """An ingestor appending the records of a Kafka ``topic`` to the store, exactly once
+        (see :class:`eventlanes.kafka.Ingestor`); ``run`` starts it like a processor. Its name
+        shares the token table with the processors' names."""
+        ingestor = Ingestor(self.runtime, name, kafka, topic=topic, **options)
+        if name in self.processors or name in self.ingestors:
+            raise InvalidInputError(f"{name!r} is already defined in this app")
+        self.ingestors[name] = ingestor
+        return ingestor
+
     def _add(self, proc: Any) -> Any:
-        if proc.name in self.processors:
+        if proc.name in self.processors or proc.name in self.ingestors:
             raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")
         self.processors[proc.name] = proc
         return proc
@@ -147,10 +161,12 @@ class App:
         also splits and merges segments when it is the balancing node (see ``balance``);
         ``metrics_port``: serve Prometheus metrics there (``observer``: your own
         :class:`Observer` instead, or a ``PrometheusObserver`` to serve)."""
-        if self._runners:
+        if self._runners or self._ingest_runners:
             raise RuntimeError("this app is already running")
-        selected = self._selected(processors)
-        if not selected:
+        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
+        named = None if not processors else [n for n in processors if n not in self.ingestors]
+        selected = [] if named == [] else self._selected(named)  # []: only ingestors named
+        if not selected and not ingest:
             raise InvalidInputError("this app defines no processor to run")
         static = None
         if node_index is not None or nodes is not None:
@@ -163,6 +179,7 @@ class App:
             self.runtime.observer = chosen
         self._wakeup = wakeup_for(self.store, self.poll_interval)
         owner = node_name()
+        self._start_ingest(ingest, owner)
         for proc in selected:
             runner = ProcessorRunner(self.runtime, proc, owner, static, self._wakeup)
             runner.start()
@@ -172,10 +189,31 @@ class App:
                 balancer.start()
                 self._balancers.append(balancer)
 
+    def _start_ingest(self, names: list[str], owner: str) -> None:
+        from .kafka.ingest import IngestRunner
+
+        runners = [IngestRunner(self.runtime, self.ingestors[n], owner) for n in names]
+        for runner in runners:
+            runner.check()  # the broker answers, within its timeout: before anything starts
+        for runner in runners:
+            runner.start()
+            self._ingest_runners.append(runner)
+
+    def check_ingestors(self, names: list[str] | None = None) -> None:
+        """Raise (one clear error) unless every ingestor's broker answers with its topic."""
+        from .kafka.ingest import IngestRunner
+
+        for name in names or list(self.ingestors):
+            if name in self.ingestors:
+                IngestRunner(self.runtime, self.ingestors[name], node_name()).check()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batches in hand, store tokens, release claims; within ``timeout`` seconds
         in all, else raise :class:`StopTimeoutError` (the claims of what still runs expire)."""
         self._stop.set()
+        ingest, self._ingest_runners = self._ingest_runners, []
+        for ing in ingest:
+            ing.stopping.set()
         for balancer in self._balancers:
             balancer.stop()
         self._balancers = []
@@ -184,13 +222,14 @@ class App:
             runner.stopping.set()
         deadline = time.monotonic() + timeout
         stuck = [r.name for r in runners if not r.stop(max(0.0, deadline - time.monotonic()))]
+        stuck += [r.name for r in ingest if not r.stop(max(0.0, deadline - time.monotonic()))]
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
         if self._metrics is not None:
             self._metrics, server = None, self._metrics
             server.close()
-        errors = [r.error for r in runners if r.error is not None]
+        errors = [r.error for r in [*runners, *ingest] if r.error is not None]
         if errors:
             raise errors[0]
         if stuck:
@@ -231,7 +270,7 @@ class App:
 
     @property
     def running(self) -> bool:
-        return bool(self._runners)
+        return bool(self._runners or self._ingest_runners)
 
     def run(
         self,
@@ -244,7 +283,10 @@ class App:
         within ``grace`` seconds; a runner that crashed stops the rest and its error is raised."""
         self.start(processors, **options)
         try:
-            run_until_signal(self._stop, lambda: any(r.stopping.is_set() for r in self._runners))
+            run_until_signal(
+                self._stop,
+                lambda: any(r.stopping.is_set() for r in [*self._runners, *self._ingest_runners]),
+            )
         finally:
             self.stop(grace)
 
@@ -287,6 +329,21 @@ class App:
     def status(self, name: str) -> ProcessorView:
         """Where the processor is, per segment (reads only: nothing is created)."""
         return admin.status(self.runtime, self.get(name))
+
+    def ingest_status(self, name: str) -> Any:
+        """Where the ingestor is, per partition (:class:`eventlanes.kafka.status.IngestorView`;
+        reads only)."""
+        from .kafka import status
+
+        self._ingestor(name)
+        return status.view(self.db, name, self.claim_timeout)
+
+    def _ingestor(self, name: str) -> Ingestor:
+        try:
+            return self.ingestors[name]
+        except KeyError:
+            known = ", ".join(self.ingestors) or "none"
+            raise InvalidInputError(f"unknown ingestor {name!r} (defined: {known})") from None
 
     def initialize(self, name: str) -> None:
         """Create the processor's token rows if they do not exist yet (the runners and the
@@ -331,20 +388,33 @@ class App:
     def dead_letter_list(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> list[DeadLetter]:
+        """A processor's parked events, or an ingestor's parked records (``position`` packs
+        partition and offset, ``version`` is the offset, the key is the stream)."""
+        if name in self.ingestors:
+            return self.dead_letters.list(name, key, position)
         return admin.list_dead_letters(self.runtime, self.get(name), key, position)
 
     def retry_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> tuple[int, int]:
-        """Re-run parked events (all, one key's, or one position's); (handled, still parked)."""
+        """Re-run parked events (all, one key's, or one position's); (handled, still parked).
+        For an ingestor: fetch its parked records again and append them."""
+        if name in self.ingestors:
+            from .kafka import parking
+
+            return parking.retry(self.runtime, self.ingestors[name], key, position)
         return admin.retry_dead_letters(self.runtime, self.get(name), key, position)
 
     def discard_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> int:
+        if name in self.ingestors:
+            from .kafka import parking
+
+            return parking.discard(self.runtime, self.ingestors[name], key, position)
         return admin.discard_dead_letters(self.runtime, self.get(name), key, position)
 
     def close(self) -> None:
-        if self._runners:
+        if self._runners or self._ingest_runners:
             self.stop()
         self.runtime.close()
