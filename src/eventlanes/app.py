@@ -174,7 +174,7 @@ class App:
                 raise InvalidInputError("static mode needs both node_index and nodes")
             static = (node_index, nodes)
         self._stop.clear()
-        chosen = self._observe(observer, metrics_port, [p.name for p in selected])
+        chosen = self._observe(observer, metrics_port, [*(p.name for p in selected), *ingest])
         if chosen is not None:
             self.runtime.observer = chosen
         self._wakeup = wakeup_for(self.store, self.poll_interval)
@@ -370,10 +370,14 @@ class App:
 
     def pause(self, name: str) -> bool:
         """Pause the processor on every node (segments released, not claimed until resumed);
-        True if this call paused it."""
+        True if this call paused it. An ingestor releases its partitions the same way."""
+        if name in self.ingestors:
+            return self.tokens.pause(name)
         return admin.pause(self.runtime, self.get(name))
 
     def resume(self, name: str) -> bool:
+        if name in self.ingestors:
+            return self.tokens.resume(name)
         return admin.resume(self.runtime, self.get(name))
 
     def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:

@@ -18,6 +18,10 @@ client_log = logging.getLogger("eventlanes.kafka.client")
 client_log.setLevel(logging.CRITICAL)  # reconnect chatter: the runners report outages once
 
 
+class TopicMissingError(InvalidInputError):
+    """The topic does not exist (at start: a user error; while running: deleted, waited for)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
     topic: str
@@ -90,7 +94,7 @@ def describe(kafka: Kafka, topic: str, client: Any, timeout: float) -> TopicInfo
     if found is None or found.error is not None:
         code = found.error.code() if found is not None and found.error is not None else None
         if code in (ck.KafkaError.UNKNOWN_TOPIC_OR_PART, None):
-            raise InvalidInputError(
+            raise TopicMissingError(
                 f"Kafka topic {topic!r} does not exist on {kafka.bootstrap_servers}"
             )
         raise KafkaUnavailableError(f"Kafka topic {topic!r}: {found.error.str()}")

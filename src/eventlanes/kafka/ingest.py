@@ -241,8 +241,8 @@ class IngestRunner:
     def _coordinate(self) -> None:
         try:
             self._discover()
-        except KafkaUnavailableError as exc:
-            self._down(str(exc))
+        except (KafkaUnavailableError, client.TopicMissingError) as exc:
+            self._down(str(exc))  # the partitions known go on; their checks stop what is wrong
         rows = {s.segment.id: s for s in self.tokens.status(self.name)}
         if any(s.paused for s in rows.values()):
             self._let_go("paused")
@@ -258,8 +258,7 @@ class IngestRunner:
         self._check_marks()
 
     def _discover(self) -> None:
-        info = client.describe(self.ing.kafka, self.ing.topic, self._consumer or self._admin,
-                               self.timeout)  # fmt: skip
+        info = client.describe(self.ing.kafka, self.ing.topic, self._admin, self.timeout)
         self._topic_id = client.topic_id(self.ing.kafka, self.ing.topic, self._admin,
                                          self.timeout)  # fmt: skip
         new = [p for p in info.partitions if p not in self._known]
