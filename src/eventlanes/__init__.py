@@ -22,7 +22,7 @@ from .errors import (
 )
 from .events import Event, NewEvent
 from .hashing import stable_hash
-from .kafka import Ingestor, Kafka, KafkaUnavailableError
+from .kafka import Ingestor, Kafka, KafkaSink, KafkaUnavailableError
 from .observe import Observer
 from .policies import (
     SequencingPolicy,
@@ -81,6 +81,7 @@ __all__ = [
     "InMemoryTokenStore",
     "Ingestor",
     "Kafka",
+    "KafkaSink",
     "KafkaUnavailableError",
     "SQLTokenStore",
     "Segment",

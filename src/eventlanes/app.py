@@ -128,6 +128,38 @@ class App:
         self.ingestors[name] = ingestor
         return ingestor
 
+    def publisher(
+        self,
+        name: str,
+        sink: Any,
+        *,
+        on: str | list[str] | None = None,
+        key: Any = None,
+        value: Any = None,
+        **options: Any,
+    ) -> Processor:
+        """A processor publishing events (of types ``on``; all by default) to a Kafka topic:
+        ``sink`` is an :class:`eventlanes.kafka.KafkaSink`; record key ``key(event)`` (default:
+        the stream id), value ``value(event)`` (default: the event's data), the event type
+        in the ``type`` header and its source chain in ``el-source-chain``. Each segment
+        batch is published and acknowledged before its token commits (at least once)."""
+        from .kafka.sink import KafkaSink, event_records
+
+        if not isinstance(sink, KafkaSink):
+            raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
+        for what, fn in (("key", key), ("value", value)):
+            if fn is not None and not callable(fn):
+                raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
+        types = [on] if isinstance(on, str) else list(on or [])
+        proc = self.processor(name, **options)
+        runtime = self.runtime
+
+        @proc.on_batch(*types)
+        def publish(events: list[Any], ctx: Any) -> None:
+            sink.publish(event_records(events, runtime.store.events_table, key, value))
+
+        return proc
+
     def _add(self, proc: Any) -> Any:
         if proc.name in self.processors or proc.name in self.ingestors:
             raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")

@@ -8,12 +8,14 @@ from .ingestor import Ingestor
 from .parking import ParkedRecord
 from .records import CHAIN_HEADER, BadRecord, Record
 from .settings import Kafka, KafkaUnavailableError
+from .sink import KafkaSink
 
 __all__ = [
     "CHAIN_HEADER",
     "BadRecord",
     "Ingestor",
     "Kafka",
+    "KafkaSink",
     "KafkaUnavailableError",
     "ParkedRecord",
     "Record",

@@ -23,6 +23,14 @@ _TOPIC = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 MAX_BATCH = 100_000
 
 
+def valid_topic(topic: object, who: str) -> str:
+    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidInputError(
+            f"{who}: invalid topic {topic!r} (1-249 letters, digits, '.', '_', '-')"
+        )
+    return topic
+
+
 class Ingestor:
     """Appends a topic's records to the store, exactly once: one token per partition (the next
     offset to append), written in the transaction of the append.
@@ -56,10 +64,7 @@ class Ingestor:
         self.name = validate_processor_name(name)
         if not isinstance(kafka, Kafka):
             raise InvalidInputError(f"ingestor {name!r}: pass the connection as el.Kafka(...)")
-        if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
-            raise InvalidInputError(
-                f"ingestor {name!r}: invalid topic {topic!r} (1-249 letters, digits, '.', '_', '-')"
-            )
+        valid_topic(topic, f"ingestor {name!r}")
         for what, fn in (("stream", stream), ("decode", decode)):
             if fn is not None and not callable(fn):
                 raise InvalidInputError(f"ingestor {name!r}: {what}= must be a function")

@@ -69,9 +69,12 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
 class Stage:
     """A downstream aggregation, fed by the outputs of an upstream aggregation's folds."""
 
-    def __init__(self, upstream: Aggregation, name: str, key: Any, initial: Any) -> None:
+    def __init__(
+        self, upstream: Aggregation, name: str, key: Any, initial: Any, publish: Any = None
+    ) -> None:
         validate_processor_name(name)
         _check_callables(name, key, initial)
+        self.publish = _sink(name, publish)
         self.upstream = upstream
         self.name = name
         self.key = key
@@ -104,6 +107,7 @@ class Aggregation(Processor):
         fields: dict[str, Op] | None = None,
         on: str | list[str] | None = None,
         pushdown: bool = True,
+        publish: Any = None,
         **options: Any,
     ) -> None:
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
@@ -150,6 +154,8 @@ class Aggregation(Processor):
             raise InvalidInputError(f"aggregation {name!r}: pushdown must be True or False")
         #: fold declared fields inside SQLite where exact (pushdown.py)
         self.pushdown = pushdown
+        #: a KafkaSink: each state written is published first (kafka/sink.py)
+        self.publish = _sink(name, publish)
         #: events this process folded inside SQLite (for tests and tuning)
         self.pushed_down = 0
 
@@ -169,10 +175,17 @@ class Aggregation(Processor):
                 "fold; define another aggregation for it"
             )
 
-    def downstream(self, name: str, key: Callable[[Any], Any], initial: Callable[[], Any]) -> Stage:
-        """A stage fed with this aggregation's fold outputs (``NewEvent``s)."""
+    def downstream(
+        self,
+        name: str,
+        key: Callable[[Any], Any],
+        initial: Callable[[], Any],
+        publish: Any = None,
+    ) -> Stage:
+        """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
+        KafkaSink its states are published to before they are written."""
         self._python_only("downstream()")
-        stage = Stage(self, name, key, initial)
+        stage = Stage(self, name, key, initial, publish)
         self.stages.append(stage)
         return stage
 
@@ -190,6 +203,37 @@ class Aggregation(Processor):
     def dropped(self) -> int:
         """Inputs dropped because they were already folded in (duplicates)."""
         return self.states.dropped(self.name)
+
+
+def _sink(name: str, publish: Any) -> Any:
+    if publish is None:
+        return None
+    from ..kafka.sink import KafkaSink
+
+    if not isinstance(publish, KafkaSink):
+        raise InvalidInputError(f"aggregation {name!r}: publish= takes an el.KafkaSink")
+    return publish
+
+
+Offsets = Callable[[list[str], list[Entry]], list[str]]
+
+
+def _publish_states(
+    sink: Any, name: str, entries: dict[str, Entry], keys: Iterable[str], offsets: Offsets | None
+) -> None:
+    """Publish the states of ``keys`` (acknowledged before the caller commits them)."""
+    from ..kafka.sink import state_chain
+
+    keys = sorted(k for k in keys if k in entries)
+    picked = [entries[k] for k in keys]
+    texts = (
+        offsets(keys, picked) if offsets is not None else [json.dumps(e.offsets) for e in picked]
+    )
+    sink.publish([
+        (key, entry.value, state_chain(name, json.loads(text)),
+         [("type", b"AggregateState"), ("aggregation", name.encode())])
+        for key, entry, text in zip(keys, picked, texts, strict=True)
+    ])  # fmt: skip
 
 
 #: states kept in memory after a write, per worker, so the next batches need not read them
@@ -410,6 +454,9 @@ class AggregationWorker(SegmentWorker):
         marks = self.marks.get(seg)
         try:
             self._flush_downstream(seg)
+            if self.agg.publish is not None:
+                _publish_states(self.agg.publish, self.name, entries, self.changed.get(seg, ()),
+                                marks.encode_offsets if marks is not None else None)  # fmt: skip
             with db.transaction() as conn:
                 self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
                                 marks.encode_offsets if marks is not None else None)  # fmt: skip
@@ -459,6 +506,8 @@ class AggregationWorker(SegmentWorker):
                     for fold in stage.folds.for_type(event.type):
                         fold(entry.value, event)
                     record(entry.offsets, coords)
+                if stage.publish is not None:  # acknowledged before this commits
+                    _publish_states(stage.publish, name, entries, keys, None)
                 self.table.save(conn, name, entries)
         self.outputs.pop(seg, None)
 
