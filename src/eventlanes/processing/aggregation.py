@@ -219,21 +219,31 @@ Offsets = Callable[[list[str], list[Entry]], list[str]]
 
 
 def _publish_states(
-    sink: Any, name: str, entries: dict[str, Entry], keys: Iterable[str], offsets: Offsets | None
+    sink: Any,
+    name: str,
+    entries: dict[str, Entry],
+    keys: Iterable[str],
+    offsets: Offsets | None,
+    newest: dict[str, Coordinates] | None = None,
 ) -> None:
-    """Publish the states of ``keys`` (acknowledged before the caller commits them)."""
-    from ..kafka.sink import state_chain
+    """Publish the states of ``keys`` (acknowledged before the caller commits them), each with
+    the coordinates of the newest input folded into it (``newest``, else its offsets)."""
+    from ..kafka.sink import coordinates_chain, state_chain
 
     keys = sorted(k for k in keys if k in entries)
     picked = [entries[k] for k in keys]
-    texts = (
-        offsets(keys, picked) if offsets is not None else [json.dumps(e.offsets) for e in picked]
-    )
-    sink.publish([
-        (key, entry.value, state_chain(name, json.loads(text)),
-         [("type", b"AggregateState"), ("aggregation", name.encode())])
-        for key, entry, text in zip(keys, picked, texts, strict=True)
-    ])  # fmt: skip
+    if offsets is not None:
+        texts = offsets(keys, picked)
+    else:
+        texts = [json.dumps(e.offsets) for e in picked]
+    records = []
+    for key, entry, text in zip(keys, picked, texts, strict=True):
+        coords = (newest or {}).get(key)
+        chain = (coordinates_chain(name, *coords) if coords is not None
+                 else state_chain(name, json.loads(text)))  # fmt: skip
+        records.append((key, entry.value, chain,
+                        [("type", b"AggregateState"), ("aggregation", name.encode())]))  # fmt: skip
+    sink.publish(records)
 
 
 #: states kept in memory after a write, per worker, so the next batches need not read them
@@ -495,6 +505,7 @@ class AggregationWorker(SegmentWorker):
                 keyed = [(str(stage.key(out)), coords, out, src) for _, coords, out, src in items]
                 keys = sorted({k for k, *_ in keyed})
                 entries = self.table.lock(conn, name, keys, stage.initial)
+                newest: dict[str, Coordinates] = {}
                 for key, coords, out, src in keyed:
                     entry = entries.get(key)
                     if entry is None:
@@ -506,8 +517,9 @@ class AggregationWorker(SegmentWorker):
                     for fold in stage.folds.for_type(event.type):
                         fold(entry.value, event)
                     record(entry.offsets, coords)
-                if stage.publish is not None:  # acknowledged before this commits
-                    _publish_states(stage.publish, name, entries, keys, None)
+                    newest[key] = coords
+                if stage.publish is not None and newest:  # acknowledged before this commits
+                    _publish_states(stage.publish, name, entries, newest, None, newest)
                 self.table.save(conn, name, entries)
         self.outputs.pop(seg, None)
 
