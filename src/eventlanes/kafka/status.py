@@ -67,6 +67,8 @@ def view(db: Database, name: str, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) 
     now_ms = db.now_ms
     seen = PartitionTable(db, create=False).seen(name) if schema.exists(db) else {}
     tokens = db.table("tokens")
+    if not schema.exists(db, tokens):  # nothing has run on this store yet
+        return IngestorView(name, "", [], [], 0)
     rows = db.query(
         db.sql(
             f"""SELECT segment_id, position, owner, claimed_since, claim_deadline, last_error,
