@@ -143,6 +143,9 @@ class Kafka:
             "enable.partition.eof": False,
         })  # fmt: skip
         conf.setdefault("isolation.level", "read_committed")
+        # a broker that holds an empty fetch for the whole wait (Tansu does) delays every
+        # record by up to this much: keep it short (the default, 500 ms, was the p50 latency)
+        conf.setdefault("fetch.wait.max.ms", 10)
         return conf
 
     def producer_config(self) -> dict[str, Any]:
