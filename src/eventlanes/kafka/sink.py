@@ -71,9 +71,7 @@ class KafkaSink:
                 self._pid = os.getpid()
             return self._producer
 
-    def publish(
-        self, records: list[tuple[Any, dict[str, Any], Chain, list[tuple[str, bytes]]]]
-    ) -> None:
+    def publish(self, records: list[Out]) -> None:
         """Produce ``(key, value, chain, headers)`` records in order and wait until the broker
         has acknowledged every one; raises (nothing to commit) otherwise."""
         if not records:
@@ -119,26 +117,6 @@ def event_chain(event: Event, source: str) -> Chain:
     chain = list(event.metadata.get(CHAIN_KEY) or []) if event.metadata else []
     chain.append({"source": event.source or source, "partition": "", "offset": event.position,
                   "out": 0})  # fmt: skip
-    return chain
-
-
-def state_chain(name: str, offsets: dict[str, Any]) -> Chain:
-    """The chain of a published state: the coordinates of the newest input folded into it, so
-    that the state published again after a crash has the same root, and a newer one a newer
-    root. A state fed by several sources is published with its first source's (by name)."""
-    if not offsets:
-        return [{"source": name, "partition": "", "offset": 0, "out": 0}]
-    source = sorted(offsets)[0]
-    partition, path = offsets[source]
-    return coordinates_chain(name, source, partition, path)
-
-
-def coordinates_chain(name: str, source: str, partition: str, path: Any) -> Chain:
-    """A chain whose root coordinates are ``(source, partition, path)`` (chains.coordinates)."""
-    steps = [int(x) for x in path] or [0]
-    chain = [{"source": source, "partition": partition, "offset": steps[0],
-              "out": steps[1] if len(steps) > 1 else 0}]  # fmt: skip
-    chain += [{"source": name, "partition": "", "offset": 0, "out": o} for o in steps[2:]]
     return chain
 
 

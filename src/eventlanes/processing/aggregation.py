@@ -28,7 +28,17 @@ from ..events import Event, NewEvent, datas, types
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy
 from ..segments import Segment
-from .chains import CHAIN_KEY, Coordinates, Marks, coordinates, dedupe, is_newer, record
+from .chains import (
+    CHAIN_KEY,
+    Coordinates,
+    Marks,
+    coordinates,
+    coordinates_chain,
+    dedupe,
+    is_newer,
+    record,
+    state_chain,
+)
 from .declarative import Declaration, Op
 from .dispatch import describe
 from .handlers import FunctionsByType
@@ -206,11 +216,9 @@ class Aggregation(Processor):
 
 
 def _sink(name: str, publish: Any) -> Any:
-    if publish is None:
-        return None
-    from ..kafka.sink import KafkaSink
-
-    if not isinstance(publish, KafkaSink):
+    """``publish=``: anything with ``publish(records)`` that returns once every record was
+    acknowledged (an ``el.KafkaSink``)."""
+    if publish is not None and not callable(getattr(publish, "publish", None)):
         raise InvalidInputError(f"aggregation {name!r}: publish= takes an el.KafkaSink")
     return publish
 
@@ -228,8 +236,6 @@ def _publish_states(
 ) -> None:
     """Publish the states of ``keys`` (acknowledged before the caller commits them), each with
     the coordinates of the newest input folded into it (``newest``, else its offsets)."""
-    from ..kafka.sink import coordinates_chain, state_chain
-
     keys = sorted(k for k in keys if k in entries)
     picked = [entries[k] for k in keys]
     if offsets is not None:
