@@ -98,7 +98,7 @@ def _plain(url: str, kafka: el.Kafka, topic: str, n: int) -> float:
             for m in messages:
                 if m.error() is None:
                     by_partition[m.partition()].append(m)
-            with store.db.transaction() as conn:
+            with store.db.transaction(pipeline=True) as conn:  # as the ingestor does
                 for _p, ms in sorted(by_partition.items()):
                     runs: list[tuple[str, list[Any]]] = []
                     for m in ms:

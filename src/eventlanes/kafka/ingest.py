@@ -186,7 +186,8 @@ class IngestRunner:
         advanced: dict[int, int] = {}
         counts: dict[int, tuple[int, int]] = {}
         started = time.perf_counter()
-        with rt.db.transaction() as conn:
+        # PostgreSQL: pipeline mode, so each append's NOTIFY costs no round trip of its own
+        with rt.db.transaction(pipeline=True) as conn:
             for p, messages in sorted(batch.items()):
                 runs: list[tuple[str, list[Any]]] = []
                 n_parked = 0
