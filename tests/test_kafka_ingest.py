@@ -309,9 +309,22 @@ def test_cli_status_and_secrets(tmp_path, kafka_broker) -> None:
     assert doc["healthy"] and ing["lag_records"] == 0 and ing["position"] == 100
     assert [(p["partition"], p["lag_records"]) for p in ing["partitions"]] == [(0, 0), (1, 0)]
     assert "hunter2" not in json.dumps(doc)
-    produce(b, topic, [("k1", {"i": 1}, None)] * 5)
-    done = _cli("status", "--url", url, "--max-lag", "0")
-    assert done.returncode == 0  # the recorded watermark is the last fetched: nothing runs
+    # status never asks the broker: the watermark is the last one fetched, and says how old
+    assert all(p["watermark_age_seconds"] >= 0 for p in ing["partitions"])
+    # a stopped partition makes status unhealthy (exit 1), with the reason
+    produce(b, topic, [("k1", b"not json", None)], partition=0)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "eventlanes.cli", "run", APP, "--no-progress"],
+        cwd=ROOT, env=_env(url, b, topic), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: _cli("status", "--url", url).returncode == 1, timeout=60,
+                 what="unhealthy status")  # fmt: skip
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    done = _cli("status", "--url", url)
+    assert "unhealthy: readings-in: partition 0" in done.stdout and "is bad" in done.stdout
 
 
 def test_definition_errors_are_refused_where_written(tmp_path) -> None:
