@@ -357,8 +357,8 @@ class IngestRunner:
     def _check_marks(self) -> None:
         """Record the watermarks fetched (for status and lag) and stop partitions whose token
         is past the broker's high watermark (a topic recreated or truncated)."""
-        if self._consumer is None or self.table is None:
-            return
+        if self._consumer is None or self.table is None or self._rebuild:
+            return  # a consumer about to be replaced may know a partition from an older claim
         ck = client.client_module()
         marks: dict[int, tuple[int, int]] = {}
         for p, held in list(self.claimed.items()):
