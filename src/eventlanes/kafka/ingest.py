@@ -421,11 +421,27 @@ class IngestRunner:
 
     def _fail(self, p: int, reason: str) -> None:
         """The partition stops: its failure recorded, released with back-off."""
+        self._observe_one(p)  # status shows how far behind the stopped partition is
         self._forget(p)
         self.rt.observer.failed(self.name, str(p), reason)
         delay = self.tokens.fail(self.name, p, self.owner, reason)
         log.error("%s: partition %d: %s; released, retrying in %.0f s", self.name, p, reason,
                   delay)  # fmt: skip
+
+    def _observe_one(self, p: int) -> None:
+        if self._consumer is None or self.table is None or self._rebuild:
+            return
+        ck = client.client_module()
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                ck.TopicPartition(self.ing.topic, p), cached=True
+            )
+            if high >= 0 and self._marks.get(p) != (low, high):
+                self.table.observe(self.name, {p: (low, high)})
+                self._marks[p] = (low, high)
+        except Exception as exc:  # noqa: BLE001 - only for status: the failure matters more
+            log.warning("%s: partition %d: could not record its watermarks: %s", self.name, p,
+                        exc)  # fmt: skip
 
     def _held(self, held: set[int]) -> None:
         with self.lock:
