@@ -152,3 +152,58 @@ def test_partitions_shared_fairly_by_three_processes(store_url: str, kafka_broke
     finally:
         _stop(supervisor)
     assert sorted(e.data["i"] for e in app.store.iter_events()) == list(range(6000))
+
+
+@pytest.fixture(scope="module")
+def private_pg():
+    """A PostgreSQL server of this module's own, to stop and start again."""
+    from eventlanes.testing.postgres import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(fsync=False, max_connections=60)
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+def test_ingest_through_a_postgres_restart(private_pg, kafka_broker) -> None:
+    """The database is stopped (pg_ctl stop -m immediate) for 8 s while `run --processes 2`
+    ingests: the workers wait and go on by themselves; every record is appended once, in
+    offset order per key."""
+    b = kafka_broker.bootstrap
+    topic = create_topic(b, 4)
+    total, keys = 30_000, 300
+    produce(b, topic, [(f"k{i % keys}", {"n": i // keys}, None) for i in range(total)])
+    hw = high_watermarks(b, topic, 4)
+    url = f"{private_pg.url}?prefix=k{os.getpid()}_"
+    app = el.App(url, claim_timeout=1.5)
+    supervisor = _run(url, b, topic, 2, batch="500")
+
+    def progress() -> int:
+        try:
+            return sum(_tokens(app).values())
+        except el.StoreConnectionError:  # the server is down: not yet
+            return 0
+
+    try:
+        wait_for(lambda: progress() >= 0.2 * total, timeout=180, what="20% ingested")
+        private_pg.halt("immediate")
+        time.sleep(8)
+        private_pg.start()
+        back, before = time.monotonic(), progress()
+        wait_for(lambda: progress() > before or progress() == total, timeout=120,
+                 what="progress after the restart")  # fmt: skip
+        print(f"| PostgreSQL stopped 8 s | resumed {time.monotonic() - back:.1f} s after start |")
+        wait_for(lambda: progress() == total, timeout=240, interval=0.2, what="all ingested")
+        assert supervisor.poll() is None, "the workers must wait for the database, not exit"
+    finally:
+        err = _stop(supervisor)
+    assert "worker" not in err or "restarting" not in err, err[-2000:]  # none died
+    per_key: dict[str, list[int]] = defaultdict(list)
+    offsets = set()
+    for e in app.store.iter_events(batch_size=20_000):
+        offsets.add((e.metadata["kafka"]["partition"], e.metadata["kafka"]["offset"]))
+        per_key[e.stream_id].append(e.data["n"])
+    assert app.store.count() == total == len(offsets)
+    assert all(ns == list(range(len(ns))) for ns in per_key.values())
+    assert _tokens(app) == hw
