@@ -190,7 +190,8 @@ def test_ingest_through_a_postgres_restart(private_pg, kafka_broker) -> None:
         private_pg.halt("immediate")
         time.sleep(8)
         private_pg.start()
-        back, before = time.monotonic(), progress()
+        back = time.monotonic()
+        before = wait_for(progress, timeout=60, what="the database to answer")
         wait_for(lambda: progress() > before or progress() == total, timeout=120,
                  what="progress after the restart")  # fmt: skip
         print(f"| PostgreSQL stopped 8 s | resumed {time.monotonic() - back:.1f} s after start |")
