@@ -99,7 +99,7 @@ def produce_readings(bootstrap: str, topic: str, n: int, seed: int) -> None:
 
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "linger.ms": 5})  # fmt: skip
+                         "linger.ms": 5, "log.connection.close": False})  # fmt: skip
     for _ in range(n):
         robot = rng.randrange(6)
         results = [[rng.randrange(9), rng.randrange(2)] for _ in range(rng.randint(1, 3))]
@@ -114,7 +114,7 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo-check",
-                         "enable.auto.commit": False})  # fmt: skip
+                         "enable.auto.commit": False, "log.connection.close": False})  # fmt: skip
     partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
     records: list[Any] = []
     for p in partitions:

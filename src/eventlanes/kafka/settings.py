@@ -146,6 +146,7 @@ class Kafka:
         # a broker that holds an empty fetch for the whole wait (Tansu does) delays every
         # record by up to this much: keep it short (the default, 500 ms, was the p50 latency)
         conf.setdefault("fetch.wait.max.ms", 10)
+        conf.setdefault("log.connection.close", False)
         return conf
 
     def producer_config(self) -> dict[str, Any]:
@@ -153,6 +154,7 @@ class Kafka:
         # idempotence: retries neither reorder nor duplicate within a producer session
         conf.setdefault("enable.idempotence", True)
         conf.setdefault("acks", "all")
+        conf.setdefault("log.connection.close", False)  # idle connections closing: not news
         return conf
 
     def __repr__(self) -> str:
