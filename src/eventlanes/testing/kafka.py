@@ -42,6 +42,19 @@ def binary() -> str:
     return str(path)
 
 
+def _own_session_dying_with_parent() -> None:
+    """In the child before exec: a session of its own (a Ctrl-C of the tests is not its to
+    handle), and SIGKILL when the process that started it dies, even by SIGKILL or a crash
+    (Linux's PR_SET_PDEATHSIG), so no broker outlives a test run."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() still kills it
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,7 +75,7 @@ class TansuBroker:
             [binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C of the tests is not its to handle
+            preexec_fn=_own_session_dying_with_parent,  # noqa: PLW1509 - no threads yet matter
         )
         deadline = time.monotonic() + START_TIMEOUT
         while True:
