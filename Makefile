@@ -11,7 +11,7 @@ $(BIN)/python:
 
 # Stamp files: reinstall only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[spark]'
+	$(BIN)/pip install -q -e '.[spark,kafka,broker]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python

@@ -127,3 +127,15 @@ def spark_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """One Tansu broker (memory storage, 127.0.0.1) for the whole test session."""
+    from eventlanes.testing.kafka import TansuBroker
+
+    broker = TansuBroker()
+    try:
+        yield broker
+    finally:
+        broker.stop()

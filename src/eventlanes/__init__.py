@@ -24,6 +24,7 @@ from .errors import (
 )
 from .events import Event, NewEvent
 from .hashing import stable_hash
+from .kafka import Ingestor, Kafka, KafkaSink, KafkaUnavailableError
 from .observe import Observer
 from .policies import (
     SequencingPolicy,
@@ -82,6 +83,10 @@ __all__ = [
     "SegmentView",
     "disallow_replay",
     "InMemoryTokenStore",
+    "Ingestor",
+    "Kafka",
+    "KafkaSink",
+    "KafkaUnavailableError",
     "SQLTokenStore",
     "Segment",
     "SegmentStatus",

@@ -16,6 +16,8 @@ from typing import Any
 
 from .db import Database
 from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
+from .kafka.ingestor import Ingestor
+from .kafka.settings import Kafka
 from .notify import Wakeup, wakeup_for
 from .observe import Observer
 from .processing import admin
@@ -57,6 +59,8 @@ class App:
             observer=observer,
         )
         self.processors: dict[str, Processor] = {}
+        self.ingestors: dict[str, Ingestor] = {}
+        self._ingest_runners: list[Any] = []
         self._runners: list[ProcessorRunner] = []
         self._balancers: list[Balancer] = []
         self._metrics: Any = None  # the metrics HTTP server while running
@@ -123,8 +127,50 @@ class App:
         :class:`eventlanes.processing.republisher.Republisher`."""
         return self._add(Republisher(self.runtime, name, **options))
 
+    def ingest(self, name: str, kafka: Kafka, *, topic: str, **options: Any) -> Ingestor:
+        """An ingestor appending the records of a Kafka ``topic`` to the store, exactly once
+        (see :class:`eventlanes.kafka.Ingestor`); ``run`` starts it like a processor. Its name
+        shares the token table with the processors' names."""
+        ingestor = Ingestor(self.runtime, name, kafka, topic=topic, **options)
+        if name in self.processors or name in self.ingestors:
+            raise InvalidInputError(f"{name!r} is already defined in this app")
+        self.ingestors[name] = ingestor
+        return ingestor
+
+    def publisher(
+        self,
+        name: str,
+        sink: Any,
+        *,
+        on: str | list[str] | None = None,
+        key: Any = None,
+        value: Any = None,
+        **options: Any,
+    ) -> Processor:
+        """A processor publishing events (of types ``on``; all by default) to a Kafka topic:
+        ``sink`` is an :class:`eventlanes.kafka.KafkaSink`; record key ``key(event)`` (default:
+        the stream id), value ``value(event)`` (default: the event's data), the event type
+        in the ``type`` header and its source chain in ``el-source-chain``. Each segment
+        batch is published and acknowledged before its token commits (at least once)."""
+        from .kafka.sink import KafkaSink, event_records
+
+        if not isinstance(sink, KafkaSink):
+            raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
+        for what, fn in (("key", key), ("value", value)):
+            if fn is not None and not callable(fn):
+                raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
+        types = [on] if isinstance(on, str) else list(on or [])
+        proc = self.processor(name, **options)
+        runtime = self.runtime
+
+        @proc.on_batch(*types)
+        def publish(events: list[Any], ctx: Any) -> None:
+            sink.publish(event_records(events, runtime.store.events_table, key, value))
+
+        return proc
+
     def _add(self, proc: Any) -> Any:
-        if proc.name in self.processors:
+        if proc.name in self.processors or proc.name in self.ingestors:
             raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")
         self.processors[proc.name] = proc
         return proc
@@ -159,21 +205,24 @@ class App:
         :class:`Observer` instead, or a ``PrometheusObserver`` to serve). ``on_ready()`` is
         called once every processor runs, unless one has crashed by then (never after a
         crash was logged)."""
-        if self._runners:
+        if self._runners or self._ingest_runners:
             raise RuntimeError("this app is already running")
-        selected = self._selected(processors)
-        if not selected:
+        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
+        named = None if not processors else [n for n in processors if n not in self.ingestors]
+        selected = [] if named == [] else self._selected(named)  # []: only ingestors named
+        if not selected and not ingest:
             raise InvalidInputError("this app defines no processor to run")
         static = None
         if node_index is not None or nodes is not None:
             if node_index is None or nodes is None:
                 raise InvalidInputError("static mode needs both node_index and nodes")
             static = (node_index, nodes)
-        chosen = self._observe(observer, metrics_port, [p.name for p in selected])
+        chosen = self._observe(observer, metrics_port, [*(p.name for p in selected), *ingest])
         if chosen is not None:
             self.runtime.observer = chosen
         self._wakeup = wakeup_for(self.store, self.poll_interval)
         owner = node_name()
+        self._start_ingest(ingest, owner)
         for proc in selected:
             runner = ProcessorRunner(self.runtime, proc, owner, static, self._wakeup)
             runner.start()
@@ -183,12 +232,33 @@ class App:
                 balancer.start()
                 self._balancers.append(balancer)
         if on_ready is not None:
-            unless_crashed(self._runners, on_ready)
+            unless_crashed([*self._runners, *self._ingest_runners], on_ready)
+
+    def _start_ingest(self, names: list[str], owner: str) -> None:
+        from .kafka.ingest import IngestRunner
+
+        runners = [IngestRunner(self.runtime, self.ingestors[n], owner) for n in names]
+        for runner in runners:
+            runner.check()  # the broker answers, within its timeout: before anything starts
+        for runner in runners:
+            runner.start()
+            self._ingest_runners.append(runner)
+
+    def check_ingestors(self, names: list[str] | None = None) -> None:
+        """Raise (one clear error) unless every ingestor's broker answers with its topic."""
+        from .kafka.ingest import IngestRunner
+
+        for name in names or list(self.ingestors):
+            if name in self.ingestors:
+                IngestRunner(self.runtime, self.ingestors[name], node_name()).check()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batches in hand, store tokens, release claims; within ``timeout`` seconds
         in all, else raise :class:`StopTimeoutError` (the claims of what still runs expire)."""
         self._stop.set()
+        ingest, self._ingest_runners = self._ingest_runners, []
+        for ing in ingest:
+            ing.stopping.set()
         for balancer in self._balancers:
             balancer.stop()
         self._balancers = []
@@ -197,13 +267,14 @@ class App:
             runner.stopping.set()
         deadline = time.monotonic() + timeout
         stuck = [r.name for r in runners if not r.stop(max(0.0, deadline - time.monotonic()))]
+        stuck += [r.name for r in ingest if not r.stop(max(0.0, deadline - time.monotonic()))]
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
         if self._metrics is not None:
             self._metrics, server = None, self._metrics
             server.close()
-        crashed = [r for r in runners if r.error is not None]
+        crashed = [r for r in [*runners, *ingest] if r.error is not None]
         if crashed:
             error = crashed[0].error
             assert error is not None
@@ -246,7 +317,7 @@ class App:
 
     @property
     def running(self) -> bool:
-        return bool(self._runners)
+        return bool(self._runners or self._ingest_runners)
 
     def run(
         self,
@@ -258,13 +329,13 @@ class App:
         """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly
         within ``grace`` seconds; a runner that crashed stops the rest and
         :class:`ProcessorCrashedError` is raised (the crash chained as its cause)."""
-        if self._runners:
+        if self._runners or self._ingest_runners:
             raise RuntimeError("this app is already running")
         self._stop.clear()
         try:
             run_until_signal(
                 self._stop,
-                lambda: any(r.stopping.is_set() for r in self._runners),
+                lambda: any(r.stopping.is_set() for r in [*self._runners, *self._ingest_runners]),
                 start=lambda: self.start(processors, **options),
             )
         finally:
@@ -310,6 +381,21 @@ class App:
         """Where the processor is, per segment (reads only: nothing is created)."""
         return admin.status(self.runtime, self.get(name))
 
+    def ingest_status(self, name: str) -> Any:
+        """Where the ingestor is, per partition (:class:`eventlanes.kafka.status.IngestorView`;
+        reads only)."""
+        from .kafka import status
+
+        self._ingestor(name)
+        return status.view(self.db, name, self.claim_timeout)
+
+    def _ingestor(self, name: str) -> Ingestor:
+        try:
+            return self.ingestors[name]
+        except KeyError:
+            known = ", ".join(self.ingestors) or "none"
+            raise InvalidInputError(f"unknown ingestor {name!r} (defined: {known})") from None
+
     def initialize(self, name: str) -> None:
         """Create the processor's token rows if they do not exist yet (the runners and the
         commands that change tokens do it themselves)."""
@@ -343,10 +429,14 @@ class App:
 
     def pause(self, name: str) -> bool:
         """Pause the processor on every node (segments released, not claimed until resumed);
-        True if this call paused it."""
+        True if this call paused it. An ingestor releases its partitions the same way."""
+        if name in self.ingestors:
+            return self.tokens.pause(name)
         return admin.pause(self.runtime, self.get(name))
 
     def resume(self, name: str) -> bool:
+        if name in self.ingestors:
+            return self.tokens.resume(name)
         return admin.resume(self.runtime, self.get(name))
 
     def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
@@ -361,20 +451,33 @@ class App:
     def dead_letter_list(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> list[DeadLetter]:
+        """A processor's parked events, or an ingestor's parked records (``position`` packs
+        partition and offset, ``version`` is the offset, the key is the stream)."""
+        if name in self.ingestors:
+            return self.dead_letters.list(name, key, position)
         return admin.list_dead_letters(self.runtime, self.get(name), key, position)
 
     def retry_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> tuple[int, int]:
-        """Re-run parked events (all, one key's, or one position's); (handled, still parked)."""
+        """Re-run parked events (all, one key's, or one position's); (handled, still parked).
+        For an ingestor: fetch its parked records again and append them."""
+        if name in self.ingestors:
+            from .kafka import parking
+
+            return parking.retry(self.runtime, self.ingestors[name], key, position)
         return admin.retry_dead_letters(self.runtime, self.get(name), key, position)
 
     def discard_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> int:
+        if name in self.ingestors:
+            from .kafka import parking
+
+            return parking.discard(self.runtime, self.ingestors[name], key, position)
         return admin.discard_dead_letters(self.runtime, self.get(name), key, position)
 
     def close(self) -> None:
-        if self._runners:
+        if self._runners or self._ingest_runners:
             self.stop()
         self.runtime.close()

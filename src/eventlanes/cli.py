@@ -46,6 +46,7 @@ from .health import (
     status_document,
     store_first_after,
 )
+from .kafka import status as kafka_status
 from .loader import load_app
 from .store import open_store
 
@@ -298,6 +299,26 @@ class _Metrics:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _kafka_options(command: Any) -> Any:
+    command = click.option(
+        "--kafka-file", "kafka_files", multiple=True, metavar="PATH",
+        help="Kafka client options for ingestors and sinks, KEY=VALUE lines (secrets here)",
+    )(command)  # fmt: skip
+    return click.option(
+        "--kafka", "kafka_options", multiple=True, metavar="KEY=VALUE",
+        help="a Kafka client option (bootstrap.servers, SASL, TLS...; repeatable)",
+    )(command)  # fmt: skip
+
+
+def _use_kafka_options(options: tuple[str, ...], files: tuple[str, ...]) -> None:
+    """Command-line Kafka options override the app's, here and in worker processes."""
+    from .kafka.settings import ENV, cli_overrides
+
+    overrides = cli_overrides(options, files)
+    if overrides:
+        os.environ[ENV] = json.dumps(overrides)
+
+
 @main.command()
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.option("--processes", "-p", default=1, show_default=True, help="worker processes")
@@ -315,6 +336,7 @@ class _Metrics:
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
 @_spark_options
 @click.option("--trigger", default=1.0, show_default=True, help="--engine spark: seconds per batch")
+@_kafka_options
 def run(
     app_spec: str,
     processes: int,
@@ -332,14 +354,21 @@ def run(
     py_files: str,
     archives: str,
     trigger: float,
+    kafka_options: tuple[str, ...] = (),
+    kafka_files: tuple[str, ...] = (),
 ) -> None:
-    """Run the app's processors until SIGINT/SIGTERM (then finish batches, store tokens,
-    release claims). --engine spark keeps its aggregations up to date in micro-batches on
-    Spark (the other processors need --engine local)."""
+    """Run the app's processors and Kafka ingestors until SIGINT/SIGTERM (then finish batches,
+    store tokens, release claims). --engine spark keeps its aggregations up to date in
+    micro-batches on Spark (the other processors need --engine local)."""
+    _use_kafka_options(kafka_options, kafka_files)
     app = load_app(app_spec)
-    names = list(processors) or list(app.processors)
+    everything = list(processors) or [*app.processors, *app.ingestors]
+    ingest = [n for n in everything if n in app.ingestors]
+    names = [n for n in everything if n not in app.ingestors]
     for name in names:
         app.get(name)
+    if ingest and engine == "local":
+        app.check_ingestors(ingest)  # a broker that does not answer: one error line, now
     if engine == "spark":
         from .spark.continuous import plan
         from .spark.continuous import run as run_spark
@@ -369,6 +398,7 @@ def run(
     logsetup.setup(level, fmt, console if show else err_console)
     bars, tick = _progress(app, names) if show else (None, None)
     _start_lines(app, names)
+    names = everything  # the runners (and metrics) take the ingestors too
     metrics = _Metrics(app, names, metrics_port, processes)
     if processes == 1:
         stop_ticking = threading.Event()
@@ -465,20 +495,32 @@ def status(
         if not args:
             raise InvalidInputError("status needs MODULE:APP or --url URL")
         app = load_app(args[0])
-        names = list(args[1:] + processors) or list(app.processors)
+        asked = list(args[1:] + processors)
+        ingest = [n for n in asked or app.ingestors if n in app.ingestors]
+        names = [n for n in asked if n not in app.ingestors] if asked else list(app.processors)
         for name in names:
             app.get(name)
         first_after = store_first_after(app.store)
         docs = [processor_document(app.status(n), first_after, limit) for n in names]
+        ingest_docs = [kafka_status.document(app.ingest_status(n), limit.events) for n in ingest]
     else:
         inspector = ReadOnlyInspector(url)
         try:
-            names = list(args + processors) or inspector.processors()
+            asked = list(args + processors)
+            known = kafka_status.ingestor_names(inspector.db)
+            ingest = [n for n in asked or known if n in known]
+            names = [n for n in asked if n not in known] if asked else [
+                n for n in inspector.processors() if n not in known]  # fmt: skip
             docs = [processor_document(inspector.view(n), inspector.first_after, limit)
                     for n in names]  # fmt: skip
+            ingest_docs = [kafka_status.document(kafka_status.view(inspector.db, n), limit.events)
+                           for n in ingest]  # fmt: skip
         finally:
             inspector.close()
     document = status_document(docs, limit)
+    if ingest_docs:  # Kafka ingestors: a list of their own, per partition
+        document["ingestors"] = ingest_docs
+        document["healthy"] = document["healthy"] and all(d["healthy"] for d in ingest_docs)
     if as_json:
         click.echo(json.dumps(document, indent=2))
     else:
@@ -486,7 +528,40 @@ def status(
     sys.exit(0 if document["healthy"] else 1)
 
 
+def _print_ingestors(document: dict[str, Any]) -> None:
+    for ing in document.get("ingestors", ()):
+        lag = ing["lag_records"]
+        title = (
+            f"{ing['name']} (Kafka topic {ing['topic']}): {len(ing['live_nodes'])} live node(s), "
+            f"lag {'?' if lag is None else f'{lag:,}'} records"
+            + (f", {ing['dead_letters']} record(s) parked" if ing["dead_letters"] else "")
+        )
+        table = Table(title=title)
+        for col in ("partition", "position", "high watermark", "lag", "owner", "claim age",
+                    "last error"):  # fmt: skip
+            table.add_column(col, justify="right" if col in ("position", "lag") else "left")
+        for p in ing["partitions"]:
+            error = p["last_error"] or ""
+            if p["errors"]:
+                retry = _age(p["retry_in_seconds"]) or "now"
+                error = f"[red]{p['errors']}x, retry in {retry}:[/red] {error}"
+            high = p["high_watermark"]
+            table.add_row(
+                str(p["partition"]),
+                f"{p['position']:,}",
+                "?" if high is None else f"{high:,} ({_age(p['watermark_age_seconds'])} ago)",
+                "?" if p["lag_records"] is None else f"{p['lag_records']:,}",
+                p["owner"] or "-",
+                _age(p["claim_age_seconds"]),
+                error[:100],
+            )
+        console.print(table)
+        for problem in ing["problems"]:
+            console.print(f"[red]unhealthy:[/red] {ing['name']}: {problem}", highlight=False)
+
+
 def _print_status(document: dict[str, Any]) -> None:
+    _print_ingestors(document)
     for p in document["processors"]:
         title = (
             f"{p['name']}: head {p['head']:,}, {len(p['live_nodes'])} live node(s), "

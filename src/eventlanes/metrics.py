@@ -49,6 +49,11 @@ class Inspected(Protocol):
 
     def status(self, name: str) -> ProcessorView: ...
 
+    @property
+    def ingestors(self) -> Mapping[str, object]: ...
+
+    def ingest_status(self, name: str) -> Any: ...
+
 
 log = logging.getLogger("eventlanes.metrics")
 
@@ -150,6 +155,7 @@ class StatusCollector(Collector):
             "eventlanes_dead_letters", "Dead letters waiting for retry or discard", ("processor",)
         )
         up = family("eventlanes_status_up", "1 if the last status read succeeded", ())
+        kafka = _KafkaFamilies()
         ok = 1.0
         with self._lock:
             try:
@@ -157,7 +163,13 @@ class StatusCollector(Collector):
                 first_after = store_first_after(self.app.store)
                 store_head = self.app.store.head()
                 head.add_metric([], store_head)
+                ingestors = getattr(self.app, "ingestors", {})
+                for name in self.names or list(ingestors):
+                    if name in ingestors:
+                        kafka.add(self.app.ingest_status(name), letters)
                 for name in self.names or list(self.app.processors):
+                    if name in ingestors:
+                        continue
                     view = self.app.status(name)
                     letters.add_metric([name], view.dead_letters)
                     for s in view.segments:
@@ -172,7 +184,42 @@ class StatusCollector(Collector):
                 log.warning("metrics: reading the status failed: %s", exc)
                 ok = 0.0
         up.add_metric([], ok)
-        yield from (lag, lag_s, position, errors, head, letters, up)
+        yield from (lag, lag_s, position, errors, head, letters, up, *kafka.families)
+
+
+class _KafkaFamilies:
+    """Per ingestor and partition: position (next offset), the broker's high watermark as last
+    fetched, the lag between them, consecutive errors."""
+
+    def __init__(self) -> None:
+        labels = ["ingestor", "partition"]
+        self.position = GaugeMetricFamily(
+            "eventlanes_kafka_position",
+            "The partition's token: the next offset to append",
+            labels=labels,
+        )
+        self.high = GaugeMetricFamily(
+            "eventlanes_kafka_high_watermark", "The partition's high watermark, as last fetched",
+            labels=labels,
+        )  # fmt: skip
+        self.lag = GaugeMetricFamily(
+            "eventlanes_kafka_lag_records", "High watermark minus position", labels=labels
+        )
+        self.errors = GaugeMetricFamily(
+            "eventlanes_kafka_partition_errors", "Consecutive failed attempts (0: healthy)",
+            labels=labels,
+        )  # fmt: skip
+        self.families = (self.position, self.high, self.lag, self.errors)
+
+    def add(self, view: Any, letters: GaugeMetricFamily) -> None:
+        letters.add_metric([view.name], view.dead_letters)
+        for p in view.partitions:
+            labels = [view.name, str(p.partition)]
+            self.position.add_metric(labels, p.position)
+            self.errors.add_metric(labels, p.errors)
+            if p.high_watermark is not None:
+                self.high.add_metric(labels, p.high_watermark)
+                self.lag.add_metric(labels, p.lag)
 
 
 class _WorkerFiles(Collector):

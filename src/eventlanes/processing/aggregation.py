@@ -30,7 +30,17 @@ from ..events import Event, NewEvent, datas, types
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
-from .chains import CHAIN_KEY, Coordinates, Marks, coordinates, dedupe, is_newer, record
+from .chains import (
+    CHAIN_KEY,
+    Coordinates,
+    Marks,
+    coordinates,
+    coordinates_chain,
+    dedupe,
+    is_newer,
+    record,
+    state_chain,
+)
 from .declarative import Declaration, Op
 from .dispatch import describe
 from .handlers import FunctionsByType
@@ -70,9 +80,12 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
 class Stage:
     """A downstream aggregation, fed by the outputs of an upstream aggregation's folds."""
 
-    def __init__(self, upstream: Aggregation, name: str, key: Any, initial: Any) -> None:
+    def __init__(
+        self, upstream: Aggregation, name: str, key: Any, initial: Any, publish: Any = None
+    ) -> None:
         validate_processor_name(name)
         _check_callables(name, key, initial)
+        self.publish = _sink(name, publish)
         self.upstream = upstream
         self.name = name
         self.key = key
@@ -107,6 +120,7 @@ class Aggregation(Processor):
         fields: dict[str, Op] | None = None,
         on: str | list[str] | None = None,
         pushdown: bool = True,
+        publish: Any = None,
         **options: Any,
     ) -> None:
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
@@ -153,6 +167,8 @@ class Aggregation(Processor):
             raise InvalidInputError(f"aggregation {name!r}: pushdown must be True or False")
         #: fold declared fields inside SQLite where exact (pushdown.py)
         self.pushdown = pushdown
+        #: a KafkaSink: each state written is published first (kafka/sink.py)
+        self.publish = _sink(name, publish)
         #: events this process folded inside SQLite (for tests and tuning)
         self.pushed_down = 0
 
@@ -171,10 +187,17 @@ class Aggregation(Processor):
                 "fold; define another aggregation for it"
             )
 
-    def downstream(self, name: str, key: Callable[[Any], Any], initial: Callable[[], Any]) -> Stage:
-        """A stage fed with this aggregation's fold outputs (``NewEvent``s)."""
+    def downstream(
+        self,
+        name: str,
+        key: Callable[[Any], Any],
+        initial: Callable[[], Any],
+        publish: Any = None,
+    ) -> Stage:
+        """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
+        KafkaSink its states are published to before they are written."""
         self._python_only("downstream()")
-        stage = Stage(self, name, key, initial)
+        stage = Stage(self, name, key, initial, publish)
         self.stages.append(stage)
         return stage
 
@@ -192,6 +215,43 @@ class Aggregation(Processor):
     def dropped(self) -> int:
         """Inputs dropped because they were already folded in (duplicates)."""
         return self.states.dropped(self.name)
+
+
+def _sink(name: str, publish: Any) -> Any:
+    """``publish=``: anything with ``publish(records)`` that returns once every record was
+    acknowledged (an ``el.KafkaSink``)."""
+    if publish is not None and not callable(getattr(publish, "publish", None)):
+        raise InvalidInputError(f"aggregation {name!r}: publish= takes an el.KafkaSink")
+    return publish
+
+
+Offsets = Callable[[list[str], list[Entry]], list[str]]
+
+
+def _publish_states(
+    sink: Any,
+    name: str,
+    entries: dict[str, Entry],
+    keys: Iterable[str],
+    offsets: Offsets | None,
+    newest: dict[str, Coordinates] | None = None,
+) -> None:
+    """Publish the states of ``keys`` (acknowledged before the caller commits them), each with
+    the coordinates of the newest input folded into it (``newest``, else its offsets)."""
+    keys = sorted(k for k in keys if k in entries)
+    picked = [entries[k] for k in keys]
+    if offsets is not None:
+        texts = offsets(keys, picked)
+    else:
+        texts = [json.dumps(e.offsets) for e in picked]
+    records = []
+    for key, entry, text in zip(keys, picked, texts, strict=True):
+        coords = (newest or {}).get(key)
+        chain = (coordinates_chain(name, *coords) if coords is not None
+                 else state_chain(name, json.loads(text)))  # fmt: skip
+        records.append((key, entry.value, chain,
+                        [("type", b"AggregateState"), ("aggregation", name.encode())]))  # fmt: skip
+    sink.publish(records)
 
 
 #: states kept in memory after a write, per worker, so the next batches need not read them
@@ -415,6 +475,9 @@ class AggregationWorker(SegmentWorker):
         marks = self.marks.get(seg)
         try:
             self._flush_downstream(seg)
+            if self.agg.publish is not None:
+                _publish_states(self.agg.publish, self.name, entries, self.changed.get(seg, ()),
+                                marks.encode_offsets if marks is not None else None)  # fmt: skip
             with db.transaction() as conn:
                 self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
                                 marks.encode_offsets if marks is not None else None)  # fmt: skip
@@ -456,6 +519,7 @@ class AggregationWorker(SegmentWorker):
                 ]
                 keys = sorted({k for k, *_ in keyed})
                 entries = self.table.lock(conn, name, keys, stage.initial)
+                newest: dict[str, Coordinates] = {}
                 for key, coords, out, src in keyed:
                     entry = entries.get(key)
                     if entry is None:
@@ -468,6 +532,9 @@ class AggregationWorker(SegmentWorker):
                         if (produced := fold(entry.value, event)) is not None:
                             _not_awaitable(produced, fold, event)
                     record(entry.offsets, coords)
+                    newest[key] = coords
+                if stage.publish is not None and newest:  # acknowledged before this commits
+                    _publish_states(stage.publish, name, entries, newest, None, newest)
                 self.table.save(conn, name, entries)
         self.outputs.pop(seg, None)
 

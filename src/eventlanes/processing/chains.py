@@ -21,6 +21,7 @@ from .states import Entry, encode, encode_all
 CHAIN_KEY = "source_chain"
 
 Coordinates = tuple[str, str, tuple[int, ...]]  # source, partition, path
+Chain = list[dict[str, Any]]
 
 
 def coordinates(event: Event, default_source: str) -> Coordinates:
@@ -200,3 +201,23 @@ _MISSING = object()
 def _own_path(offsets: dict[str, list[Any]], source: str) -> tuple[int, ...] | None:
     seen = offsets.get(source)
     return tuple(seen[1]) if seen is not None and seen[0] == "" else None
+
+
+def state_chain(name: str, offsets: dict[str, Any]) -> Chain:
+    """The chain of a published state: the coordinates of the newest input folded into it, so
+    that the state published again after a crash has the same root, and a newer one a newer
+    root. A state fed by several sources is published with its first source's (by name)."""
+    if not offsets:
+        return [{"source": name, "partition": "", "offset": 0, "out": 0}]
+    source = sorted(offsets)[0]
+    partition, path = offsets[source]
+    return coordinates_chain(name, source, partition, path)
+
+
+def coordinates_chain(name: str, source: str, partition: str, path: Any) -> Chain:
+    """A chain whose root coordinates are ``(source, partition, path)`` (chains.coordinates)."""
+    steps = [int(x) for x in path] or [0]
+    chain = [{"source": source, "partition": partition, "offset": steps[0],
+              "out": steps[1] if len(steps) > 1 else 0}]  # fmt: skip
+    chain += [{"source": name, "partition": "", "offset": 0, "out": o} for o in steps[2:]]
+    return chain

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ..notify import Wakeup, wakeup_for
 from ..observe import CRASH
@@ -30,12 +31,19 @@ log = logging.getLogger("eventlanes.processing")
 
 __all__ = ["ProcessorRunner", "node_name", "unless_crashed"]
 
+
+class Crashable(Protocol):
+    """A runner whose ``error`` is set when it crashed (processors, Kafka ingestors)."""
+
+    error: BaseException | None
+
+
 #: held while a crash is recorded and while "ready" is announced, so that no ready line ever
 #: follows a crash line (see :func:`unless_crashed`)
 _CRASHES = threading.Lock()
 
 
-def unless_crashed(runners: list[ProcessorRunner], then: Callable[[], None]) -> bool:
+def unless_crashed(runners: Sequence[Crashable], then: Callable[[], None]) -> bool:
     """Call ``then`` (e.g. log a ready line) unless one of ``runners`` has crashed, atomically
     with the crashes: a crash is either before it (and ``then`` is not called) or after."""
     with _CRASHES:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
-from . import v1_initial
+from . import v1_initial, v2_kafka
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,10 @@ class Migration:
     apply: Callable[[Database, Any], None]
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", v1_initial.apply),)
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial", v1_initial.apply),
+    Migration(2, "kafka", v2_kafka.apply),
+)
 
 
 def latest() -> int:
@@ -48,6 +51,7 @@ PARTS: dict[str, tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]] 
     "dead_letters": (("table", "dead_letters", DML, ("SELECT",)),),
     "aggregates": (("table", "aggregates", DML, ("SELECT",)),),
     "spark_batches": (("table", "spark_batches", DML, ("SELECT",)),),
+    "kafka": (("table", "kafka_partitions", DML, ("SELECT",)),),
 }
 
 #: Tables of the releases before schema versions: finding one without the migrations table

@@ -112,6 +112,20 @@ class TokenStore(ABC):
         position = resolve_initial(initial, store)
         return self._initialize(processor, segs, position)
 
+    def add_segments(self, processor: str, rows: list[tuple[Segment, int]]) -> list[Segment]:
+        """Create the rows of segments ``processor`` does not have yet, each at its position,
+        and keep those it has (a Kafka ingestor's partitions, found while it runs). Returns the
+        segments this call created."""
+        validate_processor_name(processor)
+        for segment, position in rows:
+            if (
+                not isinstance(segment, Segment)
+                or isinstance(position, bool)
+                or not (isinstance(position, int) and position >= 0)
+            ):
+                raise InvalidInputError(f"invalid segment row {(segment, position)!r}")
+        return self._add_segments(processor, rows) if rows else []
+
     def claim(
         self,
         processor: str,
@@ -267,6 +281,9 @@ class TokenStore(ABC):
 
     @abstractmethod
     def _initialize(self, processor: str, segments: list[Segment], position: int) -> bool: ...
+
+    @abstractmethod
+    def _add_segments(self, processor: str, rows: list[tuple[Segment, int]]) -> list[Segment]: ...
 
     @abstractmethod
     def _claim(

@@ -64,6 +64,16 @@ class InMemoryTokenStore(TokenStore):
             }
             return True
 
+    def _add_segments(self, processor: str, rows: list[tuple[Segment, int]]) -> list[Segment]:
+        with self._lock:
+            table = self._rows.setdefault(processor, {})
+            created = []
+            for segment, position in rows:
+                if segment.id not in table:
+                    table[segment.id] = _Row(segment.mask, Token(position), updated_at=time.time())
+                    created.append(segment)
+            return created
+
     def _claim(
         self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool
     ) -> TokenRecord | None:

@@ -123,6 +123,20 @@ class SQLTokenStore(TokenStore):
                 conn.execute(insert, (processor, seg.id, seg.mask, position))
             return True
 
+    def _add_segments(self, processor: str, rows: list[tuple[Segment, int]]) -> list[Segment]:
+        insert = self.db.sql(
+            f"INSERT INTO {self.table} (processor, segment_id, mask, position, updated_at) "
+            f"VALUES (?, ?, ?, ?, {self.db.now_ms}) "
+            "ON CONFLICT (processor, segment_id) DO NOTHING"
+        )
+        created = []
+        with self.db.transaction() as conn:
+            for segment, position in rows:
+                cur = conn.execute(insert, (processor, segment.id, segment.mask, position))
+                if cur.rowcount == 1:
+                    created.append(segment)
+        return created
+
     def _claim(
         self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool
     ) -> TokenRecord | None:

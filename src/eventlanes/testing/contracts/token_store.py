@@ -79,6 +79,24 @@ class TokenStoreContract(ABC):
         assert [s.position for s in ts.status(P)] == [0, 0, 0, 0]
         assert ts.processors() == [P]
 
+    def test_add_segments_creates_only_the_missing_rows(self) -> None:
+        """Rows added later (a Kafka topic's partitions found while running) start at their
+        own positions; rows that exist keep their token and claim."""
+        ts = self.new_store()
+        wide = 0xFFFFFFFF
+        assert ts.add_segments(P, [(Segment(0, wide), 5), (Segment(1, wide), 0)]) == [
+            Segment(0, wide), Segment(1, wide)
+        ]  # fmt: skip
+        assert ts.claim(P, 0, "a") is not None
+        ts.store(P, 0, Token(9), "a")
+        created = ts.add_segments(P, [(Segment(0, wide), 0), (Segment(2, wide), 7)])
+        assert created == [Segment(2, wide)]
+        assert [(s.segment.id, s.position, s.owner) for s in ts.status(P)] == [
+            (0, 9, "a"), (1, 0, None), (2, 7, None)
+        ]  # fmt: skip
+        with pytest.raises(InvalidInputError):
+            ts.add_segments(P, [(Segment(3, wide), -1)])
+
     @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 12])
     def test_initialize_any_segment_count_as_a_balanced_tree(self, n: int) -> None:
         ts = self.new_store()

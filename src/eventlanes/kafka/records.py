@@ -1,0 +1,196 @@
+"""From a Kafka record to an event: its stream, type, data and metadata, or why it is bad.
+
+* stream: the record key as UTF-8 text, or what ``stream(record)`` returns;
+* type: a fixed name, the ``type`` header, or what ``type(record)`` returns;
+* data: ``decode(value)``, JSON by default; it must give a JSON object;
+* metadata: ``kafka`` (topic, partition, offset, timestamp), ``headers`` (UTF-8 text; a
+  repeated header gives a list), and ``source_chain``, whose root is the record's coordinates
+  ``(topic, partition, offset)``, or, for a record an eventlanes sink published, the chain it
+  carried in its ``el-source-chain`` header with this hop added: an aggregation downstream
+  dedupes on the root and drops what a crash made the sink publish twice.
+
+A record that cannot become an event raises :class:`BadRecord` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..events import NewEvent
+from ..processing.chains import CHAIN_KEY
+
+CHAIN_HEADER = "el-source-chain"
+TYPE_HEADER = "type"
+DEFAULT_MAX_BYTES = 1_048_576
+
+
+class BadRecord(Exception):
+    """A record that cannot be appended: not JSON, no key where the stream needs one, ..."""
+
+    def __init__(self, reason: str, stream: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.stream = stream  # its stream when known, so later records of it wait behind it
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What user functions (``stream=``, ``type=``, ``decode=``) get of a Kafka record."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp: int | None  # epoch ms, None when the broker gave none
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name`` (None if absent)."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+    @classmethod
+    def of(cls, message: Any) -> Record:
+        kind, ts = message.timestamp()
+        headers = tuple(message.headers() or ())
+        return cls(message.topic(), message.partition(), message.offset(), message.key(),
+                   message.value(), headers, ts if kind else None)  # fmt: skip
+
+
+def json_object(value: bytes | None) -> dict[str, Any]:
+    """The default decoder: the value must be a JSON object."""
+    if value is None:
+        raise ValueError("the value is empty (a tombstone)")
+    data = json.loads(value)
+    if not isinstance(data, dict):
+        raise ValueError(f"the value is JSON {type(data).__name__}, not an object")
+    return data
+
+
+def key_stream(record: Record) -> str:
+    """The default stream: the record key as UTF-8 text."""
+    if record.key is None:
+        raise BadRecord("the record has no key (the stream is the key: pass stream=)")
+    try:
+        return record.key.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRecord("the record key is not UTF-8 text (pass stream=)") from None
+
+
+def header_type(record: Record) -> str:
+    """The default type: the ``type`` header."""
+    raw = record.header(TYPE_HEADER)
+    if raw is None:
+        raise BadRecord("the record has no 'type' header (pass type='Name' or a function)")
+    return raw.decode("utf-8", errors="strict")
+
+
+class _Fixed:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, record: Record) -> str:
+        return self.name
+
+
+class Converter:
+    """Turns records into events with the ingestor's functions."""
+
+    def __init__(
+        self,
+        topic: str,
+        stream: Callable[[Record], str] | None,
+        type_: str | Callable[[Record], str] | None,
+        decode: Callable[[bytes | None], Any] | None,
+        max_bytes: int,
+    ) -> None:
+        self.topic = topic
+        self.stream_of = stream or key_stream
+        self.type_of: Callable[[Record], str] = (
+            _Fixed(type_) if isinstance(type_, str) else (type_ or header_type)
+        )
+        self.decode = decode or json_object
+        self.max_bytes = max_bytes
+
+    def stream(self, record: Record) -> str:
+        try:
+            stream = self.stream_of(record)
+        except BadRecord:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's function: the record is bad
+            raise BadRecord(f"stream() failed: {_describe(exc)}") from None
+        if not isinstance(stream, str) or not stream.strip():
+            raise BadRecord(f"stream() gave {stream!r}, not a non-empty string")
+        return stream
+
+    def event(self, record: Record, stream: str) -> NewEvent:
+        size = len(record.value or b"") + len(record.key or b"")
+        if size > self.max_bytes:
+            raise BadRecord(f"the record has {size:,} bytes, more than max_record_bytes "
+                            f"{self.max_bytes:,}", stream)  # fmt: skip
+        try:
+            type_ = self.type_of(record)
+        except BadRecord as exc:
+            raise BadRecord(exc.reason, stream) from None
+        except Exception as exc:  # noqa: BLE001
+            raise BadRecord(f"type() failed: {_describe(exc)}", stream) from None
+        if not isinstance(type_, str) or not type_:
+            raise BadRecord(f"the event type is {type_!r}, not a non-empty string", stream)
+        try:
+            data = self.decode(record.value)
+        except Exception as exc:  # noqa: BLE001
+            raise BadRecord(f"the value cannot be decoded: {_describe(exc)}", stream) from None
+        if not isinstance(data, dict):
+            raise BadRecord(f"decode() gave {type(data).__name__}, not a dict", stream)
+        return NewEvent(type_, data, self.metadata(record, stream))
+
+    def metadata(self, record: Record, stream: str) -> dict[str, Any]:
+        headers: dict[str, Any] = {}
+        chain: list[Any] = []
+        for key, raw in record.headers:
+            if key == CHAIN_HEADER:
+                chain = _chain(raw, stream)
+                continue
+            try:
+                value = None if raw is None else raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadRecord(f"header {key!r} is not UTF-8 text", stream) from None
+            if key in headers:
+                old = headers[key]
+                headers[key] = [*old, value] if isinstance(old, list) else [old, value]
+            else:
+                headers[key] = value
+        hop = {"source": self.topic, "partition": str(record.partition), "offset": record.offset,
+               "out": 0}  # fmt: skip
+        meta: dict[str, Any] = {
+            CHAIN_KEY: [*chain, hop],
+            "kafka": {"topic": record.topic, "partition": record.partition,
+                      "offset": record.offset, "timestamp": record.timestamp},
+        }  # fmt: skip
+        if headers:
+            meta["headers"] = headers
+        return meta
+
+
+def _chain(raw: bytes | None, stream: str) -> list[Any]:
+    try:
+        chain = json.loads(raw or b"")
+        if not isinstance(chain, list) or not all(
+            isinstance(h, dict) and "source" in h and isinstance(h.get("offset"), int)
+            for h in chain
+        ):
+            raise ValueError("not a list of {source, partition, offset, out} hops")
+    except ValueError as exc:
+        raise BadRecord(f"header {CHAIN_HEADER!r} is malformed: {exc}", stream) from None
+    return chain
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
