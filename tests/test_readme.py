@@ -23,3 +23,4 @@ def test_readme_quickstart_runs(capsys) -> None:
     assert "('0/3', 1, 'node-a'), ('1/1', 0, None), ('2/3', 1, None)" in out
     assert "[('front-wheel',), ('car',)]" in out
     assert "{'ok': 7, 'failed': 0}" in out
+    assert 'data["items"][1]: key 1 is not a string (JSON would store it as "1"' in out
