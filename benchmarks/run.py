@@ -25,6 +25,7 @@ BENCHMARKS = {
     "types": "benchmarks.bench_types",
     "postgres": "benchmarks.bench_postgres",
     "projection": "benchmarks.bench_projection",
+    "memory": "benchmarks.bench_memory",
 }
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError, InvalidInputError
-from ..events import Event, NewEvent
+from ..events import Event, NewEvent, encode_object
 from ..store import EventStore
 from .chains import CHAIN_KEY, extend_chain
 from .dispatch import HandlerFailed
@@ -77,6 +77,7 @@ class RepublishWorker(SegmentWorker):
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         per_stream: dict[str, list[NewEvent]] = {}
+        made_by: dict[str, list[tuple[Event, int]]] = {}  # each output's input and index
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
@@ -98,8 +99,13 @@ class RepublishWorker(SegmentWorker):
                         per_stream.setdefault(stream, []).append(
                             NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
                         )
+                        made_by.setdefault(stream, []).append((event, i))
             for stream, outs in per_stream.items():
-                self.target.append(stream, outs)  # its own transaction: at-least-once
+                try:
+                    self.target.append(stream, outs)  # its own transaction: at-least-once
+                except InvalidInputError:
+                    self._name_the_output(outs, made_by[stream])
+                    raise
             new_token = advanced(st.token, upto)
             self.tokens.store(self.name, st.segment.id, new_token, self.owner)
         except ClaimLostError:
@@ -109,6 +115,14 @@ class RepublishWorker(SegmentWorker):
             return self.back_off(st, exc)
         st.committed(new_token)
         return Outcome.OK
+
+    def _name_the_output(self, outs: list[NewEvent], made_by: list[tuple[Event, int]]) -> None:
+        """An output the store refused (data that would not read back equal): the same error,
+        naming the republisher, the input event and the output's index."""
+        for out, (event, i) in zip(outs, made_by, strict=True):
+            where = f"republisher {self.name!r}: output #{i} of event {event.position}"
+            encode_object(out.data, f"{where} ({out.type}) data")
+            encode_object(out.metadata, f"{where} ({out.type}) metadata")
 
     def _stream(self, event: Event) -> str:
         to = self.rep.to_stream
