@@ -24,16 +24,30 @@ _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+def _pg() -> Iterator[tuple[str, object]]:
     from eventlanes.testing.postgres import server_url
 
     # fsync off: the tests kill processes, not machines, and it keeps the suite fast.
     url, server = server_url(fsync=False)
     try:
-        yield url
+        yield url, server
     finally:
         if server is not None:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url(_pg: tuple[str, object]) -> str:
+    return _pg[0]
+
+
+@pytest.fixture(scope="session")
+def pg_server(_pg: tuple[str, object]):  # type: ignore[no-untyped-def]
+    """The session's embedded server itself (to freeze it), or a skip when the tests run on
+    the server of $EVENTLANES_TEST_POSTGRES_URL."""
+    if _pg[1] is None:
+        pytest.skip("the PostgreSQL server is not ours to freeze ($EVENTLANES_TEST_POSTGRES_URL)")
+    return _pg[1]
 
 
 def _unique_prefix() -> str:

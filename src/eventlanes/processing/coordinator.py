@@ -59,6 +59,7 @@ class Coordinator:
         """Segments whose claim could not be extended are lost: nothing of theirs commits.
         A segment whose handler has run past ``handler_timeout`` is given up the same way and
         recorded as failed (retried with back-off, on any node); its transaction rolls back."""
+        self.worker.runtime.read_waits.check()  # at most every few seconds: a warning if due
         now = time.monotonic()
         timeout = self.proc.handler_timeout
         stuck = []
