@@ -163,3 +163,54 @@ def test_status_names_the_open_transaction_readers_wait_behind_on_every_path(
     finally:
         app.stop()
         app.close()
+
+
+def _server_processes(server: object) -> list[int]:
+    """The postmaster of the embedded server and its children (the backends, the writers)."""
+    data = Path(server.data)  # type: ignore[attr-defined]
+    postmaster = int((data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(entry.name))
+    return [postmaster, *children]
+
+
+def test_a_frozen_server_is_logged_once_when_it_starts_and_once_when_it_ends(
+    pg_server: object, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="eventlanes")
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}prefix=f{uuid.uuid4().hex[:10]}_"
+    app = make_app(url, claim_timeout=3.0)
+    create_schema(app)
+    app.store.append("before", [E("Placed")] * 50)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+        frozen = _server_processes(pg_server)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(8.0)  # well past the heartbeat's 5 s
+        finally:
+            for pid in reversed(frozen):
+                os.kill(pid, signal.SIGCONT)
+        app.store.append("after", [E("Placed")] * 50)
+        app.wait_until_caught_up(60)
+        wait_for(lambda: _warnings(caplog, "database back after"), timeout=30,
+                 what="the end of the freeze logged")  # fmt: skip
+        time.sleep(2)  # more heartbeats: nothing more is logged
+    finally:
+        app.stop()
+    [started] = _warnings(caplog, "has not answered")
+    [ended] = _warnings(caplog, "database back after")
+    assert started.startswith("orders: heartbeat: the database has not answered for")
+    assert ended.startswith("orders: heartbeat: database back after")
+    seen = [r[0] for r in app.db.query(f"SELECT position FROM {app.db.table('seen')}")]
+    assert sorted(seen) == [e.position for e in app.store.iter_events()]  # exactly once
+    app.close()

@@ -19,6 +19,7 @@ from .dead_letters import DeadLetterStore
 from .processor import Processor
 from .requests import Drop, carry_out
 from .state import SegmentState
+from .weather import Outage
 from .worker import SegmentWorker
 
 log = logging.getLogger("eventlanes.processing")
@@ -53,6 +54,7 @@ class Coordinator:
         self.claimed: dict[int, SegmentState] = {}
         self.lock = threading.Lock()  # guards ``claimed`` against the heartbeat's reads
         self._next = 0.0
+        self.outage = Outage(proc.name)  # database outages, logged once at start and end
 
     # -- what the heartbeat learns -------------------------------------------------------------
     def held(self, held: set[int]) -> None:
