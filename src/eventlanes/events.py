@@ -164,7 +164,7 @@ def _exact(value: Any, path: list[Any], open_: set[int], allow_nan: bool) -> str
                 )
             return json.dumps(value)
         text = float.__repr__(value)
-        return f"{value:.1f}" if "e+" in text else text
+        return float.__format__(value, ".1f") if "e+" in text else text
     if isinstance(value, dict | list):
         if id(value) in open_:
             raise NotExact(_path(path), "refers to itself (a circular reference)")

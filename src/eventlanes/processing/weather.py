@@ -90,8 +90,8 @@ class Outage:
                 return
             self.since = time.monotonic()
         log.warning(
-            "%s: database unavailable (%s: %s); retrying (1 s doubling to %.0f s) until it is "
-            "back", self.who, type(exc).__name__, exc, MAX_DELAY,
+            "%s: database unavailable (%s: %s); retrying until it is back (logged then)",
+            self.who, type(exc).__name__, exc,
         )  # fmt: skip
 
     def hangs(self, seconds: float) -> None:

@@ -113,6 +113,14 @@ class EventStoreContract(ABC):
         assert store.stream_version("a") == 3
         assert store.stream_version("missing") == 0
 
+    def test_committed_head_and_read_wait_when_nothing_is_in_flight(
+        self, store: EventStore
+    ) -> None:
+        assert store.committed_head() == 0 and store.read_wait() is None
+        store.append("a", [E("A"), E("B")])
+        assert store.committed_head() == store.head() == 2
+        assert store.read_wait() is None  # readers miss nothing committed
+
     def test_wrong_expected_version_names_everything_and_writes_nothing(
         self, store: EventStore
     ) -> None:
