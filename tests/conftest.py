@@ -32,6 +32,15 @@ def pg_url(eventlanes_postgres_url: str) -> str:
     return eventlanes_postgres_url
 
 
+@pytest.fixture(scope="session")
+def pg_server(eventlanes_postgres: tuple[str, object]):  # type: ignore[no-untyped-def]
+    """The session's embedded server itself (to freeze it), or a skip when the tests run on
+    the server of $EVENTLANES_TEST_POSTGRES_URL."""
+    if eventlanes_postgres[1] is None:
+        pytest.skip("the PostgreSQL server is not ours to freeze ($EVENTLANES_TEST_POSTGRES_URL)")
+    return eventlanes_postgres[1]
+
+
 def _unique_prefix() -> str:
     return f"t{os.getpid()}_{next(_counter)}_{uuid.uuid4().hex[:6]}_"
 

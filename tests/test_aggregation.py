@@ -236,3 +236,123 @@ def test_non_finite_floats_in_a_state_are_kept(store_url: str) -> None:
         assert view.get("inf") == {"x": math.inf, "n": 1}
         assert view.get("-inf") == {"x": -math.inf, "n": 1}
         assert view.get("plain") == {"x": 1.5, "n": 1}
+
+
+def _segment_error(app: el.App, name: str) -> str:
+    """The first error shown in the processor's status (waits for one)."""
+
+    def error() -> str | None:
+        return next((s.last_error for s in app.status(name).segments if s.last_error), None)
+
+    return wait_for(error, timeout=30, what=f"an error in the status of {name}")
+
+
+def test_a_state_that_would_not_read_back_equal_is_refused_naming_aggregation_and_key(
+    store_url: str,
+) -> None:
+    """A state with an integer key beside the same key as text: JSON would have kept one of the
+    two values, silently (and the cached state would differ from the stored one)."""
+    app = el.App(store_url)
+    counts = app.aggregation("counts", key="robot", initial=lambda: {"1": "text key"},
+                             persist_every=0.05)  # fmt: skip
+
+    @counts.on("M")
+    def fold(state: dict, event: el.Event) -> None:
+        state[event.data["n"]] = "int key"
+
+    app.store.append("s", [E("M", {"robot": "r1", "n": 1})])
+    app.start()
+    try:
+        error = _segment_error(app, "counts")
+    finally:
+        app.stop()
+    assert "aggregation 'counts', key 'r1': state: key 1 is not a string" in error
+    assert "also a key there" in error
+    assert counts.get("r1") is None  # nothing written, the token did not move
+    assert app.status("counts").position == 0
+
+
+def test_a_tuple_in_a_state_is_refused_with_its_path(store_url: str) -> None:
+    app = el.App(store_url)
+    spots = app.aggregation("spots", key="robot", initial=lambda: {"at": []}, persist_every=0.05)
+
+    @spots.on("M")
+    def fold(state: dict, event: el.Event) -> None:
+        state["at"].append((event.data["x"], event.data["y"]))
+
+    app.store.append("s", [E("M", {"robot": "r1", "x": 1, "y": 2})])
+    app.start()
+    try:
+        error = _segment_error(app, "spots")
+    finally:
+        app.stop()
+    assert "aggregation 'spots', key 'r1': state[\"at\"][0]: a tuple would read back" in error
+    assert spots.get("r1") is None
+
+
+def test_states_are_written_in_chunks_and_every_one_arrives(store_url: str) -> None:
+    """One write of more states than a chunk: all of them, exact, in one transaction."""
+    from eventlanes.processing.states import CHUNK
+
+    keys = 2 * CHUNK + 37
+    app = el.App(store_url)
+    agg = app.aggregation("many", key="k", initial=lambda: {"n": 0}, persist_every=0.05,
+                          batch_size=keys + 1, segments=1)  # fmt: skip
+
+    @agg.on("M")
+    def fold(state: dict, event: el.Event) -> None:
+        state["n"] += event.data["n"]
+
+    app.store.append("s", [E("M", {"k": f"k{i}", "n": i}) for i in range(keys)])
+    run_until_caught_up(app)
+    table = app.db.table("aggregates")
+    rows = app.db.query(app.db.sql(f"SELECT key, value FROM {table} WHERE aggregation = ?"),
+                        ("many",))  # fmt: skip
+    assert {k: json.loads(v) for k, v in rows} == {f"k{i}": {"n": i} for i in range(keys)}
+
+
+def test_fold_outputs_that_would_not_read_back_equal_are_refused(store_url: str) -> None:
+    """The Spark engine passes fold outputs on as JSON, the local one in memory: an output that
+    JSON would change is refused on both, so they never fold different values."""
+    app = el.App(store_url)
+    up = app.aggregation("up", key="robot", initial=lambda: {"n": 0}, persist_every=0.05)
+    down = up.downstream("down", key=lambda out: out.data["factory"], initial=lambda: {"n": 0})
+
+    @up.on("M")
+    def fold(state: dict, event: el.Event) -> el.NewEvent:
+        state["n"] += 1
+        return E("Counted", {"factory": "f1", "by_shift": {event.data["shift"]: 1}})
+
+    @down.on("Counted")
+    def count(state: dict, event: el.Event) -> None:
+        state["n"] += 1
+
+    app.store.append("s", [E("M", {"robot": "r1", "shift": 2})])
+    app.start()
+    try:
+        error = _segment_error(app, "up")
+    finally:
+        app.stop()
+    assert (
+        "aggregation 'up', key 'r1': output #0 of event 1 (Counted) data[\"by_shift\"]: "
+        "key 2 is not a string" in error
+    )
+    assert up.get("r1") is None and down.get("f1") is None
+
+
+def test_republisher_outputs_that_would_not_read_back_equal_are_refused(store_url: str) -> None:
+    app = el.App(store_url)
+    rep = app.republisher("normalise", to_stream="out")
+
+    @rep.on("Raw")
+    def split(event: el.Event) -> list[el.NewEvent]:
+        return [E("Ok", {"n": 1}), E("Bad", {"pair": (1, 2)})]
+
+    app.store.append("s", [E("Raw")])
+    app.start()
+    try:
+        error = _segment_error(app, "normalise")
+    finally:
+        app.stop()
+    assert "republisher 'normalise': output #1 of event 1 (Bad) data[\"pair\"]: a tuple" in error
+    assert app.store.stream_version("out") == 0  # nothing appended, not even the good output

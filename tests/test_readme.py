@@ -24,3 +24,4 @@ def test_readme_quickstart_runs(capsys) -> None:
     assert "[('front-wheel',), ('car',)]" in out
     assert "{'ok': 7, 'failed': 0}" in out
     assert "{'n': 8}" in out
+    assert 'data["items"][1]: key 1 is not a string (JSON would store it as "1"' in out

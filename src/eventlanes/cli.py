@@ -244,15 +244,21 @@ def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
 
 
 def _start_lines(app: Any, names: list[str]) -> None:
-    """One line per processor: mode, segments and the position it starts from."""
+    """One line per processor: mode, segments (the stored layout's, and what this app declares
+    when that differs) and the position it starts from; and why readers wait, if they do."""
     for name in names:
         proc = app.get(name)
         view = app.status(name)
+        segments = f"{len(view.segments)} segment(s)"
+        if view.layout_note is not None:
+            segments += f" stored, {proc.segments} declared here: the stored layout runs"
         log.info(
-            "%s: starting (%s, %d segment(s), on_error=%s) at position %s, head %s, lag %s",
-            name, proc.mode, len(view.segments), proc.on_error, f"{view.position:,}",
+            "%s: starting (%s, %s, on_error=%s) at position %s, head %s, lag %s",
+            name, proc.mode, segments, proc.on_error, f"{view.position:,}",
             f"{view.head:,}", f"{view.lag:,}",
         )  # fmt: skip
+        if view.read_wait is not None:
+            log.info("%s: %s", name, view.read_wait.describe())
 
 
 class _Metrics:
@@ -563,8 +569,9 @@ def _print_ingestors(document: dict[str, Any]) -> None:
 def _print_status(document: dict[str, Any]) -> None:
     _print_ingestors(document)
     for p in document["processors"]:
+        readable = "" if p["readable_head"] == p["head"] else f" (readable {p['readable_head']:,})"
         title = (
-            f"{p['name']}: head {p['head']:,}, {len(p['live_nodes'])} live node(s), "
+            f"{p['name']}: head {p['head']:,}{readable}, {len(p['live_nodes'])} live node(s), "
             f"lag {p['lag_events']:,} events / {p['lag_seconds']:,.1f} s"
             + (f", {p['dead_letters']} dead letter(s)" if p["dead_letters"] else "")
         )
@@ -593,6 +600,8 @@ def _print_status(document: dict[str, Any]) -> None:
         print_table(table)
         for problem in p["problems"]:
             console.print(f"[red]unhealthy:[/red] {p['name']}: {problem}", highlight=False)
+        for note in p["notes"]:
+            console.print(f"[yellow]note:[/yellow] {p['name']}: {note}", highlight=False)
 
 
 def _steer(what: str) -> Any:

@@ -2,8 +2,11 @@
 
 Used by ``eventlanes status --json`` (health checks, scripts), the dashboard and the metrics
 collector. Lag is given twice: in events (head - position) and in seconds (how long the first
-event after the segment's token, the one it reads next, has been waiting). A processor is
-unhealthy when a segment has an error, a dead letter is parked, or its lag exceeds a limit.
+event after the segment's token, the one it reads next, has been waiting), both measured to the
+committed head: on PostgreSQL events committed behind a still open appending transaction count,
+and ``read_wait`` names that transaction. A processor is unhealthy when a segment has an error,
+a dead letter is parked, its lag exceeds a limit, or readers have waited behind one
+transaction for ``READ_WAIT_WARNING`` seconds.
 
 :class:`ReadOnlyInspector` builds the same views from a store URL alone (no app module): it
 reads the token, node, dead-letter and event tables with plain SELECTs and never writes (it
@@ -24,6 +27,7 @@ from .db.url import parse_url
 from .errors import InvalidInputError
 from .processing.admin import ProcessorView, SegmentView
 from .segments import Segment
+from .store.base import READ_WAIT_WARNING, ReadWait, committed_head, recorded_after
 from .tokens import DEFAULT_CLAIM_TIMEOUT, Token
 
 SCHEMA = "eventlanes.status/1"
@@ -111,6 +115,12 @@ def processor_document(
         problems.append(f"lag {lag_events} events > --max-lag {max_lag.events}")
     if max_lag.seconds is not None and lag_s > max_lag.seconds:
         problems.append(f"lag {lag_s:.1f} s > --max-lag {max_lag.seconds:g} s")
+    notes: list[str] = []
+    wait = view.read_wait
+    if wait is not None:
+        (problems if wait.age >= READ_WAIT_WARNING else notes).append(wait.describe())
+    if view.layout_note is not None:
+        notes.append(f"this app {view.layout_note}")
     return {
         "name": view.name,
         "healthy": not problems,
@@ -122,6 +132,10 @@ def processor_document(
         "caught_up": view.caught_up,
         "live_nodes": view.live_nodes,
         "dead_letters": view.dead_letters,
+        "readable_head": view.readable_head,
+        "read_wait": wait.document() if wait is not None else None,
+        "declared_segments": view.declared_segments,
+        "notes": notes,
         "segments": segments,
     }
 
@@ -137,11 +151,12 @@ def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[s
 
 
 def store_first_after(store: Any) -> FirstAfter:
-    """``first_after`` of an open :class:`~eventlanes.store.EventStore`."""
+    """``first_after`` of an open :class:`~eventlanes.store.EventStore`: committed events past
+    the readers' horizon count (as in ``status --url``)."""
 
     def first_after(position: int) -> datetime | None:
-        events = store.read(after=position, limit=1)
-        return events[0].recorded_at if events else None
+        with store.db.guard(f"first event after position {position}"):
+            return recorded_after(store.db, store.events_table, position)
 
     return first_after
 
@@ -182,19 +197,17 @@ class ReadOnlyInspector:
         return [r[0] for r in rows]
 
     def head(self) -> int:
-        return int(self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events}")[0][0])
+        return committed_head(self.db, self.events)
+
+    def read_wait(self) -> ReadWait | None:
+        if self.db.backend != "postgresql":
+            return None
+        from .store.postgres import read_wait
+
+        return read_wait(self.db, self.events)  # type: ignore[arg-type]
 
     def first_after(self, position: int) -> datetime | None:
-        sql = self.db.sql(
-            f"SELECT recorded_at FROM {self.events} WHERE position > ? ORDER BY position LIMIT 1"
-        )
-        rows = self.db.query(sql, (position,))
-        if not rows:
-            return None
-        value = rows[0][0]
-        if isinstance(value, datetime):  # PostgreSQL: timestamptz
-            return value
-        return datetime.fromtimestamp(value / 1_000_000, UTC)  # SQLite: epoch microseconds
+        return recorded_after(self.db, self.events, position)
 
     def view(self, name: str) -> ProcessorView:
         db, now = self.db, self.db.now_ms
@@ -208,7 +221,8 @@ class ReadOnlyInspector:
         )
         if not rows:
             raise InvalidInputError(f"no processor {name!r} in this store's token table")
-        head = self.head()
+        wait = self.read_wait()
+        head = wait.committed if wait is not None else self.head()
         segments = []
         for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
                 at in rows:  # fmt: skip
@@ -242,4 +256,4 @@ class ReadOnlyInspector:
         if self._has_letters:
             sql = db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
             letters = int(db.query(sql, (name,))[0][0])
-        return ProcessorView(name, head, segments, nodes, letters)
+        return ProcessorView(name, head, segments, nodes, letters, read_wait=wait)

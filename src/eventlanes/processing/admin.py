@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import InvalidInputError, ProcessorBusyError
 from ..events import Event
 from ..segments import Segment
+from ..store.base import ReadWait
 from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
 from .claims import claim_all, node_name, release_all
@@ -24,7 +25,7 @@ from .dispatch import Dispatch, describe
 from .handlers import runs_on_replay
 from .processor import Guarantee, Processor
 from .republisher import Republisher
-from .runtime import Runtime
+from .runtime import Runtime, layout_note
 
 __all__ = [
     "ProcessorBusyError",
@@ -60,13 +61,27 @@ class SegmentView:
 @dataclass(frozen=True)
 class ProcessorView:
     name: str
-    head: int
+    head: int  # the highest committed position (lags are measured to it)
     segments: list[SegmentView]
     live_nodes: list[str]
     dead_letters: int
     guarantee: str = "exactly-once"
     started: bool = True  # False: never run yet (the segments shown are the ones it would take)
     paused: bool = False
+    read_wait: ReadWait | None = None  # why readers stop short of ``head`` (PostgreSQL)
+    declared_segments: int | None = None  # the app's segments=, None when read without the app
+
+    @property
+    def readable_head(self) -> int:
+        """The highest position readers can read now (below ``head`` while they wait)."""
+        return self.read_wait.readable if self.read_wait is not None else self.head
+
+    @property
+    def layout_note(self) -> str | None:
+        """Why the segments shown are not the declared count (None when they are)."""
+        if self.declared_segments is None or not self.started:
+            return None
+        return layout_note(self.declared_segments, [s.segment for s in self.segments])
 
     @property
     def position(self) -> int:
@@ -100,7 +115,10 @@ def _segment_view(head: int, s: SegmentStatus) -> SegmentView:
 
 
 def status(rt: Runtime, proc: Processor) -> ProcessorView:
-    head = rt.store.head()
+    """Lags are measured to the committed head: events committed behind an open transaction
+    (PostgreSQL) count, and ``read_wait`` says why they are not read yet."""
+    wait = rt.store.read_wait()
+    head = wait.committed if wait is not None else rt.store.committed_head()
     rows = rt.tokens.status(proc.name)
     started = bool(rows)
     if started:
@@ -134,6 +152,8 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
         proc.guarantee.value,
         started,
         rt.tokens.is_paused(proc.name),
+        wait,
+        proc.segments,
     )
 
 

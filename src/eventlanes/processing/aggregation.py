@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..callables import check, name_of
 from ..errors import ClaimLostError, InvalidInputError
-from ..events import Event, NewEvent, datas, types
+from ..events import Event, NewEvent, datas, encode_object, types
 from ..names import validate_processor_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
@@ -443,6 +443,7 @@ class AggregationWorker(SegmentWorker):
                     coords = coordinates(event, self.source)
                     outs = produced if isinstance(produced, list) else [produced]
                     for j, out in enumerate(outs):
+                        check_output(self.name, key, event, j, out)
                         for stage in stages:
                             outputs.append(
                                 (stage, (f"{self.name}:{key}", "", (*coords[2], j)), out, event)
@@ -546,6 +547,17 @@ def _not_awaitable(produced: Any, fold: Any, event: Event) -> None:
             f"event {event.position} ({event.type}): fold {name_of(fold)} returned "
             f"{type(produced).__name__}, whose body never runs: folds update the state in place"
         )
+
+
+def check_output(name: str, key: str, event: Event, index: int, out: Any) -> None:
+    """A fold's output must be an ``el.NewEvent`` whose data and metadata read back equal from
+    JSON: the Spark engine passes outputs on as JSON, the local one in memory, and both must
+    fold the same values (an output ``{1: "a"}`` would reach Spark's stages as ``{"1": "a"}``)."""
+    where = f"aggregation {name!r}, key {key!r}: output #{index} of event {event.position}"
+    if not isinstance(out, NewEvent):
+        raise InvalidInputError(f"{where} is a {type(out).__name__}, not an el.NewEvent")
+    encode_object(out.data, f"{where} ({out.type}) data")
+    encode_object(out.metadata, f"{where} ({out.type}) metadata")
 
 
 def _as_event(out: Any, source: Event, coords: Coordinates) -> Event:

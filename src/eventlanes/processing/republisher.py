@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..callables import check
 from ..errors import ClaimLostError, InvalidInputError
-from ..events import Event, NewEvent
+from ..events import Event, NewEvent, encode_object
 from ..policies import key_text
 from ..store import EventStore
 from .chains import CHAIN_KEY, extend_chain
@@ -102,6 +102,7 @@ class RepublishWorker(SegmentWorker):
         self, st: SegmentState, events: list[Event], upto: int | dict[str, int], awaiter: Awaiter
     ) -> Outcome:
         per_stream: dict[str, list[NewEvent]] = {}
+        made_by: dict[str, list[tuple[Event, int]]] = {}  # each output's input and index
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
@@ -125,8 +126,13 @@ class RepublishWorker(SegmentWorker):
                         per_stream.setdefault(stream, []).append(
                             NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
                         )
+                        made_by.setdefault(stream, []).append((event, i))
             for stream, outs in per_stream.items():
-                self.target.append(stream, outs)  # its own transaction: at-least-once
+                try:
+                    self.target.append(stream, outs)  # its own transaction: at-least-once
+                except InvalidInputError:
+                    self._name_the_output(outs, made_by[stream])
+                    raise
             new_token = advanced(st.token, upto)
             self.tokens.store(self.name, st.segment.id, new_token, self.owner)
         except ClaimLostError:
@@ -136,6 +142,14 @@ class RepublishWorker(SegmentWorker):
             return self.back_off(st, exc)
         st.committed(new_token)
         return Outcome.OK
+
+    def _name_the_output(self, outs: list[NewEvent], made_by: list[tuple[Event, int]]) -> None:
+        """An output the store refused (data that would not read back equal): the same error,
+        naming the republisher, the input event and the output's index."""
+        for out, (event, i) in zip(outs, made_by, strict=True):
+            where = f"republisher {self.name!r}: output #{i} of event {event.position}"
+            encode_object(out.data, f"{where} ({out.type}) data")
+            encode_object(out.metadata, f"{where} ({out.type}) metadata")
 
     def _stream(self, event: Event) -> str:
         to = self.rep.to_stream

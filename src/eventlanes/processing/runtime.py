@@ -8,6 +8,7 @@ the CLI and by worker processes, and must not connect on import.
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import cached_property
 
@@ -15,12 +16,16 @@ from ..db import Database, parse_url
 from ..errors import InvalidInputError
 from ..observe import NO_OBSERVER, Observer
 from ..schema import Migrated, migrate
+from ..segments import Segment
 from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
 from .dead_letters import DeadLetterStore
 from .state import Progress
 from .states import StateTable
+from .weather import ReadWaitWatch
+
+log = logging.getLogger("eventlanes.processing")
 
 
 class Runtime:
@@ -72,6 +77,11 @@ class Runtime:
         return open_token_store(spec or self.db, claim_timeout=self.claim_timeout)
 
     @cached_property
+    def read_waits(self) -> ReadWaitWatch:
+        """Warns once when readers wait behind an open transaction (checked by heartbeats)."""
+        return ReadWaitWatch(self.store)
+
+    @cached_property
     def dead_letters(self) -> DeadLetterStore:
         return DeadLetterStore(self.db)
 
@@ -104,8 +114,12 @@ class Runtime:
         transaction). Only runners and commands that change tokens call this; status reads."""
         if name in self._initialized:
             return
-        self.tokens.initialize(name, segments=segments, initial=initial, store=self.store)
+        created = self.tokens.initialize(name, segments=segments, initial=initial, store=self.store)
         self._initialized.add(name)
+        if not created:
+            note = layout_note(segments, self.tokens.segments(name))
+            if note is not None:  # once per process: the stored layout is the one that runs
+                log.warning("%s: %s", name, note)
 
     def close(self) -> None:
         for store in self._sources.values():
@@ -113,3 +127,15 @@ class Runtime:
         self._sources.clear()
         if "store" in self.__dict__:
             self.store.close()
+
+
+def layout_note(declared: int, stored: list[Segment]) -> str | None:
+    """What to say when the processor's stored segments are not the ``declared`` count (another
+    node declared another count first, or splits and merges changed it); None when they are."""
+    if len(stored) == declared:
+        return None
+    shown = ", ".join(str(s) for s in stored[:8]) + (", ..." if len(stored) > 8 else "")
+    return (
+        f"declared segments={declared}, but the stored layout has {len(stored)} segment(s) "
+        f"({shown}), and that layout is the one that runs (split or merge to change it)"
+    )

@@ -14,9 +14,9 @@ from itertools import chain
 from typing import Any
 
 from ..events import Event
-from ..processing.aggregation import Aggregation, Entry
+from ..processing.aggregation import Aggregation, Entry, check_output
 from ..processing.chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
-from ..processing.states import encode  # the local engine's encoding: same stored text
+from ..processing.states import encode, encode_state  # the local engine's: same stored text
 from .source import FIELDS, SCHEMA
 
 try:  # several times faster than the stdlib; exact where used (see decoded_data)
@@ -220,6 +220,7 @@ def _emit(
     outs = produced if isinstance(produced, list) else [produced]
     source = f"{spec.name}:{key}"
     for i, o in enumerate(outs):
+        check_output(spec.name, key, event, i, o)  # refused as the local engine refuses it
         path = (*coords[2], i)
         out_event = output_event(o, event.position, source, path)
         raw = json.dumps({"type": o.type, "data": o.data, "metadata": o.metadata})
@@ -242,7 +243,7 @@ def state_batch(rows: list[tuple[Any, ...]]) -> Any:
 
 
 def _state_row(name: str, key: str, entry: Entry) -> tuple[Any, ...]:
-    return ("state", name, key, encode(entry.value), encode(entry.offsets),
+    return ("state", name, key, encode_state(name, key, entry.value), encode(entry.offsets),
             entry.dropped, None, None, None)  # fmt: skip
 
 

@@ -32,8 +32,15 @@ from ..db.postgres import PostgresDatabase, pipelined
 from ..errors import ConcurrencyError, InvalidInputError
 from ..events import Event
 from ..schema import require
-from ..schema.v1_initial import VERSION_CONFLICT
-from .base import EncodedEvent, EventStore, SegmentSpec, segment_pairs, segment_sql
+from ..schema.v1_initial import MARKER_SHIFT, VERSION_CONFLICT
+from .base import (
+    EncodedEvent,
+    EventStore,
+    ReadWait,
+    SegmentSpec,
+    segment_pairs,
+    segment_sql,
+)
 
 # Read in binary: JSON as text (decoded lazily by Event) and the timestamp as Unix epoch
 # microseconds. A binary timestamptz is 8 bytes of microseconds since 2000-01-01: shifted by 30
@@ -276,6 +283,10 @@ class PostgresEventStore(EventStore):
             ).fetchone()
         return row[0]
 
+    def read_wait(self) -> ReadWait | None:
+        with self.db.guard("read wait"):
+            return read_wait(self.pg, self.events_table)
+
     def _stream_version(self, stream_id: str) -> int:
         sql = f"SELECT coalesce(max(version), 0) FROM {self.events_table} WHERE stream_id = %s"
         return self.db.query(sql, (stream_id,))[0][0]
@@ -283,3 +294,41 @@ class PostgresEventStore(EventStore):
     def _position_at(self, when: datetime) -> int | None:
         sql = f"SELECT min(position) FROM {self.events_table} WHERE recorded_at >= %s"
         return self.db.query(sql, (when,))[0][0]
+
+
+def read_wait(db: PostgresDatabase, events_table: str) -> ReadWait | None:
+    """The transaction readers wait behind, if committed events lie beyond the horizon: the
+    holder of the lowest in-flight marker (the horizon's own rule), with what
+    ``pg_stat_activity`` shows this role of it (every role sees the pid and application_name,
+    ``xact_start`` only of its own sessions unless it has ``pg_read_all_stats``). Plain
+    SELECTs: the read-only status uses it too. Racy by nature (the transaction may end
+    meanwhile): for display, never for reading."""
+    base = db.lock_namespace << MARKER_SHIFT
+    with db.connection() as conn:
+        marker = conn.execute(
+            """SELECT l.pid, ((l.classid::bigint << 32) | l.objid::bigint) - %s - 1,
+                      a.application_name,
+                      extract(epoch FROM clock_timestamp() - a.xact_start)::float8
+               FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+               WHERE l.locktype = 'advisory' AND l.objsubid = 1
+                 AND l.database = (SELECT oid FROM pg_database
+                                   WHERE datname = current_database())
+               AND (l.classid::bigint >> 16) = %s
+               ORDER BY 2, a.xact_start NULLS LAST LIMIT 1""",
+            (base, db.lock_namespace),
+        ).fetchone()
+        if marker is None:
+            return None
+        pid, horizon, application_name, age = marker
+        sql = f"SELECT coalesce(max(position), 0) FROM {events_table}"
+        committed = conn.execute(sql).fetchone()[0]
+        if committed <= horizon:
+            return None
+        readable, waited = conn.execute(
+            f"""SELECT (SELECT coalesce(max(position), 0) FROM {events_table}
+                        WHERE position <= %s),
+                       (SELECT extract(epoch FROM clock_timestamp() - recorded_at)::float8
+                        FROM {events_table} WHERE position > %s ORDER BY position LIMIT 1)""",
+            (horizon, horizon),
+        ).fetchone()
+    return ReadWait(readable, committed, pid, application_name, age, max(0.0, waited or 0.0))
