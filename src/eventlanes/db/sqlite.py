@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,7 +90,7 @@ class SQLiteDatabase(Database):
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if self.create:
                 # Setting the journal mode writes the header: only when we may write.
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = _journal_mode_wal(conn, self._busy_ms / 1000)
                 if mode.lower() != "wal":
                     raise StoreConnectionError(
                         f"cannot open SQLite store {self.url.url!r}: "
@@ -179,3 +180,20 @@ class SQLiteDatabase(Database):
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """``PRAGMA journal_mode = WAL``, waiting up to ``timeout`` seconds for the lock it needs:
+    on a new file that other processes open at the same moment, SQLite answers "database is
+    locked" at once, without calling its busy handler (seen with four processes opening one
+    new store)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
