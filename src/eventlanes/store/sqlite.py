@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -198,6 +198,37 @@ class SQLiteEventStore(EventStore):
                 if isinstance(value, Undecodable):  # bulk readers get no Event to carry it
                     raise CorruptEventError(row[0], value.reason)
         return rows
+
+    def _scan_arrow(
+        self,
+        after: int,
+        until: int,
+        pairs: list[tuple[int, int]] | None,
+        types: list[str] | None,
+    ) -> Iterator[Any]:
+        from . import arrow
+
+        sqlite, _ = arrow.drivers()
+        cond, params = self._filter(pairs, types)
+        sql = (
+            f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ? AND position <= ?"
+            f"{cond} ORDER BY position"
+        )
+        what = f"Arrow scan after position {after}"
+        where = f"SQLite store {self.db.url.url!r}"
+        db: SQLiteDatabase = self.db  # type: ignore[assignment]
+        try:
+            # Its own connection, read-only whatever the store's (one statement: one snapshot).
+            with sqlite.connect(db.read_only_uri()) as conn, conn.cursor() as cur:
+                cur.execute(f"PRAGMA busy_timeout = {int(db.busy_ms)}")
+                cur.adbc_statement.set_options(
+                    **{"adbc.sqlite.query.batch_rows": str(arrow.BATCH_ROWS)}
+                )
+                cur.execute(sql, (after, until, *params))
+                for batch in cur.fetch_record_batch():
+                    yield arrow.checked(batch)
+        except sqlite.Error as exc:
+            raise arrow.translate(exc, what, where) from exc
 
     def _head(self) -> int:
         return self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")[0][0]
