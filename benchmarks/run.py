@@ -25,6 +25,7 @@ BENCHMARKS = {
     "types": "benchmarks.bench_types",
     "postgres": "benchmarks.bench_postgres",
     "projection": "benchmarks.bench_projection",
+    "rebuild": "benchmarks.bench_rebuild",
 }
 
 
