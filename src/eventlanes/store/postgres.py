@@ -317,6 +317,21 @@ class PostgresEventStore(EventStore):
                 return
             after = rows[-1][0]
 
+    def arrow_connection(self) -> Any:
+        """A new ADBC connection (DB-API, autocommit) to the database, in a read-only session
+        whatever the store's: the server refuses every write on it."""
+        from . import arrow
+
+        _, postgres = arrow.drivers()
+        conn = postgres.connect(self.db.url.target, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def _scan_arrow(
         self,
         after: int,
@@ -346,11 +361,7 @@ class PostgresEventStore(EventStore):
         what = f"Arrow scan after position {after}"
         where = f"PostgreSQL store {self.db.url.redacted!r}"
         try:
-            with (
-                postgres.connect(self.db.url.target, autocommit=True) as conn,
-                conn.cursor() as cur,
-            ):
-                cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            with self.arrow_connection() as conn, conn.cursor() as cur:
                 cur.execute("SET enable_sort = off")
                 # The horizon first, then the read (a snapshot of its own, taken after):
                 # every row up to an ``until`` at or below it is committed and visible.

@@ -199,6 +199,18 @@ class SQLiteEventStore(EventStore):
                     raise CorruptEventError(row[0], value.reason)
         return rows
 
+    def arrow_connection(self) -> Any:
+        """A new ADBC connection (DB-API) to the file, read-only whatever the store's: SQLite
+        refuses every write on it (``mode=ro``)."""
+        from . import arrow
+
+        sqlite, _ = arrow.drivers()
+        db: SQLiteDatabase = self.db  # type: ignore[assignment]
+        conn = sqlite.connect(db.read_only_uri())
+        with conn.cursor() as cur:
+            cur.execute(f"PRAGMA busy_timeout = {int(db.busy_ms)}")
+        return conn
+
     def _scan_arrow(
         self,
         after: int,
@@ -216,11 +228,9 @@ class SQLiteEventStore(EventStore):
         )
         what = f"Arrow scan after position {after}"
         where = f"SQLite store {self.db.url.url!r}"
-        db: SQLiteDatabase = self.db  # type: ignore[assignment]
         try:
-            # Its own connection, read-only whatever the store's (one statement: one snapshot).
-            with sqlite.connect(db.read_only_uri()) as conn, conn.cursor() as cur:
-                cur.execute(f"PRAGMA busy_timeout = {int(db.busy_ms)}")
+            # One statement: one snapshot.
+            with self.arrow_connection() as conn, conn.cursor() as cur:
                 cur.adbc_statement.set_options(
                     **{"adbc.sqlite.query.batch_rows": str(arrow.BATCH_ROWS)}
                 )
