@@ -27,8 +27,8 @@ the event. It is not taken:
 * by a segment whose states hold an own position at or above the range's first (a replay
   after a reset, inputs folded already): the worker folds that range by the row path.
 
-``ENABLED = False`` (or ``app.aggregation(..., pushdown=False)``) turns it off.
-PostgreSQL could run the same plan (``jsonb`` operators); it takes the row path today.
+``ENABLED = False`` (or ``app.aggregation(..., pushdown=False)``) turns it off. On
+PostgreSQL, :mod:`.pushdown_postgres` gives the same groups from ranges read into Arrow.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ class Folded(list[list[Any]]):
 
 
 class Pushdown:
-    """The statement folding one declaration over a range of a SQLite store, and the merge of
-    its rows into states."""
+    """The statement folding one declaration over a range of a SQLite store (a subclass: of a
+    PostgreSQL store, in Arrow), and the merge of its rows into states."""
 
     store: Any  # SQLiteEventStore here, PostgresEventStore in pushdown_postgres
 
