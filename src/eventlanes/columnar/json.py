@@ -53,6 +53,8 @@ def _read(buffer: Any, schema: Any | None) -> Any:
     import pyarrow as pa
     import pyarrow.json as pj
 
+    if buffer.size >= 2**31 - 1:  # one block must hold it all (a 32-bit size)
+        return None
     options = pj.ReadOptions(use_threads=False, block_size=max(1 << 20, buffer.size + 1))
     parse = (
         pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
