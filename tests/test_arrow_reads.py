@@ -77,6 +77,13 @@ def test_scan_arrow_equals_the_row_scan(store: el.EventStore) -> None:
         assert got == scanned(store, 0, head, segments) and got
     by_type = rows_of(store.scan_arrow(0, head, types=["Ç", "B"]))
     assert by_type == [r for r in all_rows if r[3] in ("Ç", "B")] and by_type
+    part = pa.Table.from_batches(list(store.scan_arrow(0, head, columns=["data", "type"])))
+    assert part.column_names == ["position", "type", "data"]
+    assert list(zip(*(part.column(n).to_pylist() for n in part.column_names), strict=True)) == [
+        (r[0], r[3], r[4]) for r in all_rows
+    ]
+    with pytest.raises(el.InvalidInputError, match="unknown event columns"):
+        list(store.scan_arrow(0, head, columns=["data; DROP TABLE x"]))
     decoded = el.Event(*rows_of(store.scan_arrow(0, 1))[0])
     assert decoded.data == store.read(0, 1)[0].data and decoded.data["big"] in (2**70,
         -(2**65) - 3, 2**63, 5)  # fmt: skip

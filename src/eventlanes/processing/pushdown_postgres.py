@@ -45,7 +45,8 @@ class PostgresPushdown(Pushdown):
         upto = max(after, min(self.store.horizon(), after + span))
         if upto == after:
             return [], upto
-        batches = list(self.store.scan_arrow(after, upto, types=self.types))
+        columns = ["position", "data", "metadata"]
+        batches = list(self.store.scan_arrow(after, upto, types=self.types, columns=columns))
         if not batches:
             return [], upto
         table = pa.Table.from_batches(batches)

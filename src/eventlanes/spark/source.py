@@ -60,14 +60,14 @@ def arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=FIELDS)
 
 
-def read_slice(url: str, part: Slice) -> Iterator[Any]:
+def read_slice(url: str, part: Slice, columns: list[str] | None = None) -> Iterator[Any]:
     from ..store import open_store
 
     segments = [(part.index, part.mask)] if part.mask else None
     store = open_store(url, create=False)
     try:
         # Straight into Arrow in C (ADBC), read-only: no Python object per row.
-        yield from store.scan_arrow(part.after, part.until, segments)
+        yield from store.scan_arrow(part.after, part.until, segments, columns=columns)
     finally:
         store.close()
 
@@ -132,10 +132,10 @@ def chained(batch: Any) -> set[str]:
     """The types of a batch's events whose metadata mention a source chain (in C)."""
     import pyarrow.compute as pc
 
-    mentions = pc.match_substring(batch.column(5), '"source_chain"')
+    mentions = pc.match_substring(batch.column("metadata"), '"source_chain"')
     if not pc.any(mentions).as_py():
         return set()
-    return set(pc.unique(pc.filter(batch.column(3), mentions)).to_pylist())
+    return set(pc.unique(pc.filter(batch.column("type"), mentions)).to_pylist())
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,7 @@ class Declared:
 
     kinds: dict[str, str]  # property -> Spark type, as declared
     folded: tuple[str, ...]  # the event types folded
+    columns = ["position", "type", "data", "metadata"]  # what it reads of the store
 
     @property
     def schema(self) -> str:
@@ -161,9 +162,9 @@ class Declared:
         from ..columnar.json import ARROW, declared
 
         n = batch.num_rows
-        ok = pc.is_in(batch.column(3), value_set=pa.array(self.folded, pa.string()))
+        ok = pc.is_in(batch.column("type"), value_set=pa.array(self.folded, pa.string()))
         every = pc.all(ok).as_py()
-        texts = batch.column(4) if every else batch.column(4).filter(ok)
+        texts = batch.column("data") if every else batch.column("data").filter(ok)
         found = declared(texts, self.kinds) if len(texts) else {}
         arrays = []
         for p, k in self.kinds.items():
@@ -176,15 +177,15 @@ class Declared:
             else:
                 arrays.append(pc.replace_with_mask(pa.nulls(n, type_), ok, value))
         if found is None:  # Spark parses these rows' data (and raises what it must)
-            data = pc.if_else(ok, batch.column(4), pa.scalar(None, pa.string()))
+            data = pc.if_else(ok, batch.column("data"), pa.scalar(None, pa.string()))
         else:
             data = pa.nulls(n, pa.string())
-        meta = batch.column(5)
+        meta = batch.column("metadata")
         meta = pc.if_else(pc.match_substring(meta, '"source_chain"'), meta,
                           pa.scalar(None, pa.string()))  # fmt: skip
         flag = pa.array([found is not None] * n, pa.bool_())
         return pa.RecordBatch.from_arrays(
-            [batch.column(0), batch.column(3), data, meta, flag, *arrays],
+            [batch.column("position"), batch.column("type"), data, meta, flag, *arrays],
             names=["position", "type", "data", "metadata", "typed",
                    *(PREFIX + p for p in self.kinds)],
         )  # fmt: skip
@@ -197,7 +198,8 @@ def _read_ranges(
         for index, after, until in zip(*(c.to_pylist() for c in batch.columns), strict=True):
             rows = 0
             types: set[str] = set()
-            for out in read_slice(url, Slice(after, until)):
+            columns = None if shape is None else shape.columns
+            for out in read_slice(url, Slice(after, until), columns):
                 rows += out.num_rows
                 types |= chained(out)
                 yield out if shape is None else shape(out)

@@ -67,20 +67,24 @@ def translate(exc: BaseException, operation: str, where: str) -> Exception:
     return StoreConnectionError(f"{operation} failed: {cause} ({where})")
 
 
-def checked(batch: Any) -> Any:
-    """``batch`` in :func:`schema`, or CorruptEventError for its first row whose text is not
-    valid UTF-8 (the reason worded as the row reads word it)."""
+def checked(batch: Any, columns: list[str] | None = None) -> Any:
+    """``batch`` with the types of :func:`schema` (its ``columns``, default all of
+    :data:`FIELDS`), or CorruptEventError for its first row whose text is not valid UTF-8
+    (the reason worded as the row reads word it)."""
     import pyarrow as pa
 
-    columns = []
-    for name, field in zip(FIELDS, schema(), strict=True):
-        col = batch.column(name)
+    names = columns or FIELDS
+    full = schema()
+    out_schema = pa.schema([full.field(n) for n in names])
+    arrays = []
+    for field in out_schema:
+        col = batch.column(field.name)
         if isinstance(col.type, pa.ExtensionType):  # PostgreSQL's jsonb: arrow.json on text
             col = col.storage
         if col.type != field.type:
             col = col.cast(field.type)  # timestamptz (microseconds since 1970) to int64
-        columns.append(col)
-    out = pa.RecordBatch.from_arrays(columns, schema=schema())
+        arrays.append(col)
+    out = pa.RecordBatch.from_arrays(arrays, schema=out_schema)
     try:
         out.validate(full=True)  # checks every string's UTF-8, in C
     except pa.ArrowInvalid:
@@ -89,12 +93,26 @@ def checked(batch: Any) -> Any:
     return out
 
 
+def projection(columns: list[str] | None) -> list[str]:
+    """The columns to read, validated (names go into SQL): a subset of :data:`FIELDS` in
+    their order, position always included."""
+    from ..errors import InvalidInputError
+
+    if columns is None:
+        return list(FIELDS)
+    unknown = [c for c in columns if c not in FIELDS]
+    if unknown or isinstance(columns, str):
+        raise InvalidInputError(f"unknown event columns {unknown or columns!r}: use {FIELDS}")
+    return [c for c in FIELDS if c in columns or c == "position"]
+
+
 def _raise_corrupt(batch: Any) -> None:
     import pyarrow as pa
 
-    texts = {n: batch.column(n).cast(pa.binary()).to_pylist() for n in _TEXT}
+    present = [n for n in _TEXT if n in batch.schema.names]
+    texts = {n: batch.column(n).cast(pa.binary()).to_pylist() for n in present}
     for i, position in enumerate(batch.column("position").to_pylist()):
-        bad = [n for n in _TEXT if not _utf8(texts[n][i])]
+        bad = [n for n in present if not _utf8(texts[n][i])]
         if not bad:
             continue
         if bad[0] in ("stream_id", "type"):  # the event cannot be trusted at all

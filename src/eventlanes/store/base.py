@@ -254,10 +254,12 @@ class EventStore(ABC):
         until: int,
         segments: Iterable[SegmentSpec] | None = None,
         types: Iterable[str] | None = None,
+        columns: list[str] | None = None,
     ) -> Iterator[Any]:
         """:meth:`scan` as Arrow record batches (``pyarrow.RecordBatch`` of the same columns,
         :data:`eventlanes.store.arrow.FIELDS`), read in C by the ADBC drivers in one
-        read-only statement (the ``arrow`` extra); ``types``: only events of these types.
+        read-only statement (the ``arrow`` extra); ``types``: only events of these types;
+        ``columns``: only these columns (``position`` always).
         ``until`` must not pass :meth:`head` (PostgreSQL checks it against the visibility
         horizon). CorruptEventError for a row whose text is not valid UTF-8, as
         :meth:`scan`."""
@@ -268,7 +270,9 @@ class EventStore(ABC):
         if types is not None:
             self._filter(None, types)  # validated as read() validates them
             names = list(dict.fromkeys(types))
-        return self._scan_arrow(after, until, pairs, names)
+        from .arrow import projection
+
+        return self._scan_arrow(after, until, pairs, names, projection(columns))
 
     def _scan_arrow(
         self,
@@ -276,6 +280,7 @@ class EventStore(ABC):
         until: int,
         pairs: list[tuple[int, int]] | None,
         types: list[str] | None,
+        columns: list[str],
     ) -> Iterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} has no Arrow reads")
 

@@ -338,6 +338,7 @@ class PostgresEventStore(EventStore):
         until: int,
         pairs: list[tuple[int, int]] | None,
         types: list[str] | None,
+        columns: list[str],
     ) -> Iterator[Any]:
         from psycopg import sql as psql
 
@@ -353,8 +354,7 @@ class PostgresEventStore(EventStore):
             quoted = ", ".join(psql.Literal(t).as_string() for t in types)
             of_types = f" AND type IN ({quoted})"
         sql = (
-            f"SELECT position, stream_id, version, type, data, metadata, recorded_at, "
-            f"routing_hash FROM {self.events_table} WHERE position > {int(after)} "
+            f"SELECT {', '.join(columns)} FROM {self.events_table} WHERE position > {int(after)} "
             f"AND position <= {int(until)}{arrow.segment_literal(pairs)}{of_types} "
             "ORDER BY position"
         )
@@ -375,7 +375,7 @@ class PostgresEventStore(EventStore):
                     )
                 cur.execute(sql)
                 for batch in cur.fetch_record_batch():
-                    yield arrow.checked(batch)
+                    yield arrow.checked(batch, columns)
         except postgres.Error as exc:
             raise arrow.translate(exc, what, where) from exc
 

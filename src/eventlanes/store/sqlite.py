@@ -217,14 +217,15 @@ class SQLiteEventStore(EventStore):
         until: int,
         pairs: list[tuple[int, int]] | None,
         types: list[str] | None,
+        columns: list[str],
     ) -> Iterator[Any]:
         from . import arrow
 
         sqlite, _ = arrow.drivers()
         cond, params = self._filter(pairs, types)
         sql = (
-            f"SELECT {_COLUMNS} FROM {self.events_table} WHERE position > ? AND position <= ?"
-            f"{cond} ORDER BY position"
+            f"SELECT {', '.join(columns)} FROM {self.events_table} WHERE position > ? "
+            f"AND position <= ?{cond} ORDER BY position"
         )
         what = f"Arrow scan after position {after}"
         where = f"SQLite store {self.db.url.url!r}"
@@ -236,7 +237,7 @@ class SQLiteEventStore(EventStore):
                 )
                 cur.execute(sql, (after, until, *params))
                 for batch in cur.fetch_record_batch():
-                    yield arrow.checked(batch)
+                    yield arrow.checked(batch, columns)
         except sqlite.Error as exc:
             raise arrow.translate(exc, what, where) from exc
 
