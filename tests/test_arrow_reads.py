@@ -201,7 +201,7 @@ def reference(texts: list[str], kinds: dict[str, str]) -> dict[str, list[Any]] |
             if value is not None and k == "string" and not isinstance(value, str):
                 return None  # declared() takes strings only: not a difference
             try:
-                out[p].append(convert(value, types[k], p, el.Event(1, "s", 1, "T", "{}")))
+                out[p].append(convert(value, types[k], p, el.Event(1, "s", 1, "T", "{}", "{}", 0, 0)))
             except el.InvalidInputError:
                 return None
     return out
@@ -211,7 +211,9 @@ def reference(texts: list[str], kinds: dict[str, str]) -> dict[str, list[Any]] |
                                    {"t": "string", "k": "string"}])  # fmt: skip
 def test_declared_columns_equal_python_or_are_not_taken(kinds: dict[str, str]) -> None:
     rng = random.Random(3)
+    plain = [t for t in EDGE if "v" in t or '"k"' in t or '"f"' in t or '"b"' in t]
     groups = [[t] for t in EDGE] + [rng.sample(EDGE, 6) for _ in range(200)]
+    groups += [rng.sample(plain, 3) for _ in range(200)]
     taken = 0
     for texts in groups:
         got = declared(pa.array(texts, pa.string()), kinds)
