@@ -188,6 +188,7 @@ def reference(texts: list[str], kinds: dict[str, str]) -> dict[str, list[Any]] |
     from eventlanes.processing.declarative import convert
 
     out: dict[str, list[Any]] = {p: [] for p in kinds}
+    event = el.Event(1, "s", 1, "T", "{}", "{}", 0, 0)  # named in the errors only
     types = {"long": int, "double": float, "string": str, "boolean": bool}
     for text in texts:
         try:
@@ -201,7 +202,7 @@ def reference(texts: list[str], kinds: dict[str, str]) -> dict[str, list[Any]] |
             if value is not None and k == "string" and not isinstance(value, str):
                 return None  # declared() takes strings only: not a difference
             try:
-                out[p].append(convert(value, types[k], p, el.Event(1, "s", 1, "T", "{}", "{}", 0, 0)))
+                out[p].append(convert(value, types[k], p, event))
             except el.InvalidInputError:
                 return None
     return out
