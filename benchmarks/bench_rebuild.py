@@ -232,6 +232,7 @@ def run(backends: list[str], quick: bool = False) -> None:
                              "raw ADBC read", med(ex["raw"]), pairs("sqlite3", "raw", ex),
                              ""])  # fmt: skip
             shutil.rmtree(parquet, ignore_errors=True)
+            print(json.dumps({"backend": backend, "spark": sp, "export": ex, "local": lo}))
     print_table(
         f"rebuilds from the store: {events:,} events over {keys:,} keys, events/s "
         f"(medians of {rounds} rounds taken in turns; ratio: median of the rounds' ratios, "
