@@ -228,7 +228,7 @@ def _with_typed(batches: list[Any], typed: list[dict[str, Any]]) -> Any:
     them appended to ``typed``)."""
     import pyarrow as pa
 
-    table = pa.Table.from_batches(batches).combine_chunks()
+    table = pa.Table.from_batches(batches)  # chunks as read: the writer cuts row groups
     arrays, info = typed_arrays(table)
     typed.append(info)
     for name, array in arrays.items():
