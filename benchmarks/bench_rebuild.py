@@ -111,13 +111,13 @@ def raw_arrow(store: el.EventStore, head: int) -> int:
     """The rows read by the ADBC driver alone, as a program using it directly would."""
     from eventlanes.store import arrow
 
-    sqlite, postgres = arrow.drivers()
     columns = "position, stream_id, version, type, data, metadata, recorded_at, routing_hash"
     sql = f"SELECT {columns} FROM {store.events_table} WHERE position <= {head} ORDER BY position"
+    module = arrow.driver(store.db.backend)
     if store.db.backend == "sqlite":
-        conn = sqlite.connect(store.db.read_only_uri())  # type: ignore[attr-defined]
+        conn = module.connect(store.db.read_only_uri())  # type: ignore[attr-defined]
     else:
-        conn = postgres.connect(store.db.url.target, autocommit=True)
+        conn = module.connect(store.db.url.target, autocommit=True)
     with conn, conn.cursor() as cur:
         if store.db.backend == "sqlite":
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})

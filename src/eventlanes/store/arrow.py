@@ -34,17 +34,20 @@ def schema() -> Any:
     )  # fmt: skip
 
 
-def drivers() -> tuple[Any, Any]:
-    """The ADBC DB-API modules (SQLite, PostgreSQL), or a clear error naming the extra."""
+def driver(backend: str) -> Any:
+    """The ADBC DB-API module of ``backend`` ("sqlite" or "postgresql"), or a clear error
+    naming the extra."""
     try:
-        import adbc_driver_postgresql.dbapi as postgres
-        import adbc_driver_sqlite.dbapi as sqlite
+        if backend == "sqlite":
+            import adbc_driver_sqlite.dbapi as module
+        else:
+            import adbc_driver_postgresql.dbapi as module
     except ImportError as exc:  # pragma: no cover - the arrow extra installs them
         raise StoreConnectionError(
             f"Arrow reads need the ADBC drivers ({exc.name} is missing): "
             "pip install 'eventlanes[arrow]'"
         ) from None
-    return sqlite, postgres
+    return module
 
 
 def segment_literal(pairs: list[tuple[int, int]] | None) -> str:

@@ -322,7 +322,7 @@ class PostgresEventStore(EventStore):
         whatever the store's: the server refuses every write on it."""
         from . import arrow
 
-        _, postgres = arrow.drivers()
+        postgres = arrow.driver("postgresql")
         conn = postgres.connect(self.db.url.target, autocommit=True)
         try:
             with conn.cursor() as cur:
@@ -344,7 +344,7 @@ class PostgresEventStore(EventStore):
 
         from . import arrow
 
-        _, postgres = arrow.drivers()
+        postgres = arrow.driver("postgresql")
         # Binary COPY: the driver's path for a query without parameters, so the validated
         # integers are written in and the types quoted by psycopg. jsonb comes as its text,
         # timestamptz as microseconds since 1970; sorting is ruled out as in scan (the walk

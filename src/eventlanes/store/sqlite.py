@@ -204,7 +204,7 @@ class SQLiteEventStore(EventStore):
         refuses every write on it (``mode=ro``)."""
         from . import arrow
 
-        sqlite, _ = arrow.drivers()
+        sqlite = arrow.driver("sqlite")
         db: SQLiteDatabase = self.db  # type: ignore[assignment]
         conn = sqlite.connect(db.read_only_uri())
         with conn.cursor() as cur:
@@ -221,7 +221,7 @@ class SQLiteEventStore(EventStore):
     ) -> Iterator[Any]:
         from . import arrow
 
-        sqlite, _ = arrow.drivers()
+        sqlite = arrow.driver("sqlite")
         cond, params = self._filter(pairs, types)
         sql = (
             f"SELECT {', '.join(columns)} FROM {self.events_table} WHERE position > ? "
