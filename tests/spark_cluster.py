@@ -27,8 +27,18 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-EXECUTOR_PACKAGES = ["pyarrow", "pandas", "numpy", "dateutil", "pytz", "tzdata", "orjson",
-                     "adbc_driver_manager", "adbc_driver_sqlite", "adbc_driver_postgresql"]
+EXECUTOR_PACKAGES = [
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "dateutil",
+    "pytz",
+    "tzdata",
+    "orjson",
+    "adbc_driver_manager",
+    "adbc_driver_sqlite",
+    "adbc_driver_postgresql",
+]
 
 
 def _free_port() -> int:
