@@ -27,6 +27,7 @@ BENCHMARKS = {
     "projection": "benchmarks.bench_projection",
     "kafka": "benchmarks.bench_kafka",
     "memory": "benchmarks.bench_memory",
+    "rebuild": "benchmarks.bench_rebuild",
 }
 
 

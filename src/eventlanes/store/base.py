@@ -304,6 +304,42 @@ class EventStore(ABC):
         """Rows for :meth:`scan`; CorruptEventError where a row cannot even be read."""
         return conn.execute(sql, params).fetchall()
 
+    def scan_arrow(
+        self,
+        after: int,
+        until: int,
+        segments: Iterable[SegmentSpec] | None = None,
+        types: Iterable[str] | None = None,
+        columns: list[str] | None = None,
+    ) -> Iterator[Any]:
+        """:meth:`scan` as Arrow record batches (``pyarrow.RecordBatch`` of the same columns,
+        :data:`eventlanes.store.arrow.FIELDS`), read in C by the ADBC drivers in one
+        read-only statement (the ``arrow`` extra); ``types``: only events of these types;
+        ``columns``: only these columns (``position`` always).
+        ``until`` must not pass :meth:`head` (PostgreSQL checks it against the visibility
+        horizon). CorruptEventError for a row whose text is not valid UTF-8, as
+        :meth:`scan`."""
+        _check_positive(after, "after")
+        _check_positive(until, "until")
+        pairs = segment_pairs(segments)
+        names = None
+        if types is not None:
+            self._filter(None, types)  # validated as read() validates them
+            names = list(dict.fromkeys(types))
+        from .arrow import projection
+
+        return self._scan_arrow(after, until, pairs, names, projection(columns))
+
+    def _scan_arrow(
+        self,
+        after: int,
+        until: int,
+        pairs: list[tuple[int, int]] | None,
+        types: list[str] | None,
+        columns: list[str],
+    ) -> Iterator[Any]:
+        raise NotImplementedError(f"{type(self).__name__} has no Arrow reads")
+
     def read_stream(
         self,
         stream_id: str,
