@@ -71,6 +71,10 @@ def grant_dml(pg_url: str, role: str) -> None:
     admin(pg_url, *(s.replace(" TO app;", f" TO {role}") for s in statements))
 
 
+#: the migrations of this release, as a current store records them
+CURRENT = [(1, "initial"), (2, "versions")]
+
+
 def versions(url: str) -> list[tuple[int, str]]:
     with el.open_store(url, create=False) as store:
         table = store.db.table("schema_migrations")
@@ -106,7 +110,7 @@ def test_a_dml_only_role_is_told_to_migrate_and_then_runs_the_app(pg_url, role, 
     with pytest.raises(el.SchemaError) as caught:
         el.open_store(app_url)
     message = str(caught.value)
-    assert "has no eventlanes tables, this eventlanes needs schema version 1" in message
+    assert "has no eventlanes tables, this eventlanes needs schema version 2" in message
     assert f"role '{role}' may not create tables in schema 'public'" in message
     assert f"eventlanes migrate postgresql://{role}:***@" in message and "s3cret" not in message
     assert relations(pg_url, prefix) == []  # nothing was tried
@@ -116,7 +120,7 @@ def test_a_dml_only_role_is_told_to_migrate_and_then_runs_the_app(pg_url, role, 
 
     done = CliRunner().invoke(main, ["migrate", owner_url])
     assert done.exit_code == 0, done.output
-    assert "no eventlanes tables -> schema version 1 (applied 1 initial)" in done.output
+    assert "no eventlanes tables -> schema version 2 (applied 1 initial, 2 versions)" in done.output
     projection = f"{prefix}handled"
     admin(pg_url, f"CREATE TABLE {projection} (position BIGINT, stream_id TEXT)")
     grant_dml(pg_url, role)
@@ -149,7 +153,7 @@ def test_a_dml_only_role_is_told_to_migrate_and_then_runs_the_app(pg_url, role, 
         assert totals.get("s-0") == {"n": 2} and app.status("orders").caught_up
         assert [m.summary() for m in app.migrate()] == [  # current: nothing to do, no DDL
             f"postgresql://{role}:***@{pg_url.split('@', 1)[1]}?prefix={prefix}: schema "
-            "version 1, up to date (nothing to do)"
+            "version 2, up to date (nothing to do)"
         ]
     finally:
         app.close()
@@ -191,7 +195,7 @@ def test_a_store_of_the_previous_release_is_adopted(store_url: str) -> None:
         tokens = el.open_token_store(store.db)
         assert tokens.token("p", 0) == el.Token(1)
         assert store.append("s", [el.NewEvent("C")], expected_version=2) == [3]
-    assert versions(store_url) == [(1, "initial")]
+    assert versions(store_url) == CURRENT
     if store_url.startswith("sqlite"):  # a current store's open reads only
         path = store_url.split("///", 1)[1]
         watcher = sqlite3.connect(path)
@@ -218,7 +222,7 @@ def test_a_dml_role_on_a_store_of_the_previous_release_is_told_to_migrate(pg_url
         el.open_store(as_role(pg_url, role, prefix))
     assert f"{prefix}schema_migrations" not in relations(pg_url, prefix)
     done = CliRunner().invoke(main, ["migrate", owner_url])
-    assert done.exit_code == 0 and "before schema versions -> schema version 1" in done.output
+    assert done.exit_code == 0 and "before schema versions -> schema version 2" in done.output
     with el.open_store(as_role(pg_url, role, prefix)) as store:
         assert store.head() == 2 and store.append("s", [el.NewEvent("C")]) == [3]
 
@@ -228,7 +232,7 @@ def _add_extra_table(db, conn) -> None:
     conn.execute(f"CREATE TABLE {db.table('extra')} (n INTEGER)")
 
 
-NEXT = migrations.Migration(2, "extra_table", _add_extra_table)
+NEXT = migrations.Migration(3, "extra_table", _add_extra_table)
 
 
 def test_a_store_older_than_the_code_is_migrated_or_refused_and_a_newer_one_refused(
@@ -237,21 +241,21 @@ def test_a_store_older_than_the_code_is_migrated_or_refused_and_a_newer_one_refu
     el.open_store(store_url).close()
     monkeypatch.setattr(migrations, "MIGRATIONS", (*migrations.MIGRATIONS, NEXT))
     older = (
-        r"has schema version 1, this eventlanes needs schema version 2 \(pending: 2 extra_table\)"
+        r"has schema version 2, this eventlanes needs schema version 3 \(pending: 3 extra_table\)"
     )
     with pytest.raises(el.SchemaError, match=older + ": run `eventlanes migrate"):
         el.open_store(store_url, create=False)
     done = CliRunner().invoke(main, ["migrate", "--check", store_url])
-    assert done.exit_code == 1 and "(pending: 2 extra_table)" in done.output
+    assert done.exit_code == 1 and "(pending: 3 extra_table)" in done.output
     with el.open_store(store_url) as store:  # a role that may: migrated at open
         assert store.db.query(f"SELECT count(*) FROM {store.db.table('extra')}") == [(0,)]
-    assert versions(store_url) == [(1, "initial"), (2, "extra_table")]
+    assert versions(store_url) == [*CURRENT, (3, "extra_table")]
     done = CliRunner().invoke(main, ["migrate", "--check", store_url])
-    assert done.exit_code == 0 and "schema version 2, up to date" in done.output
+    assert done.exit_code == 0 and "schema version 3, up to date" in done.output
     monkeypatch.undo()  # an older eventlanes meets the store
     for create in (True, False):
-        with pytest.raises(el.SchemaError, match="has schema version 2, newer than this "
-                           r"eventlanes \(it knows versions up to 1\)"):  # fmt: skip
+        with pytest.raises(el.SchemaError, match="has schema version 3, newer than this "
+                           r"eventlanes \(it knows versions up to 2\)"):  # fmt: skip
             el.open_store(store_url, create=create)
     assert CliRunner().invoke(main, ["migrate", store_url]).exit_code == 2
 
@@ -265,10 +269,10 @@ def test_a_dml_role_on_a_store_older_than_the_code_is_refused_before_any_ddl(
     monkeypatch.setattr(migrations, "MIGRATIONS", (*migrations.MIGRATIONS, NEXT))
     with pytest.raises(el.SchemaError) as caught:
         el.open_store(as_role(pg_url, role, prefix))
-    assert "has schema version 1, this eventlanes needs schema version 2" in str(caught.value)
+    assert "has schema version 2, this eventlanes needs schema version 3" in str(caught.value)
     assert f"{prefix}extra" not in relations(pg_url, prefix)
     result = el.migrate(f"{pg_url}?prefix={prefix}")
-    assert [m.version for m in result.applied] == [2]
+    assert [m.version for m in result.applied] == [3]
     with el.open_store(as_role(pg_url, role, prefix)) as store:
         assert store.head() == 0
 
@@ -299,7 +303,7 @@ def test_many_processes_open_a_new_store_at_once(store_url: str) -> None:
     for p in procs:
         p.join(60)
     assert outcomes == ["ok"] * n
-    assert versions(store_url) == [(1, "initial")]
+    assert versions(store_url) == CURRENT
     with el.open_store(store_url) as store:
         assert store.count() == n
 
@@ -309,7 +313,7 @@ def test_app_migrate_covers_a_token_store_in_another_database(tmp_path) -> None:
     app = el.App(events, token_store=tokens)
     done = app.migrate()
     assert [(m.before.describe(), m.version) for m in done] == [
-        ("no eventlanes tables", 1), ("no eventlanes tables", 1)]  # fmt: skip
-    assert versions(events) == versions(tokens) == [(1, "initial")]
+        ("no eventlanes tables", 2), ("no eventlanes tables", 2)]  # fmt: skip
+    assert versions(events) == versions(tokens) == CURRENT
     assert [m.applied for m in app.migrate()] == [(), ()]
     app.close()

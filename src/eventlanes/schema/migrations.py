@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
-from . import v1_initial
+from . import v1_initial, v2_versions
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,10 @@ class Migration:
     apply: Callable[[Database, Any], None]
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", v1_initial.apply),)
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial", v1_initial.apply),
+    Migration(2, "versions", v2_versions.apply),
+)
 
 
 def latest() -> int:
@@ -44,6 +47,7 @@ PARTS: dict[str, tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]] 
         ("table", "tokens", DML, ("SELECT",)),
         ("table", "nodes", DML, ("SELECT",)),
         ("table", "paused", DML, ("SELECT",)),
+        ("table", "versions", DML, ("SELECT",)),
     ),
     "dead_letters": (("table", "dead_letters", DML, ("SELECT",)),),
     "aggregates": (("table", "aggregates", DML, ("SELECT",)),),
