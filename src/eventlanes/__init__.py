@@ -21,6 +21,7 @@ from .errors import (
     SparkJobError,
     StopTimeoutError,
     StoreConnectionError,
+    VersionError,
 )
 from .events import Event, NewEvent
 from .hashing import stable_hash
@@ -109,6 +110,7 @@ __all__ = [
     "NewEvent",
     "StopTimeoutError",
     "StoreConnectionError",
+    "VersionError",
     "migrate",
     "open_store",
     "stable_hash",

@@ -17,6 +17,7 @@ from ..events import Event
 from ..segments import Segment
 from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
+from ..versions.view import VersionView
 from .claims import claim_all, node_name, release_all
 from .context import Context
 from .dead_letters import DeadLetter
@@ -67,6 +68,8 @@ class ProcessorView:
     guarantee: str = "exactly-once"
     started: bool = True  # False: never run yet (the segments shown are the ones it would take)
     paused: bool = False
+    #: which version of its processor it is, whether it serves, how far behind (App.status)
+    version: VersionView | None = None
 
     @property
     def position(self) -> int:

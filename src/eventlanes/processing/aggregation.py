@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..callables import check, name_of
 from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent, datas, types
-from ..names import validate_processor_name
+from ..names import validate_base_name, validate_processor_name, versioned_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
 from .chains import CHAIN_KEY, Coordinates, Marks, coordinates, dedupe, is_newer, record
@@ -95,6 +95,9 @@ class Aggregation(Processor):
     (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
 
     _kind = "aggregation"
+    #: a new version may fold by another key (routing otherwise): its replay flags (shown by
+    #: status; folds do not depend on them) take only what every part of the old one passed
+    _routes_as_versions = False
 
     def __init__(
         self,
@@ -174,7 +177,8 @@ class Aggregation(Processor):
     def downstream(self, name: str, key: Callable[[Any], Any], initial: Callable[[], Any]) -> Stage:
         """A stage fed with this aggregation's fold outputs (``NewEvent``s)."""
         self._python_only("downstream()")
-        stage = Stage(self, name, key, initial)
+        # A version's stages keep states of their own, as it does (``stage@vN``).
+        stage = Stage(self, versioned_name(validate_base_name(name), self.version), key, initial)
         self.stages.append(stage)
         return stage
 
