@@ -23,3 +23,6 @@ def test_readme_quickstart_runs(capsys) -> None:
     assert "('0/3', 1, 'node-a'), ('1/1', 0, None), ('2/3', 1, None)" in out
     assert "[('front-wheel',), ('car',)]" in out
     assert "{'ok': 7, 'failed': 0}" in out
+    assert "[(1, 'order-1'), (1, 'order-2'), (2, 'order-2')]" in out  # versions side by side
+    assert "el_orders [('order-1', 100), ('order-2', 50)]" in out
+    assert "el_orders__v2 [('order-1', 120), ('order-2', 60)]" in out

@@ -291,6 +291,15 @@ def test_status_json_and_metrics_show_both_versions(store_url, monkeypatch) -> N
     assert samples[("eventlanes_version_serving", "orders@v2")] == 0.0
     assert samples[("eventlanes_version_behind_events", "orders@v2")] == 20.0
     assert ("eventlanes_version_behind_events", "orders") not in samples
+
+    from jinja2 import Environment, FileSystemLoader
+
+    from eventlanes.dashboard import HERE, snapshot
+
+    page = Environment(loader=FileSystemLoader(HERE / "templates")).get_template("body.html")
+    html = " ".join(page.render(status=snapshot(app), error=None).split())
+    assert "version 2 of orders: not serving, 20 behind</span>" in html
+    assert "version 1 of orders" not in html  # the serving version 1 looks as it always did
     app.close()
 
 
