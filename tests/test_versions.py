@@ -335,3 +335,35 @@ def test_a_dml_only_role_promotes_and_retires_keeping_the_tables(pg_url, role) -
     admin(pg_url, f"DROP TABLE {prefix}orders")  # what the owner does afterwards
     owner.close()
     app.close()
+
+
+# -- Spark ---------------------------------------------------------------------------------
+def test_a_spark_replay_of_a_new_version_keeps_its_replays(spark, tmp_path) -> None:
+    """Version 1 handled half of history (one of its two segments ran); version 2 (one
+    segment) replayed on Spark mails exactly the other half, and its aggregation's states
+    equal the local engine's."""
+    app = el.App(f"sqlite:///{tmp_path}/spark.db", claim_timeout=5)
+    _defined(app, 1, segments=2)
+    for i in range(200):
+        app.store.append(f"o-{i % 37}", [el.NewEvent("Placed", {"customer": f"c{i % 7}"})])
+    app.start(["orders"], node_index=0, nodes=2)  # only 0/1 runs
+    try:
+        app.wait_for("orders", [e.position for e in app.store.read(limit=200)
+                                if el.Segment(0, 1).matches(e.routing_hash)])  # fmt: skip
+    finally:
+        app.stop()
+    handled = set(_mailed(app, 1))
+    assert 0 < len(handled) < 200
+    v2 = _defined(app, 2)
+    app.aggregation("totals", key="customer", on="Placed", fields={"n": el.count()})
+    app.aggregation("totals", version=2, key="customer", on="Placed", fields={"n": el.count()})
+    app.initialize("orders@v2")
+    el.spark.replay(app, "orders@v2", spark=spark)
+    assert set(_mailed(app, 2)) == set(range(1, 201)) - handled
+    assert _positions(app, v2.table("orders")) == list(range(1, 201))
+    el.spark.replay(app, "totals@v2", spark=spark)
+    run_until_caught_up(app, processors=["totals"])
+    from eventlanes.testing import states
+
+    assert states(app, "totals@v2") == states(app, "totals") != {}
+    app.close()
