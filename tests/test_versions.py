@@ -255,10 +255,10 @@ def test_aggregation_versions_keep_states_of_their_own(store_url) -> None:
 
 # -- status, JSON, metrics -----------------------------------------------------------------
 def test_status_json_and_metrics_show_both_versions(store_url, monkeypatch) -> None:
-    monkeypatch.setenv("EVENTLANES_TEST_VERSIONS_URL", store_url)
     from tests.apps import versions_app
 
     app = versions_app.make_app(store_url)
+    monkeypatch.setattr(versions_app, "app", app)  # what the CLI loads (imported before)
     versions_app.create_schema(app)
     for i in range(20):
         app.store.append(f"o-{i}", [el.NewEvent("Placed", {"customer": f"c{i}", "amount": 1})])
