@@ -164,7 +164,7 @@ def test_blue_green_replays_promotes_and_retires(store_url) -> None:
     with pytest.raises(el.VersionError, match="'orders@v2' has not run yet"):
         app.promote("orders@v2")
     app.initialize("orders@v2")  # it starts here: the 30 events version 1 handled replay
-    assert app.status("orders@v2").version == el.versions.VersionView(
+    assert app.status("orders@v2").version == el.VersionView(
         "orders", 2, False, 1, 30, app.tokens.versions("orders")[0].started_at
     )
     _place(app, 10)

@@ -54,6 +54,8 @@ from .tokens import (
     TokenStore,
     open_token_store,
 )
+from .versions import VersionView
+from .versions.lifecycle import RetirePlan
 
 __version__ = "0.1.0"
 
@@ -79,6 +81,8 @@ __all__ = [
     "ProcessorBusyError",
     "ProcessorCrashedError",
     "ProcessorView",
+    "RetirePlan",
+    "VersionView",
     "Observer",
     "SegmentView",
     "disallow_replay",

@@ -115,7 +115,10 @@ class App:
     def processor(self, name: str, **options: Any) -> Processor:
         """Define a processor; see :class:`eventlanes.processing.processor.Processor`.
         ``guarantee="exactly-once"`` (default: handlers' writes commit with the token) or
-        ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O)."""
+        ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O).
+        ``version=N``: a new version of processor ``name``, beside the earlier ones, with
+        tokens and tables of its own (``eventlanes.versions``); ``tables=[...]``: the tables
+        its handlers build (``ctx.table`` names)."""
         return self._add(Processor(self.runtime, name, **options))
 
     def aggregation(self, name: str, **options: Any) -> Aggregation:
