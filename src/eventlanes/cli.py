@@ -559,11 +559,24 @@ def _print_ingestors(document: dict[str, Any]) -> None:
                 "?" if p["lag_records"] is None else f"{p['lag_records']:,}",
                 p["owner"] or "-",
                 _age(p["claim_age_seconds"]),
-                error[:100],
+                error,
             )
-        console.print(table)
+        print_table(table)
         for problem in ing["problems"]:
             console.print(f"[red]unhealthy:[/red] {ing['name']}: {problem}", highlight=False)
+
+
+def _version_note(p: dict[str, Any]) -> str:
+    """`` (version 2 of orders: serving)`` for processors with versions (nothing otherwise)."""
+    if p.get("version", 1) == 1 and p.get("serving", True):
+        return ""
+    if p["serving"]:
+        how = "serving"
+    elif p["behind_events"] is not None:
+        how = f"not serving, {p['behind_events']:,} behind the serving version"
+    else:
+        how = "not serving"
+    return f" (version {p['version']} of {p['base']}: {how})"
 
 
 def _print_status(document: dict[str, Any]) -> None:
@@ -571,7 +584,8 @@ def _print_status(document: dict[str, Any]) -> None:
     for p in document["processors"]:
         readable = "" if p["readable_head"] == p["head"] else f" (readable {p['readable_head']:,})"
         title = (
-            f"{p['name']}: head {p['head']:,}{readable}, {len(p['live_nodes'])} live node(s), "
+            f"{p['name']}{_version_note(p)}: head {p['head']:,}{readable}, "
+            f"{len(p['live_nodes'])} live node(s), "
             f"lag {p['lag_events']:,} events / {p['lag_seconds']:,.1f} s"
             + (f", {p['dead_letters']} dead letter(s)" if p["dead_letters"] else "")
         )
@@ -595,7 +609,7 @@ def _print_status(document: dict[str, Any]) -> None:
                 _age(s["claim_age_seconds"]),
                 "yes" if s["caught_up"] else "no",
                 f"until {s['replay_until']:,}" if s["replaying"] else "no",
-                error[:80] + (f" [{s['request']} requested]" if s["request"] else ""),
+                error + (f" [{s['request']} requested]" if s["request"] else ""),
             )
         print_table(table)
         for problem in p["problems"]:
@@ -772,6 +786,44 @@ def balance_command(app_spec: str, processor: str, timeout: float) -> None:
     console.print(
         f"{processor}: balanced, {len(segments)} segment(s)" + ("" if done else " (nothing to do)")
     )
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("name", metavar="PROCESSOR@vN")
+def promote(app_spec: str, name: str) -> None:
+    """Switch readers of a processor to one of its versions (orders@v2; orders: version 1)
+    once it has caught up: every segment at the head (read now), no failing segment, no
+    parked dead letter, not paused. Refused, with every reason, before then."""
+    app = load_app(app_spec)
+    console.print(app.promote(name), highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("name", metavar="PROCESSOR[@vN]")
+@click.option(
+    "--keep-tables",
+    is_flag=True,
+    help="leave its tables (for their owner to drop: a role with DML only may not)",
+)
+@click.option("--yes", "-y", is_flag=True, help="retire without asking (for scripts)")
+def retire(app_spec: str, name: str, keep_tables: bool, yes: bool) -> None:  # fmt: skip
+    """Drop an old version of a processor for good (orders: version 1; orders@v2): its
+    tokens, aggregation states, dead letters and tables (asks first). Refused while readers
+    see it or it runs anywhere."""
+    app = load_app(app_spec)
+    plan = app.retire_plan(name, keep_tables=keep_tables)  # refused here: nothing asked
+    console.print(plan.summary(), highlight=False, soft_wrap=True)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InvalidInputError(
+                f"retiring {name} would drop it for good; confirm with --yes (no terminal to "
+                "ask on)"
+            )
+        click.confirm(f"Retire {name} for good? What it drops cannot be restored", abort=True)
+    app.retire(name, keep_tables=keep_tables)
+    console.print(f"{name}: retired", highlight=False)
 
 
 @main.command(name="dead-letters")

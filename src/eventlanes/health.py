@@ -25,10 +25,13 @@ from typing import Any
 from .db import Database, open_database
 from .db.url import parse_url
 from .errors import InvalidInputError
+from .names import split_version, versioned_name
 from .processing.admin import ProcessorView, SegmentView
 from .segments import Segment
 from .store.base import READ_WAIT_WARNING, ReadWait, committed_head, recorded_after
 from .tokens import DEFAULT_CLAIM_TIMEOUT, Token
+from .tokens.base import RETIRED, VersionRecord
+from .versions import VersionView, serving_version
 
 SCHEMA = "eventlanes.status/1"
 """Version of the JSON document; a new field keeps it, a changed or removed one bumps it."""
@@ -136,8 +139,21 @@ def processor_document(
         "read_wait": wait.document() if wait is not None else None,
         "declared_segments": view.declared_segments,
         "notes": notes,
+        **version_fields(view),
         "segments": segments,
     }
+
+
+def version_fields(view: ProcessorView) -> dict[str, Any]:
+    """``base`` and ``version`` (``orders@v2``: "orders", 2), ``serving`` (readers see this
+    version) and ``behind_events`` (the serving version's position minus this one's; null for
+    the serving version itself)."""
+    ver = view.version
+    if ver is None:  # a view built without version information: the name tells the version
+        base, version = split_version(view.name)
+        return {"base": base, "version": version, "serving": version == 1, "behind_events": None}
+    return {"base": ver.base, "version": ver.version, "serving": ver.serving,
+            "behind_events": ver.behind}  # fmt: skip
 
 
 def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[str, Any]:
@@ -182,6 +198,8 @@ class ReadOnlyInspector:
             )
         self._has_nodes = self._exists(self.nodes)
         self._has_letters = self._exists(self.letters)
+        self.versions = self.db.table("versions")
+        self._has_versions = self._exists(self.versions)  # not in stores before schema 2
 
     def _exists(self, table: str) -> bool:
         if self.db.backend == "sqlite":
@@ -193,8 +211,45 @@ class ReadOnlyInspector:
         self.db.close()
 
     def processors(self) -> list[str]:
-        rows = self.db.query(f"SELECT DISTINCT processor FROM {self.tokens} ORDER BY processor")
+        """Every processor with token rows but the retired ones."""
+        rows = self.db.query(
+            self.db.sql(
+                f"SELECT DISTINCT processor FROM {self.tokens} "
+                "WHERE owner IS NULL OR owner <> ? ORDER BY processor"
+            ),
+            (RETIRED,),
+        )
         return [r[0] for r in rows]
+
+    def version(self, name: str, position: int) -> VersionView:
+        """Which version of its processor ``name`` is, whether it serves, how far behind."""
+        base, version = split_version(name)
+        records: list[VersionRecord] = []
+        if self._has_versions:
+            found = self.db.query(
+                self.db.sql(
+                    f"SELECT processor, base, version, started_at, promoted_at, retired_at "
+                    f"FROM {self.versions} WHERE base = ?"
+                ),
+                (base,),
+            )
+            records = [
+                VersionRecord(p, b, v, *(None if t is None else t / 1000 for t in times))
+                for p, b, v, *times in found
+            ]
+        started = [r.version for r in records if r.started_at and r.retired_at is None]
+        lowest = self.db.sql(
+            f"SELECT min(position), max(owner) FROM {self.tokens} WHERE processor = ?"
+        )
+        v1 = self.db.query(lowest, (base,))[0]
+        if v1[0] is not None and v1[1] != RETIRED:
+            started.append(1)
+        current = serving_version(records, started)
+        behind = None
+        if current is not None and current != version:
+            at = self.db.query(lowest, (versioned_name(base, current),))[0][0]
+            behind = None if at is None else max(0, at - position)
+        return VersionView(base, version, current == version, current, behind)
 
     def head(self) -> int:
         return committed_head(self.db, self.events)
@@ -256,4 +311,8 @@ class ReadOnlyInspector:
         if self._has_letters:
             sql = db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
             letters = int(db.query(sql, (name,))[0][0])
-        return ProcessorView(name, head, segments, nodes, letters, read_wait=wait)
+        position = min(s.position for s in segments)
+        return ProcessorView(
+            name, head, segments, nodes, letters, read_wait=wait,
+            version=self.version(name, position),
+        )  # fmt: skip

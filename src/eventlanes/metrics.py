@@ -166,6 +166,16 @@ class StatusCollector(Collector):
         letters = family(
             "eventlanes_dead_letters", "Dead letters waiting for retry or discard", ("processor",)
         )
+        serving = family(
+            "eventlanes_version_serving",
+            "1 for the version of its processor that readers see, 0 for the others",
+            ("processor",),
+        )
+        behind = family(
+            "eventlanes_version_behind_events",
+            "Positions a version is behind the serving version of its processor",
+            ("processor",),
+        )
         up = family("eventlanes_status_up", "1 if the last status read succeeded", ())
         kafka = _KafkaFamilies()
         ok = 1.0
@@ -189,6 +199,10 @@ class StatusCollector(Collector):
                         continue
                     view = self.app.status(name)
                     letters.add_metric([name], view.dead_letters)
+                    if view.version is not None:
+                        serving.add_metric([name], float(view.version.serving))
+                        if view.version.behind is not None:
+                            behind.add_metric([name], view.version.behind)
                     for s in view.segments:
                         labels = [name, str(s.segment)]
                         lag.add_metric(labels, s.lag)
@@ -210,6 +224,8 @@ class StatusCollector(Collector):
             readable,
             waiting,
             letters,
+            serving,
+            behind,
             up,
             *kafka.families,
         )

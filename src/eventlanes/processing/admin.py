@@ -18,6 +18,7 @@ from ..segments import Segment
 from ..store.base import ReadWait
 from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
+from ..versions.view import VersionView
 from .claims import claim_all, node_name, release_all
 from .context import Context
 from .dead_letters import DeadLetter
@@ -70,6 +71,8 @@ class ProcessorView:
     paused: bool = False
     read_wait: ReadWait | None = None  # why readers stop short of ``head`` (PostgreSQL)
     declared_segments: int | None = None  # the app's segments=, None when read without the app
+    #: which version of its processor it is, whether it serves, how far behind (App.status)
+    version: VersionView | None = None
 
     @property
     def readable_head(self) -> int:

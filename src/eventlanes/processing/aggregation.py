@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..callables import check, name_of
 from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent, datas, encode_object, types
-from ..names import validate_processor_name
+from ..names import validate_base_name, validate_processor_name, versioned_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
 from .chains import (
@@ -108,6 +108,9 @@ class Aggregation(Processor):
     (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
 
     _kind = "aggregation"
+    #: a new version may fold by another key (routing otherwise): its replay flags (shown by
+    #: status; folds do not depend on them) take only what every part of the old one passed
+    _routes_as_versions = False
 
     def __init__(
         self,
@@ -197,6 +200,8 @@ class Aggregation(Processor):
         """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
         KafkaSink its states are published to before they are written."""
         self._python_only("downstream()")
+        # A version's stages keep states of their own, as it does (``stage@vN``).
+        name = versioned_name(validate_base_name(name), self.version)
         stage = Stage(self, name, key, initial, publish)
         self.stages.append(stage)
         return stage

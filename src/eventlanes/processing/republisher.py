@@ -50,6 +50,12 @@ class Republisher(Processor):
                 f"republisher {name!r}: the guarantee is 'at-least-once' (outputs are appended "
                 "before the token; source chains let aggregations drop the repeats)"
             )
+        if options.get("version", 1) != 1:
+            raise InvalidInputError(
+                f"republisher {name!r}: versions are for projections and aggregations; a second "
+                "version of a republisher would append the outputs of all history again (its "
+                "mappings run on replays too): define a republisher of another name"
+            )
         super().__init__(runtime, name, guarantee="at-least-once", **options)
         if not (isinstance(to_stream, str) and to_stream):
             if not callable(to_stream):

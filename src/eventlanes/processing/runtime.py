@@ -13,7 +13,8 @@ import threading
 from functools import cached_property
 
 from ..db import Database, parse_url
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, VersionError
+from ..names import split_version
 from ..observe import NO_OBSERVER, Observer
 from ..schema import Migrated, migrate
 from ..segments import Segment
@@ -44,7 +45,8 @@ class Runtime:
         if not isinstance(url, str):
             raise InvalidInputError(f"App needs a store URL, got {url!r}")
         # A bad URL (scheme, prefix, path) fails here, where it is written; nothing connects.
-        parse_url(url)
+        #: the store's table prefix (known without connecting: ``proc.table(name)`` at import)
+        self.prefix = parse_url(url).prefix
         if isinstance(token_store, str) and token_store != "memory":
             parse_url(token_store)
         if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
@@ -109,17 +111,33 @@ class Runtime:
                 self._sources[target] = open_store(target)
             return self._sources[target]
 
-    def initialize(self, name: str, segments: int, initial: Initial) -> None:
+    def initialize(
+        self,
+        name: str,
+        segments: int,
+        initial: Initial,
+        after: tuple[str, ...] = (),
+        per_part: bool = True,
+    ) -> None:
         """Create a processor's token rows if missing (once per runtime: it is a locking
-        transaction). Only runners and commands that change tokens call this; status reads."""
-        if name in self._initialized:
-            return
-        created = self.tokens.initialize(name, segments=segments, initial=initial, store=self.store)
-        self._initialized.add(name)
-        if not created:
-            note = layout_note(segments, self.tokens.segments(name))
-            if note is not None:  # once per process: the stored layout is the one that runs
-                log.warning("%s: %s", name, note)
+        transaction). Only runners and commands that change tokens call this; status reads.
+        ``after``: the earlier versions of a new version (see :meth:`TokenStore.initialize`).
+        A retired processor is refused: its tokens were dropped for good."""
+        if name not in self._initialized:
+            created = self.tokens.initialize(
+                name, segments=segments, initial=initial, store=self.store, after=after,
+                per_part=per_part, context={"version": split_version(name)[1]} if after else None,
+            )  # fmt: skip
+            self._initialized.add(name)
+            if not created:
+                note = layout_note(segments, self.tokens.segments(name))
+                if note is not None:  # once per process: the stored layout is the one that runs
+                    log.warning("%s: %s", name, note)
+        if self.tokens.retired(name):  # also when initialised here before it was retired
+            raise VersionError(
+                f"processor {name!r} was retired (its tokens and tables were dropped): remove "
+                "it from the app"
+            )
 
     def close(self) -> None:
         for store in self._sources.values():
