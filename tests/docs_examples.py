@@ -52,6 +52,8 @@ class PageRun:
     cwd: Path
     #: variables the page's blocks read (None: unset, so a block's default shows)
     env: dict[str, str | None]
+    #: what a reader's shell has set where ``env`` leaves a variable unset (``$SHOP_URL``)
+    shell_defaults: dict[str, str] = field(default_factory=dict)
     #: False: python blocks are run elsewhere (the README's, by tests/test_readme.py)
     python: bool = True
     #: (line, language) of each block run, and (line, reason) of each one skipped
@@ -84,6 +86,7 @@ def _in(run: PageRun) -> Iterator[None]:
     """The page's working directory, environment and import path, for one block."""
     old_cwd, old_env, old_path = os.getcwd(), dict(os.environ), list(sys.path)
     os.chdir(run.cwd)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     for key, value in run.env.items():
         if value is None:
             os.environ.pop(key, None)
@@ -144,6 +147,7 @@ def _console_env(run: PageRun) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
     for key, value in run.env.items():
+        value = run.shell_defaults.get(key) if value is None else value
         if value is None:
             env.pop(key, None)
         else:

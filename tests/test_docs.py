@@ -61,7 +61,8 @@ def _page_run(page: Path, backend: str, tmp_path: Path, request: pytest.FixtureR
         env[KAFKA_VAR] = request.getfixturevalue("kafka_broker").bootstrap
     if "get_session()" in text:
         request.getfixturevalue("spark")  # the suite's session is the active one there
-    return PageRun(cwd=tmp_path, env=env)
+    # a reader's shell has $SHOP_URL set; the python blocks show their default instead
+    return PageRun(cwd=tmp_path, env=env, shell_defaults={STORE_VAR: "sqlite:///shop.db"})
 
 
 @pytest.mark.parametrize(("page", "backend"), _cases())
