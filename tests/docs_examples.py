@@ -20,6 +20,7 @@ Any other language fails the page: a block is run, or skipped with a reason.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -137,7 +138,7 @@ def console_commands(source: str) -> list[tuple[str, list[str]]]:
         command = line[2:]
         while command.endswith("\\") and i + 1 < len(lines):
             i += 1
-            command = command[:-1] + "\n" + lines[i]
+            command = command + "\n" + lines[i]  # bash reads the continuation itself
         commands.append((command, []))
         i += 1
     return commands
@@ -276,6 +277,8 @@ def run_page(path: Path, run: PageRun, namespace: dict[str, Any] | None = None) 
         stop_background(run)
     finally:
         forget_modules(run.cwd)
+        document.namespace.clear()  # clients the page made go now, before its broker or server
+        gc.collect()
     return run
 
 

@@ -50,15 +50,22 @@ def code_fences(path: Path) -> list[int]:
 
 
 def _page_run(page: Path, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> PageRun:
-    shutil.copy(APP_MODULE, tmp_path / APP_MODULE.name)  # the app module the reader wrote
+    for example in APP_MODULE.parent.glob("*.py"):  # the files the reader wrote (shop.py...)
+        shutil.copy(example, tmp_path / example.name)
     env: dict[str, str | None] = {STORE_VAR: None, KAFKA_VAR: None}
     if backend == "postgres":
         base = request.getfixturevalue("pg_url")
         prefix = f"d{os.getpid()}_{abs(hash((page, tmp_path))) % 10**8}_"
         env[STORE_VAR] = f"{base}{'&' if '?' in base else '?'}prefix={prefix}"
     text = page.read_text()
-    if KAFKA_VAR in text:
-        env[KAFKA_VAR] = request.getfixturevalue("kafka_broker").bootstrap
+    if "EVENTLANES_TEST_POSTGRES_URL" in text:  # the reader's own tests, on the same server
+        env["EVENTLANES_TEST_POSTGRES_URL"] = request.getfixturevalue("pg_url")
+    if KAFKA_VAR in text:  # a broker of its own: the page creates its topics (in milliseconds)
+        from eventlanes.testing.kafka import TansuBroker
+
+        broker = TansuBroker()
+        request.addfinalizer(broker.stop)
+        env[KAFKA_VAR] = broker.bootstrap
     if "get_session()" in text:
         request.getfixturevalue("spark")  # the suite's session is the active one there
     # a reader's shell has $SHOP_URL set; the python blocks show their default instead
@@ -160,5 +167,7 @@ def test_every_public_name_is_documented() -> None:
 
 def test_collector_sees_every_block_kind() -> None:
     """The lexer finds fenced blocks of any language and invisible set-up blocks alike."""
-    assert docs_examples.console_commands("$ a \\\n  b\nout\n$ c\n") == [("a \n  b", ["out"]),
-                                                                          ("c", [])]  # fmt: skip
+    assert docs_examples.console_commands("$ a \\\n  b\nout\n$ c\n") == [
+        ("a \\\n  b", ["out"]),
+        ("c", []),
+    ]
