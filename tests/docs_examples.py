@@ -55,6 +55,8 @@ class PageRun:
     env: dict[str, str | None]
     #: what a reader's shell has set where ``env`` leaves a variable unset (``$SHOP_URL``)
     shell_defaults: dict[str, str] = field(default_factory=dict)
+    #: the page being run (set by run_page; blocks may read their own page)
+    page: Path | None = None
     #: False: python blocks are run elsewhere (the README's, by tests/test_readme.py)
     python: bool = True
     #: (line, language) of each block run, and (line, reason) of each one skipped
@@ -216,7 +218,7 @@ def stop_background(run: PageRun) -> None:
 def evaluate(example: Example) -> None:
     run: PageRun = example.namespace["__page__"]
     language = (example.region.lexemes.get("language") or "").split()[0]
-    if language in PYTHON and not run.python:
+    if language == "python" and not run.python:
         raise SkipTest("python blocks of this page run in tests/test_readme.py")
     if language in PYTHON:
         _run_python(example, run)
@@ -260,6 +262,7 @@ SYBIL = Sybil(parsers=[_AnyBlock(), SkipParser()])
 
 def run_page(path: Path, run: PageRun, namespace: dict[str, Any] | None = None) -> PageRun:
     """Run every block of the page at ``path``, in order; skipped ones are recorded."""
+    run.page = path
     document = SYBIL.parse(path)
     document.namespace.update(namespace or {})
     document.namespace["__page__"] = run
