@@ -40,6 +40,7 @@ from .bulk import (
     fold_stages,
     functions_of,
     save_states,
+    upcasters_of,
 )
 from .fold import spec_of
 from .session import get_session, partitions_of
@@ -140,7 +141,7 @@ class ContinuousAggregation:
             return False
         end = min(head, after + self.max_rows) if self.max_rows else head
         expected = app.store.count(until=end) - app.store.count(until=after)
-        df, read = read_events(self.spark, self.url, after, end, self.n)
+        df, read = read_events(self.spark, self.url, after, end, self.n, None, upcasters_of(agg))
         spec = spec_of(agg, app.store.events_table)
         folded = fold_aggregation(spec, df, self.n, StoredStates(self.url, agg.name))
         if spec.stages:
