@@ -95,10 +95,11 @@ class Upcasters:
         _refuse_data_parameter(fn, source)
         target = type_name(base, version + 1) if to is None else check_type(to, "upcaster: to=")
         up = Upcaster(source, target, fn)
-        if source in self._by_source:
+        if (existing := self._by_source.get(source)) is not None:
             raise InvalidInputError(
-                f"{self._by_source[source]} is already registered: one upcaster per stored type "
-                f"and version (a change of it is a new version: register one for {target!r})"
+                f"{up}: {existing} is already registered (one upcaster per stored type and "
+                "version; a further change of the shape is the next version: register an "
+                f"upcaster of {existing.target!r})"
             )
         to_base, to_version = split_type(target)
         if to_base == base and to_version != version + 1:
