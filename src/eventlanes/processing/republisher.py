@@ -20,6 +20,7 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent
 from ..policies import key_text
 from ..store import EventStore
+from ..tracing import propagation, spans
 from .chains import CHAIN_KEY, extend_chain
 from .dispatch import Awaiter, HandlerFailed
 from .handlers import FunctionsByType
@@ -102,13 +103,22 @@ class RepublishWorker(SegmentWorker):
         self, st: SegmentState, events: list[Event], upto: int | dict[str, int], awaiter: Awaiter
     ) -> Outcome:
         per_stream: dict[str, list[NewEvent]] = {}
+        traced = spans.current()  # a recording batch: a span per mapping call
+        # Outputs carry the context of the mapping that made them (unless theirs names one),
+        # so each leads back to its input's appending span; not into a store with trace=off.
+        carry = traced is not None and getattr(self.target, "trace_context", True)
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
+                    trace_keys: dict[str, str] = {}
                     try:
-                        produced = fn(event)
-                        if produced is not None and not isinstance(produced, NewEvent | list):
-                            produced = awaiter.result(produced, fn)
+                        if traced is None:
+                            produced = self._map(fn, event, awaiter)
+                        else:
+                            with traced.handler(event, fn) as span:
+                                produced = self._map(fn, event, awaiter)
+                                if carry:
+                                    trace_keys = propagation.fields(span)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
                     if produced is None:
@@ -122,13 +132,20 @@ class RepublishWorker(SegmentWorker):
                                 "not el.NewEvent"
                             )
                         chain = extend_chain(event, self.source, i)
-                        per_stream.setdefault(stream, []).append(
-                            NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
-                        )
+                        meta = {**out.metadata, CHAIN_KEY: chain}
+                        if trace_keys and not any(k in meta for k in propagation.KEYS):
+                            meta.update(trace_keys)
+                        per_stream.setdefault(stream, []).append(NewEvent(out.type, out.data, meta))
             for stream, outs in per_stream.items():
                 self.target.append(stream, outs)  # its own transaction: at-least-once
             new_token = advanced(st.token, upto)
-            self.tokens.store(self.name, st.segment.id, new_token, self.owner)
+            commit = traced.commit(new_token.position) if traced is not None else None
+            try:
+                self.tokens.store(self.name, st.segment.id, new_token, self.owner)
+            except BaseException as exc:
+                spans.ended(commit, exc)
+                raise
+            spans.ended(commit)
         except ClaimLostError:
             st.mark_lost()
             return Outcome.LOST
@@ -136,6 +153,13 @@ class RepublishWorker(SegmentWorker):
             return self.back_off(st, exc)
         st.committed(new_token)
         return Outcome.OK
+
+    @staticmethod
+    def _map(fn: Any, event: Event, awaiter: Awaiter) -> Any:
+        produced = fn(event)
+        if produced is not None and not isinstance(produced, NewEvent | list):
+            produced = awaiter.result(produced, fn)
+        return produced
 
     def _stream(self, event: Event) -> str:
         to = self.rep.to_stream
