@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from opentelemetry import trace
@@ -73,9 +74,12 @@ def context_of(carrier: Mapping[str, Any] | None) -> SpanContext | None:
     if not isinstance(parent, str):
         return None
     state = carrier.get(TRACESTATE)
-    found: dict[str, str] = {TRACEPARENT: parent}
-    if isinstance(state, str):
-        found[TRACESTATE] = state
+    return _parsed(parent, state if isinstance(state, str) else None)
+
+
+@lru_cache(maxsize=4096)  # a batch's events share few appends: each is parsed once
+def _parsed(parent: str, state: str | None) -> SpanContext | None:
+    found = {TRACEPARENT: parent} if state is None else {TRACEPARENT: parent, TRACESTATE: state}
     ctx = trace.get_current_span(_propagator.extract(found)).get_span_context()
     return ctx if ctx.is_valid else None
 
