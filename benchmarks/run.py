@@ -26,6 +26,7 @@ BENCHMARKS = {
     "postgres": "benchmarks.bench_postgres",
     "projection": "benchmarks.bench_projection",
     "kafka": "benchmarks.bench_kafka",
+    "tracing": "benchmarks.bench_tracing",
 }
 
 
