@@ -443,3 +443,33 @@ def test_run_refuses_an_unknown_exporter_in_one_line(tmp_path: Path) -> None:
         "error: OTEL_TRACES_EXPORTER: no span exporter 'zipkin-ish' is installed; installed: "
         "otlp, console, otlp_proto_http"
     ], lines
+
+
+def test_the_readme_tracing_example_runs(tmp_path: Path) -> None:
+    """The README's set-up example, in a process of its own (one tracer provider per process),
+    exporting over OTLP/HTTP to a receiver here."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Tracing") :]
+    block = re.search(r"```py\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    script = tmp_path / "readme_tracing.py"
+    script.write_text(block.group(1))
+    with OTLPReceiver() as receiver:
+        env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.endpoint)
+        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    spans = list(receiver.received)
+    append = one(spans, "append")
+    printed = done.stdout.strip()
+    flags = printed[-4:-2]
+    expected = f"00-{append.trace_id:032x}-{append.span_id:016x}-{flags}"
+    assert printed == f"{{'traceparent': '{expected}'}}"
+    assert int(flags, 16) & 1  # sampled
+    handler = one(spans, "handle Placed")
+    assert handler.links == (append.key,) and handler.service == "shop"
+    assert _walk_to_root(handler, spans) == ["handle Placed", "append", "checkout"]
+    assert {s.name for s in spans} == {"checkout", "append", "process orders", "handle Placed",
+                                       "commit orders"}  # fmt: skip
