@@ -104,7 +104,7 @@ def _child(mode: str, url: str, streams: int, out: Any) -> None:
         provider, exporter = sdk
         provider.force_flush(60_000)
         names = exporter.names
-        if mode == "on":  # one append and one handler span per event ... per append
+        if mode == "on":  # one handler span per event, one append span per append
             assert names.get("handle Counted") == total, names
             assert names.get("append") == streams, names
             assert names.get("process counter", 0) >= 4, names
