@@ -432,3 +432,36 @@ def test_an_initial_state_no_fold_can_change_is_refused(tmp_path) -> None:
     run_until_caught_up(app)
     assert down.get("f") == {"n": 1}
     app.close()
+
+
+def test_a_republisher_that_would_read_its_own_outputs_again_is_refused(store_url: str) -> None:
+    """Before: a mapping of "Raw" returning a "Raw" into the store it reads (or an ``on_any``
+    mapping there) republished its own outputs forever, the store growing without end. Now
+    ``on_any`` there is refused where it is written, and an output of a type the republisher
+    maps, appended to the store it reads, fails the segment before anything is appended."""
+    app = el.App(store_url)
+    rep = app.republisher("copy", to_stream="copies")
+
+    @rep.on("Raw")
+    def again(event: el.Event) -> el.NewEvent:
+        return E("Raw", {"n": 1})
+
+    # The app's own store given as to_store: the same store, found when it runs.
+    mirror = app.republisher("mirror", to_stream="mirrored", to_store=app.store)
+    mirror.on_any(lambda event: E("Mirrored"))
+    app.store.append("s", [E("Raw")])
+    app.start()
+    try:
+        errors = {name: _segment_error(app, name) for name in ("copy", "mirror")}
+    finally:
+        app.stop()
+    assert "republisher 'copy': output #0 of event 1 is a 'Raw', a type it maps" in errors["copy"]
+    assert "republisher 'mirror': output #0 of event 1 is a 'Mirrored'" in errors["mirror"]
+    assert app.store.head() == 1  # nothing appended
+
+
+def test_a_republisher_on_any_into_the_store_it_reads_is_refused_where_written(tmp_path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/any.db")
+    rep = app.republisher("copy", to_stream="copies")
+    with pytest.raises(el.InvalidInputError, match="republisher 'copy': on_any maps every event"):
+        rep.on_any(lambda event: E("Copy"))

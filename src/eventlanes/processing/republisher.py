@@ -76,7 +76,15 @@ class Republisher(Processor):
         return self.functions.on(*types)
 
     def on_any(self, fn: Republish) -> Republish:  # type: ignore[override]
-        """Decorator: ``fn(event)`` for every event (as :meth:`on`)."""
+        """Decorator: ``fn(event)`` for every event (as :meth:`on`); only for a republisher
+        appending to another store (``to_store=``): it would read its own outputs again."""
+        if self.to_store is None:
+            raise InvalidInputError(
+                f"republisher {self.name!r}: on_any maps every event of the store it appends "
+                "to, its own outputs too, so it would republish them forever: name the types "
+                "it maps with on(...) (outputs of other types), or append to another store "
+                "(to_store=)"
+            )
         return self.functions.add_any(fn)
 
     def handled_types(self) -> frozenset[str] | None:
@@ -96,6 +104,8 @@ class RepublishWorker(SegmentWorker):
         self.rep = rep
         self.target = rep.target()
         self.source = runtime.store.events_table
+        #: it appends to the store it reads: an output of a type it maps would come back
+        self.loops = _same_store(self.target, runtime.store)
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         awaiter = Awaiter()
@@ -127,6 +137,14 @@ class RepublishWorker(SegmentWorker):
                             raise InvalidInputError(
                                 f"republisher {self.name!r} returned {type(out).__name__}, "
                                 "not el.NewEvent"
+                            )
+                        if self.loops and self.rep.functions.handles(out.type):
+                            raise InvalidInputError(
+                                f"republisher {self.name!r}: output #{i} of event "
+                                f"{event.position} is a {out.type!r}, a type it maps, appended "
+                                "to the store it reads: it would republish its own outputs "
+                                "forever; give the outputs a type of their own (or append "
+                                "them to another store: to_store=)"
                             )
                         chain = extend_chain(event, self.source, i)
                         per_stream.setdefault(stream, []).append(
@@ -162,3 +180,17 @@ class RepublishWorker(SegmentWorker):
         if isinstance(to, str):
             return to
         return key_text(to(event), f"republisher {self.name!r}", event)
+
+
+def _same_store(target: Any, store: EventStore) -> bool:
+    """Whether ``target`` appends to ``store``'s events (the same object, or another handle
+    on the same database and table)."""
+    if target is store:
+        return True
+    db = getattr(target, "db", None)
+    return (
+        isinstance(target, EventStore)
+        and db is not None
+        and db.url.url == store.db.url.url
+        and target.events_table == store.events_table
+    )
