@@ -393,6 +393,9 @@ class AggregationWorker(SegmentWorker):
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
             return self.back_off(st, exc)
+        if st.lost:  # given up on (a fold ran past handler_timeout): nothing of it is written
+            self._discard(seg)
+            return Outcome.LOST
         seconds = time.perf_counter() - started
         self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
@@ -427,10 +430,15 @@ class AggregationWorker(SegmentWorker):
         distinct = set(keys)
         marks = self._load(seg, entries, distinct)
         self.changed.setdefault(seg, set()).update(distinct)
-        if self.agg.declaration is not None:
-            self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
-        else:
-            self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        if mine:  # a batch's folds are bounded by handler_timeout (watched per batch: cheap)
+            st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
+        try:
+            if self.agg.declaration is not None:
+                self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
+            else:
+                self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        finally:
+            st.idle_now()
 
     def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
         """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a

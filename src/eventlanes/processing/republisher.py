@@ -122,12 +122,15 @@ class RepublishWorker(SegmentWorker):
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
+                    st.watch(event)  # bounded by handler_timeout, as handlers are
                     try:
                         produced = fn(event)
                         if produced is not None and not isinstance(produced, NewEvent | list):
                             produced = awaiter.result(produced, fn)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
+                    finally:
+                        st.idle_now()
                     if produced is None:
                         continue
                     outs = produced if isinstance(produced, list) else [produced]
@@ -151,6 +154,8 @@ class RepublishWorker(SegmentWorker):
                             NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
                         )
                         made_by.setdefault(stream, []).append((event, i))
+            if st.lost:  # given up on (a mapping ran past handler_timeout): append nothing
+                return Outcome.LOST
             for stream, outs in per_stream.items():
                 try:
                     self.target.append(stream, outs)  # its own transaction: at-least-once
