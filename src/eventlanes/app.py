@@ -163,6 +163,12 @@ class App:
 
         if not isinstance(sink, KafkaSink):
             raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
+        if options.get("version", 1) != 1:  # as republishers: it would run on history again
+            raise InvalidInputError(
+                f"publisher {name!r}: a second version of a publisher would publish all of "
+                "history again (what version 1 handled is a replay it publishes): define a "
+                "publisher of another name"
+            )
         for what, fn in (("key", key), ("value", value)):
             if fn is not None and not callable(fn):
                 raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")

@@ -123,7 +123,7 @@ class Stage:
         validate_processor_name(name)
         _check_callables(name, key, initial)
         check_fresh_state("stage", name, initial)  # a stage has no stages of its own
-        self.publish = _sink(name, publish)
+        self.publish = _sink(name, publish, upstream.version)
         self.upstream = upstream
         self.name = name
         self.key = key
@@ -209,7 +209,7 @@ class Aggregation(Processor):
         #: fold declared fields inside SQLite where exact (pushdown.py)
         self.pushdown = pushdown
         #: a KafkaSink: each state written is published first (kafka/sink.py)
-        self.publish = _sink(name, publish)
+        self.publish = _sink(name, publish, self.version)
         #: events this process folded inside SQLite (for tests and tuning)
         self.pushed_down = 0
 
@@ -260,11 +260,18 @@ class Aggregation(Processor):
         return self.states.dropped(self.name)
 
 
-def _sink(name: str, publish: Any) -> Any:
+def _sink(name: str, publish: Any, version: int) -> Any:
     """``publish=``: anything with ``publish(records)`` that returns once every record was
-    acknowledged (an ``el.KafkaSink``)."""
+    acknowledged (an ``el.KafkaSink``). Not on a version from 2 on: its warm-up folds all of
+    history again, and it runs beside the version before it."""
     if publish is not None and not callable(getattr(publish, "publish", None)):
         raise InvalidInputError(f"aggregation {name!r}: publish= takes an el.KafkaSink")
+    if publish is not None and version != 1:
+        raise InvalidInputError(
+            f"aggregation {name!r}: publish= on version {version} would publish the states of "
+            "its warm-up (all of history folded again) and then publish beside the version "
+            "before it; publish from version 1 only, or from an aggregation of another name"
+        )
     return publish
 
 
