@@ -131,3 +131,47 @@ def test_status_from_url_refuses_what_is_not_a_store(tmp_path) -> None:
         result.exit_code == 2 and "error:" in result.output and "no SQLite store" in result.output
     )
     assert not os.path.exists(missing)
+
+
+def test_a_processor_behind_in_another_source_is_not_caught_up(store_url: str, tmp_path) -> None:
+    """Before: a processor reading another store (``sources=``) was measured against the
+    app's own store alone: with 5 events waiting in the other store, status said caught up
+    with lag 0 (app, JSON, health rules, metrics). Now they count, in events and in
+    seconds, against that store's head."""
+    import time
+
+    import eventlanes as el
+    from eventlanes.health import MaxLag, processor_document, store_first_after
+
+    legacy_url = f"sqlite:///{tmp_path}/legacy.db"
+    legacy = el.open_store(legacy_url)
+    app = el.App(store_url)
+    seen: list[int] = []
+    app.processor("merged", segments=2, sources={"legacy": legacy_url}).on_any(
+        lambda event, ctx: seen.append(event.position)
+    )
+    app.store.append("a", [el.NewEvent("E")] * 3)
+    legacy.append("b", [el.NewEvent("E")] * 2)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert app.status("merged").caught_up and len(seen) == 5
+    legacy.append("b", [el.NewEvent("E")] * 5)
+    time.sleep(1.1)  # the oldest waiting event is at least 1 s old
+    view = app.status("merged")
+    assert not view.caught_up and view.lag == 5
+    doc = processor_document(view, store_first_after(app.store), MaxLag(seconds=1.0))
+    assert doc["caught_up"] is False and doc["lag_events"] == 5
+    assert doc["lag_seconds"] >= 1.0 and not doc["healthy"]
+    assert any("--max-lag 1 s" in p for p in doc["problems"])
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    view = app.status("merged")
+    assert view.caught_up and view.lag == 0 and len(seen) == 10
+    legacy.close()
+    app.close()

@@ -73,6 +73,14 @@ def lag_seconds(first_after: FirstAfter, position: int, head: int, now: datetime
     return 0.0 if when is None else max(0.0, (now - when).total_seconds())
 
 
+def segment_lag_seconds(first_after: FirstAfter, s: SegmentView, head: int, now: datetime) -> float:
+    """A segment's :func:`lag_seconds`, or the age of the oldest event it has not handled in
+    another store it reads (``sources=``) when that is older."""
+    own = lag_seconds(first_after, s.position, head, now)
+    other = s.sources_waiting_since
+    return own if other is None else max(own, (now - other).total_seconds())
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -102,7 +110,7 @@ def processor_document(
 ) -> dict[str, Any]:
     """One processor's entry of the status document, with its problems (empty: healthy)."""
     now = now or datetime.now(UTC)
-    segments = [segment_document(s, lag_seconds(first_after, s.position, view.head, now))
+    segments = [segment_document(s, segment_lag_seconds(first_after, s, view.head, now))
                 for s in view.segments]  # fmt: skip
     problems = []
     for s in segments:
