@@ -205,12 +205,24 @@ def wait_for(
     wanted = [positions] if isinstance(positions, int) else list(positions)
     if not wanted or not all(isinstance(p, int) and not isinstance(p, bool) for p in wanted):
         raise InvalidInputError(f"wait_for needs event positions, got {positions!r}")
-    targets = [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, wanted)]
+    committed = rt.store.committed_head()
+    missing = [p for p in wanted if p > committed]
+    if missing:  # appends return once committed: a position past the committed head is none
+        raise InvalidInputError(f"no event at position {missing[0]} in the store")
+    # On PostgreSQL a committed event may still lie past the readers' horizon (another append
+    # in flight below it): it is read once the horizon passes it, within the timeout.
+    unread = sorted(set(wanted))
+    targets: list[tuple[int, int]] = []
     deadline = time.monotonic() + timeout
     while True:
         seen = rt.progress.generation
+        if unread:
+            readable = rt.store.head()
+            now = [p for p in unread if p <= readable]
+            targets += [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, now)]
+            unread = [p for p in unread if p > readable]
         rows = rt.tokens.status(proc.name)
-        pending = [
+        pending = unread + [
             p
             for p, h in targets
             if not any(r.segment.matches(h) and r.token.covers(p, h) for r in rows)
@@ -223,7 +235,7 @@ def wait_for(
                 f"processor {proc.name!r} has not handled position(s) "
                 f"{', '.join(map(str, pending[:10]))} within {timeout:g} s"
             )
-        rt.progress.wait(seen, min(left, 0.25))
+        rt.progress.wait(seen, min(left, 0.05 if unread else 0.25))
 
 
 def pause(rt: Runtime, proc: Processor) -> bool:
