@@ -175,3 +175,35 @@ def test_a_processor_behind_in_another_source_is_not_caught_up(store_url: str, t
     assert view.caught_up and view.lag == 0 and len(seen) == 10
     legacy.close()
     app.close()
+
+
+def test_status_from_url_opens_read_only_and_refuses_a_newer_schema(store_url: str) -> None:
+    """Before: ``status --url`` opened the database writable (SQLite's journal switch, a
+    PostgreSQL session that could write: "never writes" held only as long as its queries did,
+    and a SQLite store on a read-only mount could not be read), and read a store of a newer
+    schema as if it knew its tables. Now its sessions refuse writes, and a newer schema is
+    one error line."""
+    import eventlanes as el
+    from eventlanes.health import ReadOnlyInspector
+
+    app = el.App(store_url)
+    app.processor("p").on_any(lambda event, ctx: None)
+    app.store.append("s", [el.NewEvent("E")])
+    app.initialize("p")
+    inspector = ReadOnlyInspector(store_url)
+    try:
+        assert inspector.processors() == ["p"]
+        with pytest.raises(Exception, match="read-only|readonly"):
+            inspector.db.query(f"DELETE FROM {inspector.tokens}")
+    finally:
+        inspector.close()
+    assert [s.position for s in app.tokens.status("p")] == [0]
+    table = app.db.table("schema_migrations")
+    with app.db.transaction() as conn:
+        conn.execute(app.db.sql(f"INSERT INTO {table} (version, name, applied_at) "
+                                "VALUES (?, ?, ?)"), (99, "future", 0))  # fmt: skip
+    result = CliRunner().invoke(main, ["status", "--url", store_url])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: store ") and "has schema version 99, newer than" in lines[0]
+    app.close()

@@ -22,9 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import schema
 from .db import Database, open_database
 from .db.url import parse_url
-from .errors import InvalidInputError
+from .errors import InvalidInputError, SchemaError
 from .names import split_version, versioned_name
 from .processing.admin import ProcessorView, SegmentView
 from .segments import Segment
@@ -186,13 +187,29 @@ def store_first_after(store: Any) -> FirstAfter:
 
 
 class ReadOnlyInspector:
-    """Status of every processor of a store, from its tables alone; never writes."""
+    """Status of every processor of a store, from its tables alone; never writes: the
+    database is opened read-only (SQLite ``mode=ro``, PostgreSQL read-only sessions), so it
+    also reads a store on a read-only mount. A store of a newer schema than this eventlanes
+    knows is refused (its tables may mean something else); older ones are read as they
+    are."""
 
     def __init__(self, url: str) -> None:
         parsed = parse_url(url)
         if parsed.backend == "sqlite" and not Path(parsed.target).expanduser().is_file():
             raise InvalidInputError(f"no SQLite store at {parsed.target!r}")
-        self.db: Database = open_database(parsed)
+        self.db: Database = open_database(parsed, create=False)
+        try:
+            state = schema.inspect(self.db)
+        except BaseException:
+            self.db.close()
+            raise
+        if state.unknown:
+            self.db.close()
+            raise SchemaError(
+                f"store {state.url!r} has schema version {state.version}, newer than this "
+                f"eventlanes (it knows versions up to {schema.latest()}): read its status with "
+                "the eventlanes release that migrated it, or a later one"
+            )
         self.tokens = self.db.table("tokens")
         self.nodes = self.db.table("nodes")
         self.letters = self.db.table("dead_letters")
