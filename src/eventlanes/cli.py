@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.cells import cell_len
@@ -59,13 +59,46 @@ def _is_spark_failure(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
 
 
+def _error_line(message: str) -> NoReturn:
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def _usage_error(exc: click.UsageError, where: str = "eventlanes") -> NoReturn:
+    """A mistyped command line (unknown option or command, missing argument, bad value):
+    one line with a hint to ``--help``, instead of click's usage block; exit code 2."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc  # no arguments at all: click prints the help
+    if exc.ctx is not None:
+        where = exc.ctx.command_path
+    _error_line(f"{exc.format_message().rstrip('.')} (see '{where} --help')")
+
+
 class _Group(click.Group):
     """Turns eventlanes errors (and Spark's) into one clear line and exit code 2, not a
-    traceback; ``--debug`` shows the full trace."""
+    traceback; ``--debug`` shows the full trace. Usage errors are one line too."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
+        args = [*ctx._protected_args, *ctx.args]  # the command's name first
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            named = args[0] if args and args[0] in self.commands else None
+            _usage_error(exc, f"{ctx.command_path} {named}" if named else ctx.command_path)
         except Exception as exc:
             if ctx.params.get("debug") or not (
                 isinstance(exc, EventlanesError) or _is_spark_failure(exc)
@@ -76,10 +109,7 @@ class _Group(click.Group):
                 from .spark.ship import first_line
 
                 message = f"Spark failed: {first_line(exc)}"
-            from rich.markup import escape
-
-            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            _error_line(message)
 
 
 @click.group(cls=_Group)

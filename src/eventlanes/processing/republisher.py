@@ -76,7 +76,15 @@ class Republisher(Processor):
         return self.functions.on(*types)
 
     def on_any(self, fn: Republish) -> Republish:  # type: ignore[override]
-        """Decorator: ``fn(event)`` for every event (as :meth:`on`)."""
+        """Decorator: ``fn(event)`` for every event (as :meth:`on`); only for a republisher
+        appending to another store (``to_store=``): it would read its own outputs again."""
+        if self.to_store is None:
+            raise InvalidInputError(
+                f"republisher {self.name!r}: on_any maps every event of the store it appends "
+                "to, its own outputs too, so it would republish them forever: name the types "
+                "it maps with on(...) (outputs of other types), or append to another store "
+                "(to_store=)"
+            )
         return self.functions.add_any(fn)
 
     def handled_types(self) -> frozenset[str] | None:
@@ -96,6 +104,8 @@ class RepublishWorker(SegmentWorker):
         self.rep = rep
         self.target = rep.target()
         self.source = runtime.store.events_table
+        #: it appends to the store it reads: an output of a type it maps would come back
+        self.loops = _same_store(self.target, runtime.store)
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         awaiter = Awaiter()
@@ -112,12 +122,15 @@ class RepublishWorker(SegmentWorker):
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
+                    st.watch(event)  # bounded by handler_timeout, as handlers are
                     try:
                         produced = fn(event)
                         if produced is not None and not isinstance(produced, NewEvent | list):
                             produced = awaiter.result(produced, fn)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
+                    finally:
+                        st.idle_now()
                     if produced is None:
                         continue
                     outs = produced if isinstance(produced, list) else [produced]
@@ -128,11 +141,21 @@ class RepublishWorker(SegmentWorker):
                                 f"republisher {self.name!r} returned {type(out).__name__}, "
                                 "not el.NewEvent"
                             )
+                        if self.loops and self.rep.functions.handles(out.type):
+                            raise InvalidInputError(
+                                f"republisher {self.name!r}: output #{i} of event "
+                                f"{event.position} is a {out.type!r}, a type it maps, appended "
+                                "to the store it reads: it would republish its own outputs "
+                                "forever; give the outputs a type of their own (or append "
+                                "them to another store: to_store=)"
+                            )
                         chain = extend_chain(event, self.source, i)
                         per_stream.setdefault(stream, []).append(
                             NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
                         )
                         made_by.setdefault(stream, []).append((event, i))
+            if st.lost:  # given up on (a mapping ran past handler_timeout): append nothing
+                return Outcome.LOST
             for stream, outs in per_stream.items():
                 try:
                     self.target.append(stream, outs)  # its own transaction: at-least-once
@@ -162,3 +185,17 @@ class RepublishWorker(SegmentWorker):
         if isinstance(to, str):
             return to
         return key_text(to(event), f"republisher {self.name!r}", event)
+
+
+def _same_store(target: Any, store: EventStore) -> bool:
+    """Whether ``target`` appends to ``store``'s events (the same object, or another handle
+    on the same database and table)."""
+    if target is store:
+        return True
+    db = getattr(target, "db", None)
+    return (
+        isinstance(target, EventStore)
+        and db is not None
+        and db.url.url == store.db.url.url
+        and target.events_table == store.events_table
+    )

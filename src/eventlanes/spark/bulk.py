@@ -185,7 +185,7 @@ def replay(
     url = url or executor_url(app.url, spark.sparkContext.master)
     n = partitions_of(spark, partitions)
     # Before any write: code and store reachable from an executor, or one clear error.
-    preflight(spark, functions_of(proc), url, head=app.store.head())
+    preflight(spark, functions_of(proc), url, head=app.store.head(), reads_store=not parquet)
     owner = f"spark-replay:{node_name()}"
     records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
