@@ -26,6 +26,8 @@ BENCHMARKS = {
     "postgres": "benchmarks.bench_postgres",
     "projection": "benchmarks.bench_projection",
     "kafka": "benchmarks.bench_kafka",
+    "memory": "benchmarks.bench_memory",
+    "rebuild": "benchmarks.bench_rebuild",
     "tracing": "benchmarks.bench_tracing",
 }
 

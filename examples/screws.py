@@ -93,7 +93,7 @@ def append_raw(store: el.EventStore, n: int, seed: int) -> dict:
     outputs = 0
     for i in range(n):
         robot = rng.randrange(6)
-        results = [(rng.randrange(9), rng.randrange(2)) for _ in range(rng.randint(1, 3))]
+        results = [[rng.randrange(9), rng.randrange(2)] for _ in range(rng.randint(1, 3))]
         store.append(
             f"raw-{i % 4}", [el.NewEvent("RawScrews", {"robot": robot, "results": results})]
         )

@@ -32,6 +32,42 @@ def pg_url(eventlanes_postgres_url: str) -> str:
     return eventlanes_postgres_url
 
 
+@pytest.fixture(scope="session")
+def pg_server(eventlanes_postgres: tuple[str, object]):  # type: ignore[no-untyped-def]
+    """The session's embedded server itself (to freeze it), or a skip when the tests run on
+    the server of $EVENTLANES_TEST_POSTGRES_URL."""
+    if eventlanes_postgres[1] is None:
+        pytest.skip("the PostgreSQL server is not ours to freeze ($EVENTLANES_TEST_POSTGRES_URL)")
+    return eventlanes_postgres[1]
+
+
+@pytest.fixture(autouse=True)
+def _close_what_the_test_left_open(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every app and PostgreSQL database a test opened and left open: each holds a pool
+    of connections, and a few hundred tests that leave theirs open exhaust the session server's
+    max_connections (later tests then fail with 'too many clients already')."""
+    from eventlanes.db.postgres import PostgresDatabase
+
+    apps: list[el.App] = []
+    dbs: list[PostgresDatabase] = []
+    app_init, db_init = el.App.__init__, PostgresDatabase.__init__
+
+    def tracked_app(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        app_init(self, *args, **kwargs)
+        apps.append(self)
+
+    def tracked_db(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        db_init(self, *args, **kwargs)
+        dbs.append(self)
+
+    monkeypatch.setattr(el.App, "__init__", tracked_app)
+    monkeypatch.setattr(PostgresDatabase, "__init__", tracked_db)
+    yield
+    for resource in [*apps, *dbs]:
+        with contextlib.suppress(Exception):
+            resource.close()
+
+
 def _unique_prefix() -> str:
     return f"t{os.getpid()}_{next(_counter)}_{uuid.uuid4().hex[:6]}_"
 

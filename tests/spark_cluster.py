@@ -4,10 +4,11 @@ from the pyspark package, small memory, killed at the end.
 The executors run a Python that cannot import eventlanes nor the tests' apps: a plain venv
 (``--without-pip``, made in well under a second) whose only extra path is a folder of links to
 the packages PySpark's Python workers need (pyarrow, pandas<3 with numpy, dateutil, pytz,
-tzdata, and orjson). A copy of those packages would take seconds and hundreds of MB; a venv
-with the driver's site-packages would see the driver's editable eventlanes install. The Worker
-puts that venv first on PATH, so executors run it as ``python3``, as a cluster node's
-``python3`` would be found. Whatever eventlanes and the app need must reach them through Spark.
+tzdata, orjson, and the ADBC drivers: what ``eventlanes[spark]`` installs). A copy of those
+packages would take seconds and hundreds of MB; a venv with the driver's site-packages would
+see the driver's editable eventlanes install. The Worker puts that venv first on PATH, so
+executors run it as ``python3``, as a cluster node's ``python3`` would be found. Whatever
+eventlanes and the app need must reach them through Spark.
 """
 
 from __future__ import annotations
@@ -26,7 +27,18 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-EXECUTOR_PACKAGES = ["pyarrow", "pandas", "numpy", "dateutil", "pytz", "tzdata", "orjson"]
+EXECUTOR_PACKAGES = [
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "dateutil",
+    "pytz",
+    "tzdata",
+    "orjson",
+    "adbc_driver_manager",
+    "adbc_driver_sqlite",
+    "adbc_driver_postgresql",
+]
 
 
 def _free_port() -> int:

@@ -383,3 +383,55 @@ def test_metadata_read_differently_takes_the_row_path(
     assert errors(app, "push") == errors(app, "rows")
     if not errors(app, "rows"):
         assert_same(app)
+
+
+# -- PostgreSQL: ranges read into Arrow and folded there (pushdown_postgres.py) -------------
+def pg_app(pg_url: str) -> el.App:
+    return el.App(f"{pg_url}?prefix=pd{random.randrange(10**9)}_", claim_timeout=5)
+
+
+def test_arrow_fold_on_postgres_equals_the_row_path(pg_url: str) -> None:
+    """Every operation, filters, nulls, other types, skewed keys, several segments; then
+    republished duplicates, a number as key and a value Python reads as a float (ranges with
+    them take the row path); a restart over stored states."""
+    app = pg_app(pg_url)
+    fields = {k: v for k, v in FIELDS.items() if k != "first_o"}  # non-strings: row path
+    define(app, fields)
+    load(app.store, 3000, seed=21)
+    run(app)
+    want = assert_same(app)
+    push, rows = aggregation(app, "push"), aggregation(app, "rows")
+    assert push.pushed_down > 2000 and rows.pushed_down == 0
+    before = push.pushed_down
+    load(app.store, 1000, seed=22, chains=0.5)
+    app.store.append("odd", [E("Fastened", {"robot": 12, "n": 3}),
+                             E("Fastened", {"robot": "r1", "n": 2, "o": [1.50]})])  # fmt: skip
+    load(app.store, 1000, seed=23)
+    run(app)
+    assert assert_same(app) != want
+    assert sum(d for _, _, d in stored(app, "push").values()) > 50  # duplicates dropped alike
+    assert push.pushed_down > before
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"robot": "r1", "n": "2"}, r"event \d+ \(Fastened\): data property 'n' is '2'"),
+        ({"robot": "r1", "n": 1.5}, r"data property 'n' is 1.5, declared int"),
+        ({"robot": "r1", "n": True}, r"data property 'n' is True, declared int"),
+        ({"robot": "r1", "n": 2**63}, r"declared int \(64-bit\)"),
+        ({"n": 1}, r"no key property 'robot'"),
+    ],
+)
+def test_what_the_arrow_fold_cannot_fold_fails_as_on_the_row_path(
+    pg_url: str, data: dict[str, Any], message: str
+) -> None:
+    app = pg_app(pg_url)
+    define(app, {"n": el.sum("n"), "events": el.count()}, segments=1)
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}) for _ in range(50)])
+    app.store.append("s", [E("Fastened", data)])
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}) for _ in range(50)])
+    run_until_failed(app)
+    push, rows = errors(app, "push"), errors(app, "rows")
+    assert push == rows
+    assert re.search(message, push[0]), push

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import eventlanes as el
-from tests.apps.recorder import create_schema
+from tests.apps.recorder import create_schema, record
 from tests.conftest import mounted_tmpfs
 from tests.processing_helpers import append_load, assert_exactly_once_in_order, wait_for
 
@@ -150,6 +150,41 @@ def test_restart_while_idle_and_writers_append(server) -> None:  # type: ignore[
     assert written["refused"] > 0 and written["n"] > 0  # the outage was real for writers too
     assert_exactly_once_in_order(app, table)
     print(f"idle + writers: caught up {resumed:.1f} s after the restart")
+    app.close()
+
+
+def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(server, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Not once per retry: the runner, its heartbeat and the LISTEN connection each say when
+    the database went away and when it came back."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="eventlanes")
+    url = f"{server.url}?prefix=once_&pool_timeout=2"
+    app = el.App(url, claim_timeout=CLAIM_TIMEOUT)
+    app.processor("recorder", segments=2).on_any(record)
+    table = create_schema(app)
+    append_load(app.store, streams=20, events=300, seed=5)
+    app.start()
+
+    def lines(start: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+
+    try:
+        app.wait_until_caught_up(30)
+        _restart(server, seconds=6.0)
+        wait_for(lambda: lines("recorder: database back after") and lines(
+            "recorder: heartbeat: database back after") and lines("LISTEN connection back"),
+                 timeout=60, what="the ends of the outage logged")  # fmt: skip
+        append_load(app.store, streams=20, events=300, seed=6)
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    for who in ("recorder: ", "recorder: heartbeat: "):
+        assert len(lines(f"{who}database unavailable")) == 1, lines(who)
+        assert len(lines(f"{who}database back after")) == 1, lines(who)
+    assert len(lines("LISTEN connection failed")) == 1
+    assert len(lines("LISTEN connection back")) == 1
+    assert_exactly_once_in_order(app, table)
     app.close()
 
 

@@ -24,3 +24,7 @@ def test_readme_quickstart_runs(capsys) -> None:
     assert "[('front-wheel',), ('car',)]" in out
     assert "{'ok': 7, 'failed': 0}" in out
     assert "{'n': 8}" in out
+    assert 'data["items"][1]: key 1 is not a string (JSON would store it as "1"' in out
+    assert "[(1, 'order-1'), (1, 'order-2'), (2, 'order-2')]" in out  # versions side by side
+    assert "el_orders [('order-1', 100), ('order-2', 50)]" in out
+    assert "el_orders__v2 [('order-1', 120), ('order-2', 60)]" in out

@@ -21,6 +21,7 @@ from .errors import (
     SparkJobError,
     StopTimeoutError,
     StoreConnectionError,
+    VersionError,
 )
 from .events import Event, NewEvent
 from .hashing import stable_hash
@@ -54,6 +55,8 @@ from .tokens import (
     TokenStore,
     open_token_store,
 )
+from .versions import VersionView
+from .versions.lifecycle import RetirePlan
 
 __version__ = "0.1.0"
 
@@ -79,6 +82,8 @@ __all__ = [
     "ProcessorBusyError",
     "ProcessorCrashedError",
     "ProcessorView",
+    "RetirePlan",
+    "VersionView",
     "Observer",
     "SegmentView",
     "disallow_replay",
@@ -114,6 +119,7 @@ __all__ = [
     "NewEvent",
     "StopTimeoutError",
     "StoreConnectionError",
+    "VersionError",
     "migrate",
     "open_store",
     "stable_hash",

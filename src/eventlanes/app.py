@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from .db import Database
 from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
 from .kafka.ingestor import Ingestor
 from .kafka.settings import Kafka
+from .names import split_version, validate_base_name, validate_processor_name
 from .notify import Wakeup, wakeup_for
 from .observe import Observer
 from .processing import admin
@@ -25,6 +27,7 @@ from .processing.admin import ProcessorView
 from .processing.aggregation import Aggregation
 from .processing.balance import Balancer, balance
 from .processing.claims import node_name
+from .processing.context import check_table_name
 from .processing.dead_letters import DeadLetter, DeadLetterStore
 from .processing.dispatch import describe_crash
 from .processing.processor import Processor
@@ -36,6 +39,7 @@ from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
+from .versions import lifecycle
 
 
 class App:
@@ -115,7 +119,10 @@ class App:
     def processor(self, name: str, **options: Any) -> Processor:
         """Define a processor; see :class:`eventlanes.processing.processor.Processor`.
         ``guarantee="exactly-once"`` (default: handlers' writes commit with the token) or
-        ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O)."""
+        ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O).
+        ``version=N``: a new version of processor ``name``, beside the earlier ones, with
+        tokens and tables of its own (``eventlanes.versions``); ``tables=[...]``: the tables
+        its handlers build (``ctx.table`` names)."""
         return self._add(Processor(self.runtime, name, **options))
 
     def aggregation(self, name: str, **options: Any) -> Aggregation:
@@ -156,6 +163,12 @@ class App:
 
         if not isinstance(sink, KafkaSink):
             raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
+        if options.get("version", 1) != 1:  # as republishers: it would run on history again
+            raise InvalidInputError(
+                f"publisher {name!r}: a second version of a publisher would publish all of "
+                "history again (what version 1 handled is a replay it publishes): define a "
+                "publisher of another name"
+            )
         for what, fn in (("key", key), ("value", value)):
             if fn is not None and not callable(fn):
                 raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
@@ -172,8 +185,15 @@ class App:
     def _add(self, proc: Any) -> Any:
         if proc.name in self.processors or proc.name in self.ingestors:
             raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")
+        for other in self._versions_of(proc.base):
+            _check_versions(other, proc)
         self.processors[proc.name] = proc
         return proc
+
+    def _versions_of(self, base: str) -> list[Processor]:
+        """The versions of processor ``base`` this app defines, lowest first."""
+        found = [p for p in self.processors.values() if p.base == base]
+        return sorted(found, key=lambda p: p.version)
 
     def get(self, name: str) -> Processor:
         try:
@@ -349,14 +369,23 @@ class App:
     def wait_until_caught_up(
         self, timeout: float = 60.0, processors: list[str] | None = None
     ) -> None:
-        """Block until every segment of the processors has reached the store's head."""
+        """Block until every segment of the processors has reached the store's head; first,
+        until each Kafka ingestor (all of them, or those named) has appended every record
+        its topic held when the call began (the high watermarks read then)."""
         deadline = time.monotonic() + timeout
+        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
+        named = None if not processors else [n for n in processors if n not in self.ingestors]
+        if ingest:
+            from .kafka.status import wait_caught_up
+
+            found = [self.ingestors[n] for n in ingest]
+            wait_caught_up(self.db, found, self._ingest_runners, self.claim_timeout, deadline)
         head = 0  # the last head read: it only grows
         while True:
             crashed = [r.error for r in self._runners if r.error is not None]
             if crashed:
                 raise RuntimeError(f"a processor crashed: {crashed[0]!r}") from crashed[0]
-            selected = self._selected(processors)
+            selected = [] if named == [] else self._selected(named)
             names = {p.name for p in selected}
             # A segment held here still short of a head already read is not caught up: no
             # need to ask the database (its stored token is at most the one in memory).
@@ -378,8 +407,12 @@ class App:
 
     # -- inspecting and steering ---------------------------------------------------------------
     def status(self, name: str) -> ProcessorView:
-        """Where the processor is, per segment (reads only: nothing is created)."""
-        return admin.status(self.runtime, self.get(name))
+        """Where the processor is, per segment, and for a processor with versions which one
+        serves and how far behind it this one is (reads only: nothing is created)."""
+        proc = self.get(name)
+        view = admin.status(self.runtime, proc)
+        defined = [p.version for p in self._versions_of(proc.base)]
+        return replace(view, version=lifecycle.view(self.runtime, proc, view, defined))
 
     def ingest_status(self, name: str) -> Any:
         """Where the ingestor is, per partition (:class:`eventlanes.kafka.status.IngestorView`;
@@ -477,7 +510,99 @@ class App:
             return parking.discard(self.runtime, self.ingestors[name], key, position)
         return admin.discard_dead_letters(self.runtime, self.get(name), key, position)
 
+    # -- versions (blue/green: eventlanes.versions) --------------------------------------------
+    def promote(self, name: str) -> str:
+        """Switch readers of a processor to its version ``name`` (``"orders@v2"``, or the
+        plain name for version 1): ``app.table(...)`` and ``app.serving(...)`` resolve to it
+        from then on, in every process. Refused with :class:`VersionError`, giving every
+        reason, unless it has caught up: each segment at the head of every store it reads
+        (read now), no failing segment, no parked dead letter, not paused. Writes one row
+        (no DDL: a role with DML only may promote)."""
+        proc = self.get(name)
+        defined = [p.version for p in self._versions_of(proc.base)]
+        return lifecycle.promote(self.runtime, proc, defined)
+
+    def retire_plan(self, name: str, *, keep_tables: bool = False) -> lifecycle.RetirePlan:
+        """What ``retire(name)`` would drop, read without writing; raises
+        :class:`VersionError` when it would be refused."""
+        return lifecycle.retire_plan(self.runtime, name, self._retirable(name), keep_tables)
+
+    def retire(self, name: str, *, keep_tables: bool = False) -> lifecycle.RetirePlan:
+        """Drop an old version (``"orders"``: version 1; ``"orders@v2"``) for good: its
+        tokens, aggregation states, dead letters and Spark batches, and the tables its
+        processor's versions declare (``tables=``; ``keep_tables``: leave them, e.g. for a
+        role that may not drop them). Never done by itself; refused while the version serves
+        readers or runs anywhere. Returns what was dropped. Its definition may already be
+        gone from the app; another version of the processor must be defined."""
+        return lifecycle.retire(self.runtime, name, self._retirable(name), keep_tables)
+
+    def _retirable(self, name: str) -> list[Processor]:
+        base, _ = split_version(validate_processor_name(name))
+        procs = self._versions_of(base)
+        if not procs:
+            raise InvalidInputError(
+                f"unknown processor {name!r}: no version of {base!r} is defined in this app"
+            )
+        return procs
+
+    def serving(self, name: str) -> Processor:
+        """The definition of the version of processor ``name`` that readers see (the last
+        one promoted; before any promotion the lowest that has run), e.g. to read an
+        aggregation: ``app.serving("totals").get(key)``."""
+        base = validate_base_name(name)
+        defined = {p.version: p for p in self._versions_of(base)}
+        version = lifecycle.serving(self.runtime, base, defined)
+        if version is None or version not in defined:
+            raise InvalidInputError(
+                f"readers of {base!r} see version {version}, which this app does not define"
+                if version is not None
+                else f"unknown processor {name!r}"
+            )
+        return defined[version]
+
+    def table(self, name: str, processor: str | None = None) -> str:
+        """The full name of table ``name`` of the version of ``processor`` that serves
+        readers: ``{prefix}name`` for version 1, ``{prefix}name__vN`` once version N is
+        promoted. Without ``processor``: the one processor of the app that declares the table
+        (``tables=[...]``). Read on every call, so a promotion in another process counts at
+        once."""
+        try:
+            check_table_name(name)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        if processor is None:
+            bases = sorted({p.base for p in self.processors.values() if name in p.tables})
+            if len(bases) != 1:
+                raise InvalidInputError(
+                    f"no processor of this app declares table {name!r} (tables=[...])"
+                    if not bases
+                    else f"table {name!r} is declared by {', '.join(bases)}: name the processor"
+                )
+            processor = bases[0]
+        base = validate_base_name(processor)
+        defined = [p.version for p in self._versions_of(base)]
+        return lifecycle.table_name(self.runtime, name, base, defined)
+
     def close(self) -> None:
         if self._runners or self._ingest_runners:
             self.stop()
         self.runtime.close()
+
+
+def _check_versions(old: Processor, new: Processor) -> None:
+    """Two versions of one processor must be the same kind and, where replays are told per
+    part, route events alike: a new version's replays are the events the old one had handled,
+    known per segment of the old one's routing."""
+    low, high = sorted((old, new), key=lambda p: p.version)
+    if type(low) is not type(high):
+        raise InvalidInputError(
+            f"{high._kind} {high.name!r} is version {high.version} of {low._kind} {low.name!r}: "
+            "versions of a processor must be of the same kind"
+        )
+    if high._routes_as_versions and low.policy.routing != high.policy.routing:
+        raise InvalidInputError(
+            f"processor {high.name!r} routes events by {high.policy.name}, its version "
+            f"{low.version} by {low.policy.name}: a new version must route as the old one "
+            "does (the events the old one had handled are known per segment of its routing); "
+            "pass the same policy to both (one function object for a custom one)"
+        )

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.cells import cell_len
@@ -61,13 +61,46 @@ def _is_spark_failure(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
 
 
+def _error_line(message: str) -> NoReturn:
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def _usage_error(exc: click.UsageError, where: str = "eventlanes") -> NoReturn:
+    """A mistyped command line (unknown option or command, missing argument, bad value):
+    one line with a hint to ``--help``, instead of click's usage block; exit code 2."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc  # no arguments at all: click prints the help
+    if exc.ctx is not None:
+        where = exc.ctx.command_path
+    _error_line(f"{exc.format_message().rstrip('.')} (see '{where} --help')")
+
+
 class _Group(click.Group):
     """Turns eventlanes errors (and Spark's) into one clear line and exit code 2, not a
-    traceback; ``--debug`` shows the full trace."""
+    traceback; ``--debug`` shows the full trace. Usage errors are one line too."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
+        args = [*ctx._protected_args, *ctx.args]  # the command's name first
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            named = args[0] if args and args[0] in self.commands else None
+            _usage_error(exc, f"{ctx.command_path} {named}" if named else ctx.command_path)
         except Exception as exc:
             if ctx.params.get("debug") or not (
                 isinstance(exc, EventlanesError) or _is_spark_failure(exc)
@@ -78,10 +111,7 @@ class _Group(click.Group):
                 from .spark.ship import first_line
 
                 message = f"Spark failed: {first_line(exc)}"
-            from rich.markup import escape
-
-            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            _error_line(message)
 
 
 @click.group(cls=_Group)
@@ -246,15 +276,21 @@ def _progress(app: Any, names: list[str]) -> tuple[Progress, Any]:
 
 
 def _start_lines(app: Any, names: list[str]) -> None:
-    """One line per processor: mode, segments and the position it starts from."""
+    """One line per processor: mode, segments (the stored layout's, and what this app declares
+    when that differs) and the position it starts from; and why readers wait, if they do."""
     for name in names:
         proc = app.get(name)
         view = app.status(name)
+        segments = f"{len(view.segments)} segment(s)"
+        if view.layout_note is not None:
+            segments += f" stored, {proc.segments} declared here: the stored layout runs"
         log.info(
-            "%s: starting (%s, %d segment(s), on_error=%s) at position %s, head %s, lag %s",
-            name, proc.mode, len(view.segments), proc.on_error, f"{view.position:,}",
+            "%s: starting (%s, %s, on_error=%s) at position %s, head %s, lag %s",
+            name, proc.mode, segments, proc.on_error, f"{view.position:,}",
             f"{view.head:,}", f"{view.lag:,}",
         )  # fmt: skip
+        if view.read_wait is not None:
+            log.info("%s: %s", name, view.read_wait.describe())
 
 
 class _Metrics:
@@ -558,18 +594,33 @@ def _print_ingestors(document: dict[str, Any]) -> None:
                 "?" if p["lag_records"] is None else f"{p['lag_records']:,}",
                 p["owner"] or "-",
                 _age(p["claim_age_seconds"]),
-                error[:100],
+                error,
             )
-        console.print(table)
+        print_table(table)
         for problem in ing["problems"]:
             console.print(f"[red]unhealthy:[/red] {ing['name']}: {problem}", highlight=False)
+
+
+def _version_note(p: dict[str, Any]) -> str:
+    """`` (version 2 of orders: serving)`` for processors with versions (nothing otherwise)."""
+    if p.get("version", 1) == 1 and p.get("serving", True):
+        return ""
+    if p["serving"]:
+        how = "serving"
+    elif p["behind_events"] is not None:
+        how = f"not serving, {p['behind_events']:,} behind the serving version"
+    else:
+        how = "not serving"
+    return f" (version {p['version']} of {p['base']}: {how})"
 
 
 def _print_status(document: dict[str, Any]) -> None:
     _print_ingestors(document)
     for p in document["processors"]:
+        readable = "" if p["readable_head"] == p["head"] else f" (readable {p['readable_head']:,})"
         title = (
-            f"{p['name']}: head {p['head']:,}, {len(p['live_nodes'])} live node(s), "
+            f"{p['name']}{_version_note(p)}: head {p['head']:,}{readable}, "
+            f"{len(p['live_nodes'])} live node(s), "
             f"lag {p['lag_events']:,} events / {p['lag_seconds']:,.1f} s"
             + (f", {p['dead_letters']} dead letter(s)" if p["dead_letters"] else "")
         )
@@ -593,11 +644,13 @@ def _print_status(document: dict[str, Any]) -> None:
                 _age(s["claim_age_seconds"]),
                 "yes" if s["caught_up"] else "no",
                 f"until {s['replay_until']:,}" if s["replaying"] else "no",
-                error[:80] + (f" [{s['request']} requested]" if s["request"] else ""),
+                error + (f" [{s['request']} requested]" if s["request"] else ""),
             )
         print_table(table)
         for problem in p["problems"]:
             console.print(f"[red]unhealthy:[/red] {p['name']}: {problem}", highlight=False)
+        for note in p["notes"]:
+            console.print(f"[yellow]note:[/yellow] {p['name']}: {note}", highlight=False)
 
 
 def _steer(what: str) -> Any:
@@ -769,6 +822,44 @@ def balance_command(app_spec: str, processor: str, timeout: float) -> None:
     console.print(
         f"{processor}: balanced, {len(segments)} segment(s)" + ("" if done else " (nothing to do)")
     )
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("name", metavar="PROCESSOR@vN")
+def promote(app_spec: str, name: str) -> None:
+    """Switch readers of a processor to one of its versions (orders@v2; orders: version 1)
+    once it has caught up: every segment at the head (read now), no failing segment, no
+    parked dead letter, not paused. Refused, with every reason, before then."""
+    app = load_app(app_spec)
+    console.print(app.promote(name), highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("name", metavar="PROCESSOR[@vN]")
+@click.option(
+    "--keep-tables",
+    is_flag=True,
+    help="leave its tables (for their owner to drop: a role with DML only may not)",
+)
+@click.option("--yes", "-y", is_flag=True, help="retire without asking (for scripts)")
+def retire(app_spec: str, name: str, keep_tables: bool, yes: bool) -> None:  # fmt: skip
+    """Drop an old version of a processor for good (orders: version 1; orders@v2): its
+    tokens, aggregation states, dead letters and tables (asks first). Refused while readers
+    see it or it runs anywhere."""
+    app = load_app(app_spec)
+    plan = app.retire_plan(name, keep_tables=keep_tables)  # refused here: nothing asked
+    console.print(plan.summary(), highlight=False, soft_wrap=True)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InvalidInputError(
+                f"retiring {name} would drop it for good; confirm with --yes (no terminal to "
+                "ask on)"
+            )
+        click.confirm(f"Retire {name} for good? What it drops cannot be restored", abort=True)
+    app.retire(name, keep_tables=keep_tables)
+    console.print(f"{name}: retired", highlight=False)
 
 
 @main.command(name="dead-letters")

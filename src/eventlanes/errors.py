@@ -65,6 +65,11 @@ class ProcessorCrashedError(EventlanesError):
         super().__init__(f"processor {processor!r} crashed: {text}")
 
 
+class VersionError(EventlanesError):
+    """A version of a processor could not be promoted or retired (the message says why: not
+    caught up, still serving, still running...), or a retired one was to run again."""
+
+
 class ProcessorPausedError(ClaimLostError):
     """The processor is paused: its owners must let their claims go until it is resumed."""
 

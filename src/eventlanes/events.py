@@ -72,9 +72,14 @@ else:  # pragma: no cover - CPython has the C encoder
 
 
 def encode_fast(value: Any) -> str:
-    """JSON text of a dict, for the append hot path. Raises TypeError, ValueError (including
-    UnicodeEncodeError) or RecursionError on anything :func:`encode_object` refuses; call that
-    for the message."""
+    """JSON text of a dict that reads back equal to it, for the append hot path. Raises
+    TypeError, ValueError (including UnicodeEncodeError and :class:`NotExact`) or RecursionError
+    on anything :func:`encode_object` refuses; call that for the message.
+
+    The C encoder turns non-string keys into strings and tuples into lists, silently; so the
+    text is read back (a C-speed decode, about a third of the encoding's cost) and compared.
+    Only a value that does not compare equal, or that holds a float written with an exponent,
+    takes the slow walk of :func:`exact_json`."""
     if value.__class__ is not dict:
         raise TypeError("not a dict")
     if not value:
@@ -83,30 +88,141 @@ def encode_fast(value: Any) -> str:
     if "\\u0000" in text and _has_nul(value):
         raise ValueError("NUL")
     text.encode()  # lone surrogates raise UnicodeEncodeError, a ValueError
+    try:
+        same = _read_back(text) == value
+    except ValueError:  # orjson's limits (nesting): the walk decides
+        same = False
+    if not same or ("e+" in text and _EXPONENT.search(text)):
+        return exact_json(value)
     return text
 
 
 def encode_object(value: Any, what: str) -> str:
-    """Serialise a JSON object, or raise InvalidInputError naming ``what`` was wrong.
-
-    Refused as well, on every backend alike: NUL characters (PostgreSQL cannot store them) and
-    lone surrogates (not encodable as UTF-8), in keys or values."""
+    """Serialise a JSON object, or raise InvalidInputError naming ``what`` was wrong and where
+    (``event #0 (E) data["items"][3]: key 1 is not a string ...``). See :func:`exact_json` for
+    what is refused."""
     if not isinstance(value, dict):
         raise InvalidInputError(f"{what} must be a JSON object (dict), got {type(value).__name__}")
     try:
-        text = _encoder.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
-    if "\\u0000" in text and _has_nul(value):
-        raise InvalidInputError(f"{what} contains a NUL character (\\x00), which cannot be stored")
+        return exact_json(value)
+    except NotExact as exc:
+        raise InvalidInputError(f"{what}{exc.path}: {exc.reason}") from None
+    except RecursionError:
+        raise InvalidInputError(f"{what} is nested too deeply to be stored") from None
+
+
+class NotExact(ValueError):
+    """A value JSON would not give back equal: ``path`` (``["items"][3]``, "" for the value
+    itself) and ``reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path or 'value'}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+# orjson reads integers beyond 64 bits as floats: such a value then only seems to differ, and
+# the walk accepts it.
+_read_back = _orjson.loads if _orjson is not None else json.loads
+# A number with a positive exponent (Python writes floats from 1e16 up so): PostgreSQL's jsonb
+# gives it back without the exponent, as an integer (1e+300 as 10**300, not the float).
+_EXPONENT = re.compile(r"[0-9]e\+[0-9]")
+_encode_str = json.encoder.encode_basestring  # C, non-ASCII kept (as the fast path writes)
+
+
+def exact_json(value: Any, allow_nan: bool = False) -> str:
+    """JSON text of ``value`` that reads back equal to it on every backend, or :class:`NotExact`
+    saying where and why not.
+
+    Refused: keys that are not strings (JSON would store ``1`` as ``"1"``, and ``{1: "a", "1":
+    "b"}`` would lose a value), tuples (they read back as lists), NaN and infinities (unless
+    ``allow_nan``: aggregation states keep them), strings with NUL characters or lone
+    surrogates, and anything that is not a dict, list, str, int, float, bool or None.
+    Subclasses of those are stored as their base type (an ``IntEnum`` member as its int): they
+    read back equal. Floats from 1e16 up are written as plain decimals (``1e+300`` as
+    ``1000...0.0``), which PostgreSQL's jsonb keeps as the same float."""
+    return _exact(value, [], set(), allow_nan)
+
+
+def _exact(value: Any, path: list[Any], open_: set[int], allow_nan: bool) -> str:
+    if isinstance(value, str):
+        _check_str(value, path, "")
+        return _encode_str(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value or value in (_INF, -_INF):
+            if not allow_nan:
+                raise NotExact(
+                    _path(path), f"{value!r} is not JSON-serialisable (JSON has no NaN or infinity)"
+                )
+            return json.dumps(value)
+        text = float.__repr__(value)
+        return float.__format__(value, ".1f") if "e+" in text else text
+    if isinstance(value, dict | list):
+        if id(value) in open_:
+            raise NotExact(_path(path), "refers to itself (a circular reference)")
+        open_.add(id(value))
+        try:
+            if isinstance(value, list):
+                return (
+                    "["
+                    + ",".join(_exact(v, [*path, i], open_, allow_nan) for i, v in enumerate(value))
+                    + "]"
+                )
+            parts = []
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise NotExact(_path(path), _key_reason(k, value))
+                _check_str(k, path, f"key {k!r} ")
+                parts.append(f"{_encode_str(k)}:{_exact(v, [*path, k], open_, allow_nan)}")
+            return "{" + ",".join(parts) + "}"
+        finally:
+            open_.discard(id(value))
+    if isinstance(value, tuple):
+        raise NotExact(_path(path), "a tuple would read back as a list (pass a list)")
+    raise NotExact(_path(path), f"{type(value).__name__} is not JSON-serialisable")
+
+
+_INF = float("inf")
+
+
+def _check_str(text: str, path: list[Any], what: str) -> None:
+    if "\x00" in text:
+        raise NotExact(
+            _path(path), f"{what}contains a NUL character (\\x00), which cannot be stored"
+        )
     try:
         text.encode()
     except UnicodeEncodeError as exc:
         bad = exc.object[exc.start : exc.end]
-        raise InvalidInputError(
-            f"{what} contains a lone surrogate {bad!r}, which is not valid UTF-8"
+        raise NotExact(
+            _path(path), f"{what}contains a lone surrogate {bad!r}, which is not valid UTF-8"
         ) from None
-    return text
+
+
+def _key_reason(key: Any, obj: dict[Any, Any]) -> str:
+    reason = f"key {key!r} is not a string"
+    try:
+        stored = next(iter(json.loads(_encoder.encode({key: 0}))))
+    except (TypeError, ValueError):  # not even that (a tuple, NaN)
+        return reason
+    reason += f" (JSON would store it as {json.dumps(stored, ensure_ascii=False)}"
+    if stored in obj:
+        reason += ", which is also a key there: one of the two values would be lost"
+    return reason + ")"
+
+
+def _path(path: list[Any]) -> str:
+    return "".join(
+        f"[{p}]" if isinstance(p, int) else f"[{json.dumps(p, ensure_ascii=False)}]" for p in path
+    )
 
 
 def check_text(value: str, what: str) -> None:

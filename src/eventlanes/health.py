@@ -2,8 +2,11 @@
 
 Used by ``eventlanes status --json`` (health checks, scripts), the dashboard and the metrics
 collector. Lag is given twice: in events (head - position) and in seconds (how long the first
-event after the segment's token, the one it reads next, has been waiting). A processor is
-unhealthy when a segment has an error, a dead letter is parked, or its lag exceeds a limit.
+event after the segment's token, the one it reads next, has been waiting), both measured to the
+committed head: on PostgreSQL events committed behind a still open appending transaction count,
+and ``read_wait`` names that transaction. A processor is unhealthy when a segment has an error,
+a dead letter is parked, its lag exceeds a limit, or readers have waited behind one
+transaction for ``READ_WAIT_WARNING`` seconds.
 
 :class:`ReadOnlyInspector` builds the same views from a store URL alone (no app module): it
 reads the token, node, dead-letter and event tables with plain SELECTs and never writes (it
@@ -19,12 +22,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import schema
 from .db import Database, open_database
 from .db.url import parse_url
-from .errors import InvalidInputError
+from .errors import InvalidInputError, SchemaError
+from .names import split_version, versioned_name
 from .processing.admin import ProcessorView, SegmentView
 from .segments import Segment
+from .store.base import READ_WAIT_WARNING, ReadWait, committed_head, recorded_after
 from .tokens import DEFAULT_CLAIM_TIMEOUT, Token
+from .tokens.base import RETIRED, VersionRecord
+from .versions import VersionView, serving_version
 
 SCHEMA = "eventlanes.status/1"
 """Version of the JSON document; a new field keeps it, a changed or removed one bumps it."""
@@ -66,6 +74,14 @@ def lag_seconds(first_after: FirstAfter, position: int, head: int, now: datetime
     return 0.0 if when is None else max(0.0, (now - when).total_seconds())
 
 
+def segment_lag_seconds(first_after: FirstAfter, s: SegmentView, head: int, now: datetime) -> float:
+    """A segment's :func:`lag_seconds`, or the age of the oldest event it has not handled in
+    another store it reads (``sources=``) when that is older."""
+    own = lag_seconds(first_after, s.position, head, now)
+    other = s.sources_waiting_since
+    return own if other is None else max(own, (now - other).total_seconds())
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -95,7 +111,7 @@ def processor_document(
 ) -> dict[str, Any]:
     """One processor's entry of the status document, with its problems (empty: healthy)."""
     now = now or datetime.now(UTC)
-    segments = [segment_document(s, lag_seconds(first_after, s.position, view.head, now))
+    segments = [segment_document(s, segment_lag_seconds(first_after, s, view.head, now))
                 for s in view.segments]  # fmt: skip
     problems = []
     for s in segments:
@@ -111,6 +127,12 @@ def processor_document(
         problems.append(f"lag {lag_events} events > --max-lag {max_lag.events}")
     if max_lag.seconds is not None and lag_s > max_lag.seconds:
         problems.append(f"lag {lag_s:.1f} s > --max-lag {max_lag.seconds:g} s")
+    notes: list[str] = []
+    wait = view.read_wait
+    if wait is not None:
+        (problems if wait.age >= READ_WAIT_WARNING else notes).append(wait.describe())
+    if view.layout_note is not None:
+        notes.append(f"this app {view.layout_note}")
     return {
         "name": view.name,
         "healthy": not problems,
@@ -122,8 +144,25 @@ def processor_document(
         "caught_up": view.caught_up,
         "live_nodes": view.live_nodes,
         "dead_letters": view.dead_letters,
+        "readable_head": view.readable_head,
+        "read_wait": wait.document() if wait is not None else None,
+        "declared_segments": view.declared_segments,
+        "notes": notes,
+        **version_fields(view),
         "segments": segments,
     }
+
+
+def version_fields(view: ProcessorView) -> dict[str, Any]:
+    """``base`` and ``version`` (``orders@v2``: "orders", 2), ``serving`` (readers see this
+    version) and ``behind_events`` (the serving version's position minus this one's; null for
+    the serving version itself)."""
+    ver = view.version
+    if ver is None:  # a view built without version information: the name tells the version
+        base, version = split_version(view.name)
+        return {"base": base, "version": version, "serving": version == 1, "behind_events": None}
+    return {"base": ver.base, "version": ver.version, "serving": ver.serving,
+            "behind_events": ver.behind}  # fmt: skip
 
 
 def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[str, Any]:
@@ -137,23 +176,40 @@ def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[s
 
 
 def store_first_after(store: Any) -> FirstAfter:
-    """``first_after`` of an open :class:`~eventlanes.store.EventStore`."""
+    """``first_after`` of an open :class:`~eventlanes.store.EventStore`: committed events past
+    the readers' horizon count (as in ``status --url``)."""
 
     def first_after(position: int) -> datetime | None:
-        events = store.read(after=position, limit=1)
-        return events[0].recorded_at if events else None
+        with store.db.guard(f"first event after position {position}"):
+            return recorded_after(store.db, store.events_table, position)
 
     return first_after
 
 
 class ReadOnlyInspector:
-    """Status of every processor of a store, from its tables alone; never writes."""
+    """Status of every processor of a store, from its tables alone; never writes: the
+    database is opened read-only (SQLite ``mode=ro``, PostgreSQL read-only sessions), so it
+    also reads a store on a read-only mount. A store of a newer schema than this eventlanes
+    knows is refused (its tables may mean something else); older ones are read as they
+    are."""
 
     def __init__(self, url: str) -> None:
         parsed = parse_url(url)
         if parsed.backend == "sqlite" and not Path(parsed.target).expanduser().is_file():
             raise InvalidInputError(f"no SQLite store at {parsed.target!r}")
-        self.db: Database = open_database(parsed)
+        self.db: Database = open_database(parsed, create=False)
+        try:
+            state = schema.inspect(self.db)
+        except BaseException:
+            self.db.close()
+            raise
+        if state.unknown:
+            self.db.close()
+            raise SchemaError(
+                f"store {state.url!r} has schema version {state.version}, newer than this "
+                f"eventlanes (it knows versions up to {schema.latest()}): read its status with "
+                "the eventlanes release that migrated it, or a later one"
+            )
         self.tokens = self.db.table("tokens")
         self.nodes = self.db.table("nodes")
         self.letters = self.db.table("dead_letters")
@@ -167,6 +223,8 @@ class ReadOnlyInspector:
             )
         self._has_nodes = self._exists(self.nodes)
         self._has_letters = self._exists(self.letters)
+        self.versions = self.db.table("versions")
+        self._has_versions = self._exists(self.versions)  # not in stores before schema 2
 
     def _exists(self, table: str) -> bool:
         if self.db.backend == "sqlite":
@@ -178,23 +236,58 @@ class ReadOnlyInspector:
         self.db.close()
 
     def processors(self) -> list[str]:
-        rows = self.db.query(f"SELECT DISTINCT processor FROM {self.tokens} ORDER BY processor")
+        """Every processor with token rows but the retired ones."""
+        rows = self.db.query(
+            self.db.sql(
+                f"SELECT DISTINCT processor FROM {self.tokens} "
+                "WHERE owner IS NULL OR owner <> ? ORDER BY processor"
+            ),
+            (RETIRED,),
+        )
         return [r[0] for r in rows]
 
+    def version(self, name: str, position: int) -> VersionView:
+        """Which version of its processor ``name`` is, whether it serves, how far behind."""
+        base, version = split_version(name)
+        records: list[VersionRecord] = []
+        if self._has_versions:
+            found = self.db.query(
+                self.db.sql(
+                    f"SELECT processor, base, version, started_at, promoted_at, retired_at "
+                    f"FROM {self.versions} WHERE base = ?"
+                ),
+                (base,),
+            )
+            records = [
+                VersionRecord(p, b, v, *(None if t is None else t / 1000 for t in times))
+                for p, b, v, *times in found
+            ]
+        started = [r.version for r in records if r.started_at and r.retired_at is None]
+        lowest = self.db.sql(
+            f"SELECT min(position), max(owner) FROM {self.tokens} WHERE processor = ?"
+        )
+        v1 = self.db.query(lowest, (base,))[0]
+        if v1[0] is not None and v1[1] != RETIRED:
+            started.append(1)
+        current = serving_version(records, started)
+        behind = None
+        if current is not None and current != version:
+            at = self.db.query(lowest, (versioned_name(base, current),))[0][0]
+            behind = None if at is None else max(0, at - position)
+        return VersionView(base, version, current == version, current, behind)
+
     def head(self) -> int:
-        return int(self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events}")[0][0])
+        return committed_head(self.db, self.events)
+
+    def read_wait(self) -> ReadWait | None:
+        if self.db.backend != "postgresql":
+            return None
+        from .store.postgres import read_wait
+
+        return read_wait(self.db, self.events)  # type: ignore[arg-type]
 
     def first_after(self, position: int) -> datetime | None:
-        sql = self.db.sql(
-            f"SELECT recorded_at FROM {self.events} WHERE position > ? ORDER BY position LIMIT 1"
-        )
-        rows = self.db.query(sql, (position,))
-        if not rows:
-            return None
-        value = rows[0][0]
-        if isinstance(value, datetime):  # PostgreSQL: timestamptz
-            return value
-        return datetime.fromtimestamp(value / 1_000_000, UTC)  # SQLite: epoch microseconds
+        return recorded_after(self.db, self.events, position)
 
     def view(self, name: str) -> ProcessorView:
         db, now = self.db, self.db.now_ms
@@ -208,7 +301,8 @@ class ReadOnlyInspector:
         )
         if not rows:
             raise InvalidInputError(f"no processor {name!r} in this store's token table")
-        head = self.head()
+        wait = self.read_wait()
+        head = wait.committed if wait is not None else self.head()
         segments = []
         for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
                 at in rows:  # fmt: skip
@@ -242,4 +336,8 @@ class ReadOnlyInspector:
         if self._has_letters:
             sql = db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
             letters = int(db.query(sql, (name,))[0][0])
-        return ProcessorView(name, head, segments, nodes, letters)
+        position = min(s.position for s in segments)
+        return ProcessorView(
+            name, head, segments, nodes, letters, read_wait=wait,
+            version=self.version(name, position),
+        )  # fmt: skip

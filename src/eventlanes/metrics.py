@@ -5,8 +5,10 @@ report, and a collector that computes lag when scraped.
   (events handled, handler and commit seconds, failures, dead letters parked, claims held,
   worker restarts).
 * :class:`StatusCollector`: at scrape time reads the token store, the dead-letter table and the
-  event store: lag in events and in seconds (age of the oldest unhandled event), positions,
-  consecutive errors, dead letters waiting. Computed once per scrape, never on the hot path.
+  event store: lag in events and in seconds (age of the oldest unhandled event) to the
+  committed head, positions, consecutive errors, dead letters waiting, and the open
+  transaction readers wait behind (PostgreSQL). Computed once per scrape, never on the hot
+  path.
 
 With ``run --processes N`` each worker writes its values to files in a directory the supervisor
 made (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``); the supervisor serves
@@ -29,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from .health import lag_seconds, store_first_after
+from .health import segment_lag_seconds, store_first_after
 from .observe import Observer
 
 if TYPE_CHECKING:
@@ -150,9 +152,29 @@ class StatusCollector(Collector):
         errors = family(
             "eventlanes_segment_errors", "Consecutive failed attempts of the segment (0: healthy)"
         )
-        head = family("eventlanes_head_position", "The event store's head position", ())
+        head = family("eventlanes_head_position", "The event store's committed head position", ())
+        readable = family(
+            "eventlanes_readable_head_position",
+            "The highest position readers can read now (below the head while they wait)",
+            (),
+        )
+        waiting = family(
+            "eventlanes_read_wait_seconds",
+            "Age of the open transaction readers wait behind (present only while they wait)",
+            ("pid", "application_name"),
+        )
         letters = family(
             "eventlanes_dead_letters", "Dead letters waiting for retry or discard", ("processor",)
+        )
+        serving = family(
+            "eventlanes_version_serving",
+            "1 for the version of its processor that readers see, 0 for the others",
+            ("processor",),
+        )
+        behind = family(
+            "eventlanes_version_behind_events",
+            "Positions a version is behind the serving version of its processor",
+            ("processor",),
         )
         up = family("eventlanes_status_up", "1 if the last status read succeeded", ())
         kafka = _KafkaFamilies()
@@ -161,8 +183,13 @@ class StatusCollector(Collector):
             try:
                 now = datetime.now(UTC)
                 first_after = store_first_after(self.app.store)
-                store_head = self.app.store.head()
+                wait = self.app.store.read_wait()
+                store_head = wait.committed if wait is not None else self.app.store.committed_head()
                 head.add_metric([], store_head)
+                readable.add_metric([], wait.readable if wait is not None else store_head)
+                if wait is not None:
+                    labels = [str(wait.pid or ""), wait.application_name or ""]
+                    waiting.add_metric(labels, wait.age)
                 ingestors = getattr(self.app, "ingestors", {})
                 for name in self.names or list(ingestors):
                     if name in ingestors:
@@ -172,11 +199,15 @@ class StatusCollector(Collector):
                         continue
                     view = self.app.status(name)
                     letters.add_metric([name], view.dead_letters)
+                    if view.version is not None:
+                        serving.add_metric([name], float(view.version.serving))
+                        if view.version.behind is not None:
+                            behind.add_metric([name], view.version.behind)
                     for s in view.segments:
                         labels = [name, str(s.segment)]
                         lag.add_metric(labels, s.lag)
                         lag_s.add_metric(
-                            labels, lag_seconds(first_after, s.position, view.head, now)
+                            labels, segment_lag_seconds(first_after, s, view.head, now)
                         )
                         position.add_metric(labels, s.position)
                         errors.add_metric(labels, s.errors)
@@ -184,7 +215,20 @@ class StatusCollector(Collector):
                 log.warning("metrics: reading the status failed: %s", exc)
                 ok = 0.0
         up.add_metric([], ok)
-        yield from (lag, lag_s, position, errors, head, letters, up, *kafka.families)
+        yield from (
+            lag,
+            lag_s,
+            position,
+            errors,
+            head,
+            readable,
+            waiting,
+            letters,
+            serving,
+            behind,
+            up,
+            *kafka.families,
+        )
 
 
 class _KafkaFamilies:

@@ -58,12 +58,17 @@ class PostgresListener(Wakeup):
 
     def _run(self) -> None:
         delay = 0.1
+        failing_since: float | None = None  # logged once when it fails, once when it is back
         while not self._closed:
             try:
                 conn = self._store.db.connect(autocommit=True)
                 self._conn = conn
                 conn.execute(f'LISTEN "{self._channel}"')
                 delay = 0.1
+                if failing_since is not None:
+                    log.warning("LISTEN connection back after %.1f s",
+                                time.monotonic() - failing_since)  # fmt: skip
+                    failing_since = None
                 self.notify()  # events may have arrived while we were not listening
                 while not self._closed:
                     for _ in conn.notifies(timeout=1.0, stop_after=64):
@@ -71,7 +76,9 @@ class PostgresListener(Wakeup):
             except Exception as exc:  # noqa: BLE001 - keep listening whatever happened
                 if self._closed:
                     return
-                log.warning("LISTEN connection failed (%s); polling until it is back", exc)
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    log.warning("LISTEN connection failed (%s); polling until it is back", exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
             finally:

@@ -25,9 +25,13 @@ class SequencingPolicy:
     #: filters can run in SQL.
     by_stream: bool = False
 
-    def __init__(self, key: KeyFunction, name: str) -> None:
+    def __init__(self, key: KeyFunction, name: str, routing: Any = None) -> None:
         self._key = key
         self.name = name
+        #: what decides where events go: two policies with equal ``routing`` send every event
+        #: to the same segments (the versions of a processor must; ``eventlanes.versions``).
+        #: The key function itself unless a built-in policy says what it is.
+        self.routing = key if routing is None else routing
 
     def key(self, event: Event) -> str | None:
         value = self._key(event)
@@ -56,17 +60,17 @@ class _PerStream(SequencingPolicy):
 
 def per_stream() -> SequencingPolicy:
     """Events of one stream stay in order (the default)."""
-    return _PerStream(lambda e: e.stream_id, "per_stream")
+    return _PerStream(lambda e: e.stream_id, "per_stream", "per_stream")
 
 
 def sequential() -> SequencingPolicy:
     """Every event in store order, one at a time (a single key)."""
-    return SequencingPolicy(lambda e: "", "sequential")
+    return SequencingPolicy(lambda e: "", "sequential", "sequential")
 
 
 def full_concurrency() -> SequencingPolicy:
     """No ordering at all: every event may run in parallel with any other."""
-    return SequencingPolicy(lambda e: None, "full_concurrency")
+    return SequencingPolicy(lambda e: None, "full_concurrency", "full_concurrency")
 
 
 def by_data(field: str, fallback: str = "stream") -> SequencingPolicy:
@@ -97,7 +101,7 @@ def _by_mapping(
             return event.stream_id
         return value
 
-    return SequencingPolicy(key, f"{kind}({name!r})")
+    return SequencingPolicy(key, f"{kind}({name!r})", (kind, name, fallback))
 
 
 def key_text(value: Any, what: str, event: Event) -> str:

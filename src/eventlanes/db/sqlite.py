@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +43,7 @@ class SQLiteDatabase(Database):
             )
         self._synchronous = sync
         try:
-            self._busy_ms = int(url.options.get("busy_timeout", "60000"))
+            self.busy_ms = int(url.options.get("busy_timeout", "60000"))
         except ValueError as exc:
             raise InvalidInputError(f"invalid busy_timeout in {url.url!r}: {exc}") from exc
         self._local = threading.local()
@@ -69,7 +70,7 @@ class SQLiteDatabase(Database):
                     f"cannot open SQLite store {self.url.url!r} read-only (create=False): "
                     f"file {str(path)!r} does not exist"
                 )
-            read_only_fs = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+            read_only_fs = self._read_only_fs(path)
             if self.create and read_only_fs:
                 raise StoreConnectionError(
                     f"cannot open SQLite store {self.url.url!r} for writing: the file system "
@@ -78,18 +79,18 @@ class SQLiteDatabase(Database):
             # mode=ro: SQLite itself refuses every write (and never creates the file). On a
             # read-only file system nobody can change the file, and SQLite could not create
             # the WAL index it needs: immutable.
-            uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if read_only_fs else "")
+            uri = self.read_only_uri()
             conn = sqlite3.connect(
                 uri if not self.create else self.path,
                 isolation_level=None,
                 check_same_thread=False,
-                timeout=self._busy_ms / 1000,
+                timeout=self.busy_ms / 1000,
                 uri=not self.create,
             )
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
             if self.create:
                 # Setting the journal mode writes the header: only when we may write.
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = _journal_mode_wal(conn, self.busy_ms / 1000)
                 if mode.lower() != "wal":
                     raise StoreConnectionError(
                         f"cannot open SQLite store {self.url.url!r}: "
@@ -105,6 +106,18 @@ class SQLiteDatabase(Database):
         with self._lock:
             self._all.append(conn)
         return conn
+
+    @staticmethod
+    def _read_only_fs(path: Path) -> bool:
+        return bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+
+    def read_only_uri(self) -> str:
+        """The file as a URI that SQLite opens read-only (``mode=ro``: it refuses every write
+        and never creates the file); on a read-only file system ``immutable=1`` too."""
+        path = Path(self.path).expanduser().resolve()
+        return f"file:{quote(str(path))}?mode=ro" + (
+            "&immutable=1" if self._read_only_fs(path) else ""
+        )
 
     @contextmanager
     def transaction(self, pipeline: bool = False) -> Iterator[sqlite3.Connection]:
@@ -179,3 +192,20 @@ class SQLiteDatabase(Database):
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """``PRAGMA journal_mode = WAL``, waiting up to ``timeout`` seconds for the lock it needs:
+    on a new file that other processes open at the same moment, SQLite answers "database is
+    locked" at once, without calling its busy handler (seen with four processes opening one
+    new store)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)

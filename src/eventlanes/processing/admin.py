@@ -9,16 +9,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidInputError, ProcessorBusyError
 from ..events import Event
 from ..segments import Segment
+from ..store.base import ReadWait, recorded_after
 from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
 from ..tracing import spans
+from ..versions.view import VersionView
 from .claims import claim_all, node_name, release_all
 from .context import Context
 from .dead_letters import DeadLetter
@@ -26,7 +28,7 @@ from .dispatch import Dispatch, describe
 from .handlers import runs_on_replay
 from .processor import Guarantee, Processor
 from .republisher import Republisher
-from .runtime import Runtime
+from .runtime import Runtime, layout_note
 
 __all__ = [
     "ProcessorBusyError",
@@ -57,18 +59,37 @@ class SegmentView:
     retry_in: float | None
     request: str | None
     token: Token
+    #: a processor with other sources (``sources=``): when the oldest event it has not
+    #: handled in them was recorded (None: none waits); ``lag`` and ``caught_up`` count them
+    sources_waiting_since: datetime | None = None
 
 
 @dataclass(frozen=True)
 class ProcessorView:
     name: str
-    head: int
+    head: int  # the highest committed position (lags are measured to it)
     segments: list[SegmentView]
     live_nodes: list[str]
     dead_letters: int
     guarantee: str = "exactly-once"
     started: bool = True  # False: never run yet (the segments shown are the ones it would take)
     paused: bool = False
+    read_wait: ReadWait | None = None  # why readers stop short of ``head`` (PostgreSQL)
+    declared_segments: int | None = None  # the app's segments=, None when read without the app
+    #: which version of its processor it is, whether it serves, how far behind (App.status)
+    version: VersionView | None = None
+
+    @property
+    def readable_head(self) -> int:
+        """The highest position readers can read now (below ``head`` while they wait)."""
+        return self.read_wait.readable if self.read_wait is not None else self.head
+
+    @property
+    def layout_note(self) -> str | None:
+        """Why the segments shown are not the declared count (None when they are)."""
+        if self.declared_segments is None or not self.started:
+            return None
+        return layout_note(self.declared_segments, [s.segment for s in self.segments])
 
     @property
     def position(self) -> int:
@@ -101,8 +122,30 @@ def _segment_view(head: int, s: SegmentStatus) -> SegmentView:
     )
 
 
+def _with_sources(rt: Runtime, proc: Processor, view: SegmentView) -> SegmentView:
+    """``view`` with the events of the other stores the processor reads counted in its lag
+    and caught-up (each measured to that store's committed head)."""
+    lag, waiting = view.lag, None
+    for name, target in proc.sources.items():
+        store = rt.source_store(target)
+        position, head = view.token.source(name).position, store.committed_head()
+        if position < head:
+            lag += head - position
+            with store.db.guard(f"first event after position {position}"):
+                when = recorded_after(store.db, store.events_table, position)
+            if when is not None and (waiting is None or when < waiting):
+                waiting = when
+    if lag == view.lag:
+        return view
+    return replace(view, lag=lag, caught_up=False, sources_waiting_since=waiting)
+
+
 def status(rt: Runtime, proc: Processor) -> ProcessorView:
-    head = rt.store.head()
+    """Lags are measured to the committed head: events committed behind an open transaction
+    (PostgreSQL) count, and ``read_wait`` says why they are not read yet. A processor with
+    other sources counts their events too, each to its own store's committed head."""
+    wait = rt.store.read_wait()
+    head = wait.committed if wait is not None else rt.store.committed_head()
     rows = rt.tokens.status(proc.name)
     started = bool(rows)
     if started:
@@ -126,6 +169,8 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
             )  # fmt: skip
             for seg in Segment.initial(proc.segments)
         ]
+    if proc.sources:
+        views = [_with_sources(rt, proc, v) for v in views]
     parked = rt.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0
     return ProcessorView(
         proc.name,
@@ -136,6 +181,8 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
         proc.guarantee.value,
         started,
         rt.tokens.is_paused(proc.name),
+        wait,
+        proc.segments,
     )
 
 
@@ -160,12 +207,24 @@ def wait_for(
     wanted = [positions] if isinstance(positions, int) else list(positions)
     if not wanted or not all(isinstance(p, int) and not isinstance(p, bool) for p in wanted):
         raise InvalidInputError(f"wait_for needs event positions, got {positions!r}")
-    targets = [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, wanted)]
+    committed = rt.store.committed_head()
+    missing = [p for p in wanted if p > committed]
+    if missing:  # appends return once committed: a position past the committed head is none
+        raise InvalidInputError(f"no event at position {missing[0]} in the store")
+    # On PostgreSQL a committed event may still lie past the readers' horizon (another append
+    # in flight below it): it is read once the horizon passes it, within the timeout.
+    unread = sorted(set(wanted))
+    targets: list[tuple[int, int]] = []
     deadline = time.monotonic() + timeout
     while True:
         seen = rt.progress.generation
+        if unread:
+            readable = rt.store.head()
+            now = [p for p in unread if p <= readable]
+            targets += [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, now)]
+            unread = [p for p in unread if p > readable]
         rows = rt.tokens.status(proc.name)
-        pending = [
+        pending = unread + [
             p
             for p, h in targets
             if not any(r.segment.matches(h) and r.token.covers(p, h) for r in rows)
@@ -178,7 +237,7 @@ def wait_for(
                 f"processor {proc.name!r} has not handled position(s) "
                 f"{', '.join(map(str, pending[:10]))} within {timeout:g} s"
             )
-        rt.progress.wait(seen, min(left, 0.25))
+        rt.progress.wait(seen, min(left, 0.05 if unread else 0.25))
 
 
 def pause(rt: Runtime, proc: Processor) -> bool:

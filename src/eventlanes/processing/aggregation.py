@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..callables import check, name_of
 from ..errors import ClaimLostError, InvalidInputError
-from ..events import Event, NewEvent, datas, types
-from ..names import validate_processor_name
+from ..events import Event, NewEvent, datas, encode_object, types
+from ..names import validate_base_name, validate_processor_name, versioned_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
 from ..tracing import spans
@@ -78,6 +78,43 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
     check(initial, f"{what}: initial", (), why_sync="it makes a fresh state when one is needed")
 
 
+#: states a fold cannot change in place: ``state += 1`` rebinds the fold's own name only
+_IMMUTABLE = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
+_IN_PLACE = 'a fold updates its state in place (state["n"] += 1) and returns nothing'
+
+
+def check_fresh_state(kind: str, name: str, initial: Callable[[], Any]) -> None:
+    """Refuse an ``initial()`` whose states no fold can change (an int, a string, a tuple,
+    None...): folds update the state in place, so such a state would stay as it started,
+    silently. Only where no downstream stage takes the folds' outputs (a stage of its own
+    is then the point: its upstream state may be anything)."""
+    try:
+        value = initial()
+    except Exception:  # noqa: BLE001 - fails where the first state is made, with its error
+        return
+    if isinstance(value, _IMMUTABLE):
+        raise InvalidInputError(
+            f"{kind} {name!r}: initial() gives {type(value).__name__} {value!r}, which no fold "
+            f"can change ({_IN_PLACE}; a value it returns is not the new state): start from "
+            'a dict or a list, e.g. initial=lambda: {"n": 0}'
+        )
+
+
+def returned_value(name: str, key: str, event: Event, fold: Any, produced: Any) -> None:
+    """A fold returned a value where no downstream stage takes outputs: refused, since it
+    would be dropped (a fold returning the new state, ``return state + 1``, would otherwise
+    leave the state as it was, silently). Returning the state itself is allowed."""
+    _not_awaitable(produced, fold, event)
+    shown = repr(produced)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise InvalidInputError(
+        f"aggregation {name!r}, key {key!r}: fold {name_of(fold)} returned "
+        f"{type(produced).__name__} {shown} for event {event.position} ({event.type}), and "
+        f"no downstream stage takes a fold's outputs: {_IN_PLACE}, it does not return the "
+        "new state"
+    )
+
+
 class Stage:
     """A downstream aggregation, fed by the outputs of an upstream aggregation's folds."""
 
@@ -86,7 +123,8 @@ class Stage:
     ) -> None:
         validate_processor_name(name)
         _check_callables(name, key, initial)
-        self.publish = _sink(name, publish)
+        check_fresh_state("stage", name, initial)  # a stage has no stages of its own
+        self.publish = _sink(name, publish, upstream.version)
         self.upstream = upstream
         self.name = name
         self.key = key
@@ -109,6 +147,9 @@ class Aggregation(Processor):
     (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
 
     _kind = "aggregation"
+    #: a new version may fold by another key (routing otherwise): its replay flags (shown by
+    #: status; folds do not depend on them) take only what every part of the old one passed
+    _routes_as_versions = False
 
     def __init__(
         self,
@@ -169,7 +210,7 @@ class Aggregation(Processor):
         #: fold declared fields inside SQLite where exact (pushdown.py)
         self.pushdown = pushdown
         #: a KafkaSink: each state written is published first (kafka/sink.py)
-        self.publish = _sink(name, publish)
+        self.publish = _sink(name, publish, self.version)
         #: events this process folded inside SQLite (for tests and tuning)
         self.pushed_down = 0
 
@@ -198,6 +239,8 @@ class Aggregation(Processor):
         """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
         KafkaSink its states are published to before they are written."""
         self._python_only("downstream()")
+        # A version's stages keep states of their own, as it does (``stage@vN``).
+        name = versioned_name(validate_base_name(name), self.version)
         stage = Stage(self, name, key, initial, publish)
         self.stages.append(stage)
         return stage
@@ -218,11 +261,18 @@ class Aggregation(Processor):
         return self.states.dropped(self.name)
 
 
-def _sink(name: str, publish: Any) -> Any:
+def _sink(name: str, publish: Any, version: int) -> Any:
     """``publish=``: anything with ``publish(records)`` that returns once every record was
-    acknowledged (an ``el.KafkaSink``)."""
+    acknowledged (an ``el.KafkaSink``). Not on a version from 2 on: its warm-up folds all of
+    history again, and it runs beside the version before it."""
     if publish is not None and not callable(getattr(publish, "publish", None)):
         raise InvalidInputError(f"aggregation {name!r}: publish= takes an el.KafkaSink")
+    if publish is not None and version != 1:
+        raise InvalidInputError(
+            f"aggregation {name!r}: publish= on version {version} would publish the states of "
+            "its warm-up (all of history folded again) and then publish beside the version "
+            "before it; publish from version 1 only, or from an aggregation of another name"
+        )
     return publish
 
 
@@ -300,6 +350,8 @@ class AggregationWorker(SegmentWorker):
         self.flushed_at: dict[int, float] = {}
         self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
         self.persist_every = agg.persist_every
+        if not agg.stages:  # all stages are declared by now: the app starts
+            check_fresh_state("aggregation", agg.name, agg.initial_state)
         decl = agg.declaration
         self.types = decl.types if decl is not None else None
 
@@ -358,6 +410,9 @@ class AggregationWorker(SegmentWorker):
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
             return self.back_off(st, exc)
+        if st.lost:  # given up on (a fold ran past handler_timeout): nothing of it is written
+            self._discard(seg)
+            return Outcome.LOST
         seconds = time.perf_counter() - started
         self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
@@ -392,10 +447,15 @@ class AggregationWorker(SegmentWorker):
         distinct = set(keys)
         marks = self._load(seg, entries, distinct)
         self.changed.setdefault(seg, set()).update(distinct)
-        if self.agg.declaration is not None:
-            self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
-        else:
-            self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        if mine:  # a batch's folds are bounded by handler_timeout (watched per batch: cheap)
+            st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
+        try:
+            if self.agg.declaration is not None:
+                self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
+            else:
+                self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        finally:
+            st.idle_now()
 
     def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
         """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a
@@ -434,9 +494,10 @@ class AggregationWorker(SegmentWorker):
                 events = [events[i] for i in accepted]
                 keys = [keys[i] for i in accepted]
             fold = only[0]
-            for value, event in zip([entries[k].value for k in keys], events, strict=True):
-                if (produced := fold(value, event)) is not None:
-                    _not_awaitable(produced, fold, event)
+            values = [entries[k].value for k in keys]
+            for value, event, key in zip(values, events, keys, strict=True):
+                if (produced := fold(value, event)) is not None and produced is not value:
+                    returned_value(self.name, key, event, fold, produced)
             return
         folds_of: dict[str, list[Fold]] = {}
         for i in accepted:
@@ -449,10 +510,13 @@ class AggregationWorker(SegmentWorker):
                 produced = fold(value, event)
                 if produced is not None:
                     _not_awaitable(produced, fold, event)
+                    if not stages and produced is not value:
+                        returned_value(self.name, key, event, fold, produced)
                 if produced is not None and stages:
                     coords = coordinates(event, self.source)
                     outs = produced if isinstance(produced, list) else [produced]
                     for j, out in enumerate(outs):
+                        check_output(self.name, key, event, j, out)
                         for stage in stages:
                             outputs.append(
                                 (stage, (f"{self.name}:{key}", "", (*coords[2], j)), out, event)
@@ -558,9 +622,10 @@ class AggregationWorker(SegmentWorker):
                         entry.dropped += 1
                         continue
                     event = _as_event(out, src, coords)
+                    value = entry.value
                     for fold in stage.folds.for_type(event.type):
-                        if (produced := fold(entry.value, event)) is not None:
-                            _not_awaitable(produced, fold, event)
+                        if (produced := fold(value, event)) is not None and produced is not value:
+                            returned_value(name, key, event, fold, produced)  # no stages here
                     record(entry.offsets, coords)
                     newest[key] = coords
                 if stage.publish is not None and newest:  # acknowledged before this commits
@@ -576,6 +641,17 @@ def _not_awaitable(produced: Any, fold: Any, event: Event) -> None:
             f"event {event.position} ({event.type}): fold {name_of(fold)} returned "
             f"{type(produced).__name__}, whose body never runs: folds update the state in place"
         )
+
+
+def check_output(name: str, key: str, event: Event, index: int, out: Any) -> None:
+    """A fold's output must be an ``el.NewEvent`` whose data and metadata read back equal from
+    JSON: the Spark engine passes outputs on as JSON, the local one in memory, and both must
+    fold the same values (an output ``{1: "a"}`` would reach Spark's stages as ``{"1": "a"}``)."""
+    where = f"aggregation {name!r}, key {key!r}: output #{index} of event {event.position}"
+    if not isinstance(out, NewEvent):
+        raise InvalidInputError(f"{where} is a {type(out).__name__}, not an el.NewEvent")
+    encode_object(out.data, f"{where} ({out.type}) data")
+    encode_object(out.metadata, f"{where} ({out.type}) metadata")
 
 
 def _as_event(out: Any, source: Event, coords: Coordinates) -> Event:

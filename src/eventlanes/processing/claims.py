@@ -3,7 +3,9 @@
 One heartbeat serves the runners, the Spark replay and the continuous Spark runner. It survives
 database errors (a restart, a network blip): it logs, waits and tries again, and reports which
 segments it still holds, so the owner learns of a claim it lost instead of committing blindly
-(every token write is fenced anyway).
+(every token write is fenced anyway). A watchdog beside it notices a beat that does not return
+(a frozen server answers no error, it just does not answer): outages and freezes are logged
+once when they start and once when they end.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from collections.abc import Callable
 
 from ..errors import ProcessorBusyError
 from ..tokens import TokenRecord, TokenStore
+from .weather import Outage
 
 log = logging.getLogger("eventlanes.processing")
+
+#: seconds a beat may take before the database counts as not answering (a beat is two small
+#: writes: milliseconds when the database is well)
+HANG_AFTER = 5.0
 
 
 def node_name() -> str:
@@ -47,31 +54,38 @@ class Heartbeat:
         self.on_held = on_held
         self.announce = announce  # also mark this node live (runners; not one-off commands)
         self.failures = 0
+        self.outage = Outage(f"{processor}: heartbeat")
+        self._busy_since: float | None = None  # monotonic start of the beat in progress
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"eventlanes-{processor}-heartbeat", daemon=True
         )
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"eventlanes-{processor}-watchdog", daemon=True
+        )
 
     def start(self) -> Heartbeat:
         self._thread.start()
+        self._watchdog.start()
         return self
 
     def beat(self) -> set[int] | None:
-        """One extension; None when the database failed (logged, retried next time)."""
+        """One extension; None when the database failed (logged once per outage, retried
+        next time)."""
+        self._busy_since = time.monotonic()
         try:
             held = set(self.tokens.extend_all(self.processor, self.owner))
             if self.announce:
                 self.tokens.heartbeat(self.processor, self.owner)
+            self.outage.ok()
             if self.on_held is not None:
                 self.on_held(held)
         except Exception as exc:  # noqa: BLE001 - the database may come back: keep beating
             self.failures += 1
-            log.warning(
-                "%s: heartbeat failed (%d in a row): %s", self.processor, self.failures, exc
-            )
+            self.outage.failed(exc, self.interval)
             return None
-        if self.failures:
-            log.info("%s: heartbeat works again after %d failure(s)", self.processor, self.failures)
+        finally:
+            self._busy_since = None
         self.failures = 0
         return held
 
@@ -79,10 +93,19 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             self.beat()
 
+    def _watch(self) -> None:
+        """A beat that has not returned for ``HANG_AFTER`` seconds: the database does not
+        answer. Logged once; the beat's return logs the end."""
+        while not self._stop.wait(min(1.0, HANG_AFTER / 2)):
+            since = self._busy_since
+            if since is not None and time.monotonic() - since >= HANG_AFTER:
+                self.outage.hangs(time.monotonic() - since)
+
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        for thread in (self._thread, self._watchdog):
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join()
 
 
 def claim_all(

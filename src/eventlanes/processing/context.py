@@ -11,6 +11,7 @@ from typing import Any
 
 from ..db.placeholders import for_psycopg, translated
 from ..errors import InvalidInputError
+from ..names import table_suffix
 from ..segments import Segment
 from ..tokens import Token
 
@@ -31,7 +32,24 @@ def lazy(open: Any) -> _Opener:
     return _Opener(open)
 
 
-_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")
+_VERSIONED = re.compile(r".*__v[0-9]+")
+
+
+def check_table_name(name: object) -> str:
+    """A table name handlers pass to ``ctx.table``: lowercase letters, digits and ``_``; a
+    name ending in ``__v`` and digits is how versions' tables are told apart, so it is not
+    one a user may choose."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"invalid table name {name!r}: lowercase letters, digits and '_'")
+    if "__v" in name and _VERSIONED.fullmatch(name):
+        raise ValueError(
+            f"invalid table name {name!r}: names ending in __v and digits are the tables of "
+            "processor versions (ctx.table adds it for version=N)"
+        )
+    return name
+
+
 #: a table (optionally schema-qualified) or column name given to insert_rows
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?")
 
@@ -47,7 +65,7 @@ class Context:
 
     __slots__ = (
         "processor", "segment", "token", "_connection", "backend", "param", "is_replay", "prefix",
-        "_cursor",
+        "_cursor", "_suffix",
     )  # fmt: skip
 
     def __init__(
@@ -71,12 +89,13 @@ class Context:
         self.is_replay = False
         self.prefix = prefix
         self._cursor: Any = None
+        self._suffix = table_suffix(processor)  # a version's own tables: ``__vN``
 
     def table(self, name: str) -> str:
-        """``name`` under the store's table prefix: projections live beside the tokens."""
-        if not _NAME.fullmatch(name):
-            raise ValueError(f"invalid table name {name!r}: lowercase letters, digits and '_'")
-        return f"{self.prefix}{name}"
+        """``name`` under the store's table prefix: projections live beside the tokens. In a
+        new version of a processor (``version=N``, N >= 2) the version's own table:
+        ``{prefix}{name}__vN`` (version 1's are ``{prefix}{name}``, as they always were)."""
+        return f"{self.prefix}{check_table_name(name)}{self._suffix}"
 
     @property
     def replay_context(self) -> Any:

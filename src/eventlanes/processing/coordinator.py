@@ -19,6 +19,7 @@ from .dead_letters import DeadLetterStore
 from .processor import Processor
 from .requests import Drop, carry_out
 from .state import SegmentState
+from .weather import Outage
 from .worker import SegmentWorker
 
 log = logging.getLogger("eventlanes.processing")
@@ -53,12 +54,14 @@ class Coordinator:
         self.claimed: dict[int, SegmentState] = {}
         self.lock = threading.Lock()  # guards ``claimed`` against the heartbeat's reads
         self._next = 0.0
+        self.outage = Outage(proc.name)  # database outages, logged once at start and end
 
     # -- what the heartbeat learns -------------------------------------------------------------
     def held(self, held: set[int]) -> None:
         """Segments whose claim could not be extended are lost: nothing of theirs commits.
         A segment whose handler has run past ``handler_timeout`` is given up the same way and
         recorded as failed (retried with back-off, on any node); its transaction rolls back."""
+        self.worker.runtime.read_waits.check()  # at most every few seconds: a warning if due
         now = time.monotonic()
         timeout = self.proc.handler_timeout
         stuck = []

@@ -9,7 +9,8 @@ declaration runs four ways, with one meaning:
 * :meth:`Declaration.fold_batch` -- the local engine, column by column over a segment's batch
   (the reference for the next one);
 * :mod:`.pushdown` -- the local engine over a SQLite store: ranges folded inside SQLite, one
-  grouped statement each, where that provably equals ``fold_batch`` (else ``fold_batch``);
+  grouped statement each, where that provably equals ``fold_batch`` (else ``fold_batch``); over
+  PostgreSQL, ranges read into Arrow and aggregated there (:mod:`.pushdown_postgres`);
 * ``eventlanes.spark.declarative`` -- Spark column expressions (``from_json``, window and
   ``groupBy`` aggregates), no Python on the executors.
 

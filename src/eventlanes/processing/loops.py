@@ -25,13 +25,12 @@ log = logging.getLogger("eventlanes.processing")
 def weather(
     coordinator: Coordinator, exc: BaseException, backoff: Backoff, stopping: threading.Event
 ) -> None:
-    """Log a passing database failure and wait before the next try; the next round checks
-    every claim again (one may have expired meanwhile: fencing keeps that exact)."""
+    """Note a passing database failure (logged once per outage, and its end once) and wait
+    before the next try; the next round checks every claim again (one may have expired
+    meanwhile: fencing keeps that exact)."""
     delay = backoff.next()
-    log.warning(
-        "%s: database unavailable (%s: %s); retrying in %.0f s (failure %d in a row)",
-        coordinator.name, type(exc).__name__, exc, delay, backoff.failures,
-    )  # fmt: skip
+    coordinator.outage.failed(exc, delay)
+    backoff.on_recovery = coordinator.outage.ok  # the next success ends the outage
     coordinator.force_next()
     stopping.wait(delay)
 

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..callables import check
 from ..errors import InvalidInputError
-from ..names import validate_processor_name
+from ..names import table_suffix, validate_base_name, validate_version, versioned_name
 from ..policies import KeyFunction, SequencingPolicy, as_policy
 from ..segments import Segment
 from ..tokens.base import Initial
+from .context import check_table_name
 from .handlers import Handler, HandlerSet, ResetHandler
 from .sources import OrderKey, oldest_first, validate_sources
 
@@ -34,6 +35,17 @@ class Guarantee(StrEnum):
     AGGREGATION = "aggregation"
 
 
+def _tables(name: str, tables: object) -> tuple[str, ...]:
+    if isinstance(tables, str) or not isinstance(tables, list | tuple):
+        raise InvalidInputError(
+            f"processor {name!r}: tables= is a list of table names, got {tables!r}"
+        )
+    try:
+        return tuple(check_table_name(t) for t in tables)
+    except ValueError as exc:
+        raise InvalidInputError(f"processor {name!r}: tables=: {exc}") from None
+
+
 def _guarantee(name: str, value: object) -> Guarantee:
     if isinstance(value, str) and value in {g.value for g in Guarantee}:
         return Guarantee(value)
@@ -48,6 +60,9 @@ class Processor:
 
     #: what this kind of processor is called in messages
     _kind = "processor"
+    #: its versions route events alike (checked where both are defined): the replays of a new
+    #: version follow the parts of the old one's segments exactly
+    _routes_as_versions = True
 
     def __init__(
         self,
@@ -67,11 +82,21 @@ class Processor:
         order: OrderKey | None = None,
         lanes: int = 1,
         handler_timeout: float = 30.0,
-        lane_window: int = 1000,
+        lane_window: int | None = None,
         pipeline: bool = False,
+        version: int = 1,
+        tables: list[str] | tuple[str, ...] = (),
     ) -> None:
         self.runtime = runtime
-        self.name = validate_processor_name(name)
+        #: the name it was defined with; ``name`` is the stored one (``orders@v2``)
+        self.base = validate_base_name(name)
+        #: ``version=N``: a new version of processor ``base`` with its own tokens and tables
+        #: (``eventlanes.versions``); 1, the default, is the processor as it always was
+        self.version = validate_version(version, name)
+        self.name = versioned_name(self.base, self.version)
+        #: the tables its handlers build (``ctx.table`` names): what ``app.table(name)``
+        #: looks up and what retiring a version drops
+        self.tables = _tables(name, tables)
         self.guarantee = _guarantee(name, guarantee)
         if self.guarantee is Guarantee.AGGREGATION and type(self) is Processor:
             raise InvalidInputError(
@@ -130,11 +155,21 @@ class Processor:
             )
         if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
             raise InvalidInputError(f"processor {name!r}: handler_timeout must be > 0 seconds")
-        if not isinstance(lane_window, int) or lane_window < 1:
+        if lane_window is not None and (
+            isinstance(lane_window, bool) or not isinstance(lane_window, int) or lane_window < 1
+        ):
             raise InvalidInputError(f"processor {name!r}: lane_window must be >= 1")
+        if lane_window is not None and (
+            self.guarantee is not Guarantee.AT_LEAST_ONCE or type(self) is not Processor
+        ):  # would be ignored: refused instead
+            raise InvalidInputError(
+                f"{self._kind} {name!r}: lane_window bounds the events in flight in the lanes "
+                "of an app.processor(..., guarantee='at-least-once'); this one has none"
+            )
         self.lanes = lanes
         self.handler_timeout = float(handler_timeout)
-        self.lane_window = lane_window
+        #: events in flight in a segment's lanes (backpressure; at-least-once processors)
+        self.lane_window = 1000 if lane_window is None else lane_window
         if not isinstance(pipeline, bool):
             raise InvalidInputError(f"processor {name!r}: pipeline must be True or False")
         if pipeline and (
@@ -192,9 +227,18 @@ class Processor:
         """The event types this processor reads (None: all); the others are passed over."""
         return self.handlers.types()
 
-    def token_spec(self) -> tuple[str, int, Initial]:
-        """What the token store needs to create this processor's rows."""
-        return self.name, self.segments, self.initial
+    def table(self, name: str) -> str:
+        """The full name of this version's table ``name`` (what ``ctx.table(name)`` gives its
+        handlers): the store's prefix, the name, and ``__vN`` from version 2 on; for the DDL
+        that creates it and for readers of this version."""
+        return f"{self.runtime.prefix}{check_table_name(name)}{table_suffix(self.name)}"
+
+    def token_spec(self) -> tuple[str, int, Initial, tuple[str, ...], bool]:
+        """What the token store needs to create this processor's rows: for a version, the
+        earlier versions whose handled events are replays for it, and whether their segments'
+        parts can be mapped onto its own (they route events as it does)."""
+        earlier = tuple(versioned_name(self.base, v) for v in range(1, self.version))
+        return self.name, self.segments, self.initial, earlier, self._routes_as_versions
 
     def describe(self) -> dict[str, Any]:
         return {

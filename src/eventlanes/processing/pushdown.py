@@ -30,12 +30,13 @@ the event. It is not taken:
 * by a segment whose states hold an own position at or above the range's first (a replay
   after a reset, inputs folded already): the worker folds that range by the row path.
 
-``ENABLED = False`` (or ``app.aggregation(..., pushdown=False)``) turns it off.
-PostgreSQL could run the same plan (``jsonb`` operators); it takes the row path today.
+``ENABLED = False`` (or ``app.aggregation(..., pushdown=False)``) turns it off. On
+PostgreSQL, :mod:`.pushdown_postgres` gives the same groups from ranges read into Arrow.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..hashing import stable_hash
 from ..store import EventStore
+from ..store.postgres import PostgresEventStore
 from ..store.sqlite import SQLiteEventStore
 from .chains import Marks
 from .declarative import _INT64, NAME, Declaration
@@ -129,10 +131,12 @@ class Folded(list[list[Any]]):
 
 
 class Pushdown:
-    """The statement folding one declaration over a range of a SQLite store, and the merge of
-    its rows into states."""
+    """The statement folding one declaration over a range of a SQLite store (a subclass: of a
+    PostgreSQL store, in Arrow), and the merge of its rows into states."""
 
-    def __init__(self, decl: Declaration, store: SQLiteEventStore) -> None:
+    store: Any  # SQLiteEventStore here, PostgresEventStore in pushdown_postgres
+
+    def __init__(self, decl: Declaration, store: EventStore) -> None:
         self.decl = decl
         self.store = store
         self.fields: list[_Field] = []
@@ -147,14 +151,21 @@ class Pushdown:
         if not (ENABLED and enabled) or decl is None or len(stores) != 1:
             return None
         store = stores[0]
-        if not isinstance(store, SQLiteEventStore) or float in decl.columns.values():
+        postgres = isinstance(store, PostgresEventStore)
+        if not (postgres or isinstance(store, SQLiteEventStore)) or float in decl.columns.values():
             return None
         for op in decl.fields.values():
             for _, value in op.where:
                 if type(value) is int and not _INT64[0] <= value <= _INT64[1]:
                     return None
-                if type(value) is str and not _encodes(value):
+                if type(value) is str and (not _encodes(value) or "\x00" in value):
                     return None
+        if postgres:
+            if not all(importlib.util.find_spec(m) for m in ("pyarrow", "adbc_driver_postgresql")):
+                return None  # without the arrow extra: the row path
+            from .pushdown_postgres import PostgresPushdown
+
+            return PostgresPushdown(decl, store)  # type: ignore[arg-type]
         return Pushdown(decl, store)
 
     def _plan(self, decl: Declaration, table: str) -> tuple[str, list[Any], list[str]]:
@@ -264,7 +275,7 @@ class Pushdown:
         if last is not None and last.after == after and last.reader is reader:
             return last, last.upto
         try:
-            groups, upto = self.store.fold_upto(after, SPAN, partial(self._fold, after))
+            groups, upto = self._range(after, SPAN)
         except Exception as exc:  # noqa: BLE001 - SQLite's errors included: the row path tells
             log.debug("range after %d folded by rows: %s", after, exc)
             self.rows_until = after + SPAN
@@ -276,6 +287,11 @@ class Pushdown:
         if folded:  # an empty range is cheap, and at the head it would hide what comes next
             self._last = folded
         return folded, upto
+
+    def _range(self, after: int, span: int) -> tuple[list[list[Any]] | None, int]:
+        """The groups of the range after ``after`` (at most ``span`` positions, up to what a
+        reader may see) and its end; None instead of groups: not exact (the row path)."""
+        return self.store.fold_upto(after, span, partial(self._fold, after))
 
     def _fold(self, after: int, conn: Any, upto: int) -> list[list[Any]] | None:
         """The groups of ``(after, upto]``, or None when the range is not safe to fold in SQL:

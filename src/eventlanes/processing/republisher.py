@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..callables import check
 from ..errors import ClaimLostError, InvalidInputError
-from ..events import Event, NewEvent
+from ..events import Event, NewEvent, encode_object
 from ..policies import key_text
 from ..store import EventStore
 from ..tracing import propagation, spans
@@ -51,6 +51,12 @@ class Republisher(Processor):
                 f"republisher {name!r}: the guarantee is 'at-least-once' (outputs are appended "
                 "before the token; source chains let aggregations drop the repeats)"
             )
+        if options.get("version", 1) != 1:
+            raise InvalidInputError(
+                f"republisher {name!r}: versions are for projections and aggregations; a second "
+                "version of a republisher would append the outputs of all history again (its "
+                "mappings run on replays too): define a republisher of another name"
+            )
         super().__init__(runtime, name, guarantee="at-least-once", **options)
         if not (isinstance(to_stream, str) and to_stream):
             if not callable(to_stream):
@@ -71,7 +77,15 @@ class Republisher(Processor):
         return self.functions.on(*types)
 
     def on_any(self, fn: Republish) -> Republish:  # type: ignore[override]
-        """Decorator: ``fn(event)`` for every event (as :meth:`on`)."""
+        """Decorator: ``fn(event)`` for every event (as :meth:`on`); only for a republisher
+        appending to another store (``to_store=``): it would read its own outputs again."""
+        if self.to_store is None:
+            raise InvalidInputError(
+                f"republisher {self.name!r}: on_any maps every event of the store it appends "
+                "to, its own outputs too, so it would republish them forever: name the types "
+                "it maps with on(...) (outputs of other types), or append to another store "
+                "(to_store=)"
+            )
         return self.functions.add_any(fn)
 
     def handled_types(self) -> frozenset[str] | None:
@@ -91,6 +105,8 @@ class RepublishWorker(SegmentWorker):
         self.rep = rep
         self.target = rep.target()
         self.source = runtime.store.events_table
+        #: it appends to the store it reads: an output of a type it maps would come back
+        self.loops = _same_store(self.target, runtime.store)
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         awaiter = Awaiter()
@@ -107,10 +123,12 @@ class RepublishWorker(SegmentWorker):
         # Outputs carry the context of the mapping that made them (unless theirs names one),
         # so each leads back to its input's appending span; not into a store with trace=off.
         carry = traced is not None and getattr(self.target, "trace_context", True)
+        made_by: dict[str, list[tuple[Event, int]]] = {}  # each output's input and index
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
                     trace_keys: dict[str, str] = {}
+                    st.watch(event)  # bounded by handler_timeout, as handlers are
                     try:
                         if traced is None:
                             produced = self._map(fn, event, awaiter)
@@ -121,6 +139,8 @@ class RepublishWorker(SegmentWorker):
                                     trace_keys = propagation.fields(span)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
+                    finally:
+                        st.idle_now()
                     if produced is None:
                         continue
                     outs = produced if isinstance(produced, list) else [produced]
@@ -131,13 +151,28 @@ class RepublishWorker(SegmentWorker):
                                 f"republisher {self.name!r} returned {type(out).__name__}, "
                                 "not el.NewEvent"
                             )
+                        if self.loops and self.rep.functions.handles(out.type):
+                            raise InvalidInputError(
+                                f"republisher {self.name!r}: output #{i} of event "
+                                f"{event.position} is a {out.type!r}, a type it maps, appended "
+                                "to the store it reads: it would republish its own outputs "
+                                "forever; give the outputs a type of their own (or append "
+                                "them to another store: to_store=)"
+                            )
                         chain = extend_chain(event, self.source, i)
                         meta = {**out.metadata, CHAIN_KEY: chain}
                         if trace_keys and not any(k in meta for k in propagation.KEYS):
                             meta.update(trace_keys)
                         per_stream.setdefault(stream, []).append(NewEvent(out.type, out.data, meta))
+                        made_by.setdefault(stream, []).append((event, i))
+            if st.lost:  # given up on (a mapping ran past handler_timeout): append nothing
+                return Outcome.LOST
             for stream, outs in per_stream.items():
-                self.target.append(stream, outs)  # its own transaction: at-least-once
+                try:
+                    self.target.append(stream, outs)  # its own transaction: at-least-once
+                except InvalidInputError:
+                    self._name_the_output(outs, made_by[stream])
+                    raise
             new_token = advanced(st.token, upto)
             commit = traced.commit(new_token.position) if traced is not None else None
             try:
@@ -161,8 +196,30 @@ class RepublishWorker(SegmentWorker):
             produced = awaiter.result(produced, fn)
         return produced
 
+    def _name_the_output(self, outs: list[NewEvent], made_by: list[tuple[Event, int]]) -> None:
+        """An output the store refused (data that would not read back equal): the same error,
+        naming the republisher, the input event and the output's index."""
+        for out, (event, i) in zip(outs, made_by, strict=True):
+            where = f"republisher {self.name!r}: output #{i} of event {event.position}"
+            encode_object(out.data, f"{where} ({out.type}) data")
+            encode_object(out.metadata, f"{where} ({out.type}) metadata")
+
     def _stream(self, event: Event) -> str:
         to = self.rep.to_stream
         if isinstance(to, str):
             return to
         return key_text(to(event), f"republisher {self.name!r}", event)
+
+
+def _same_store(target: Any, store: EventStore) -> bool:
+    """Whether ``target`` appends to ``store``'s events (the same object, or another handle
+    on the same database and table)."""
+    if target is store:
+        return True
+    db = getattr(target, "db", None)
+    return (
+        isinstance(target, EventStore)
+        and db is not None
+        and db.url.url == store.db.url.url
+        and target.events_table == store.events_table
+    )

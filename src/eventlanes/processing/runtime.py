@@ -8,19 +8,25 @@ the CLI and by worker processes, and must not connect on import.
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import cached_property
 
 from ..db import Database, parse_url
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, VersionError
+from ..names import split_version
 from ..observe import NO_OBSERVER, Observer
 from ..schema import Migrated, migrate
+from ..segments import Segment
 from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
 from .dead_letters import DeadLetterStore
 from .state import Progress
 from .states import StateTable
+from .weather import ReadWaitWatch
+
+log = logging.getLogger("eventlanes.processing")
 
 
 class Runtime:
@@ -39,7 +45,8 @@ class Runtime:
         if not isinstance(url, str):
             raise InvalidInputError(f"App needs a store URL, got {url!r}")
         # A bad URL (scheme, prefix, path) fails here, where it is written; nothing connects.
-        parse_url(url)
+        #: the store's table prefix (known without connecting: ``proc.table(name)`` at import)
+        self.prefix = parse_url(url).prefix
         if isinstance(token_store, str) and token_store != "memory":
             parse_url(token_store)
         if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
@@ -72,6 +79,11 @@ class Runtime:
         return open_token_store(spec or self.db, claim_timeout=self.claim_timeout)
 
     @cached_property
+    def read_waits(self) -> ReadWaitWatch:
+        """Warns once when readers wait behind an open transaction (checked by heartbeats)."""
+        return ReadWaitWatch(self.store)
+
+    @cached_property
     def dead_letters(self) -> DeadLetterStore:
         return DeadLetterStore(self.db)
 
@@ -99,13 +111,33 @@ class Runtime:
                 self._sources[target] = open_store(target)
             return self._sources[target]
 
-    def initialize(self, name: str, segments: int, initial: Initial) -> None:
+    def initialize(
+        self,
+        name: str,
+        segments: int,
+        initial: Initial,
+        after: tuple[str, ...] = (),
+        per_part: bool = True,
+    ) -> None:
         """Create a processor's token rows if missing (once per runtime: it is a locking
-        transaction). Only runners and commands that change tokens call this; status reads."""
-        if name in self._initialized:
-            return
-        self.tokens.initialize(name, segments=segments, initial=initial, store=self.store)
-        self._initialized.add(name)
+        transaction). Only runners and commands that change tokens call this; status reads.
+        ``after``: the earlier versions of a new version (see :meth:`TokenStore.initialize`).
+        A retired processor is refused: its tokens were dropped for good."""
+        if name not in self._initialized:
+            created = self.tokens.initialize(
+                name, segments=segments, initial=initial, store=self.store, after=after,
+                per_part=per_part, context={"version": split_version(name)[1]} if after else None,
+            )  # fmt: skip
+            self._initialized.add(name)
+            if not created:
+                note = layout_note(segments, self.tokens.segments(name))
+                if note is not None:  # once per process: the stored layout is the one that runs
+                    log.warning("%s: %s", name, note)
+        if self.tokens.retired(name):  # also when initialised here before it was retired
+            raise VersionError(
+                f"processor {name!r} was retired (its tokens and tables were dropped): remove "
+                "it from the app"
+            )
 
     def close(self) -> None:
         for store in self._sources.values():
@@ -113,3 +145,15 @@ class Runtime:
         self._sources.clear()
         if "store" in self.__dict__:
             self.store.close()
+
+
+def layout_note(declared: int, stored: list[Segment]) -> str | None:
+    """What to say when the processor's stored segments are not the ``declared`` count (another
+    node declared another count first, or splits and merges changed it); None when they are."""
+    if len(stored) == declared:
+        return None
+    shown = ", ".join(str(s) for s in stored[:8]) + (", ..." if len(stored) > 8 else "")
+    return (
+        f"declared segments={declared}, but the stored layout has {len(stored)} segment(s) "
+        f"({shown}), and that layout is the one that runs (split or merge to change it)"
+    )

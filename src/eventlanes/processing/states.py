@@ -15,6 +15,8 @@ from itertools import repeat
 from typing import Any
 
 from ..db import Database
+from ..errors import InvalidInputError
+from ..events import NotExact, exact_json
 from ..schema import require
 
 try:  # several times faster than the stdlib on both ways; exact, or it raises (see below)
@@ -52,6 +54,44 @@ def encode_all(values: list[Any]) -> list[str]:
     return [encode(v) for v in values]
 
 
+def encode_states(name: str, keys: list[str], values: list[Any]) -> list[str]:
+    """:func:`encode_all` of the states of ``keys``, each checked to read back equal (a state
+    with a key that is not a string, a tuple, a datetime... would be silently changed by JSON):
+    InvalidInputError naming the aggregation, the key and where in the state. NaN and
+    infinities are kept (the stdlib's ``NaN``, ``Infinity``)."""
+    texts = encode_all(values)
+    try:
+        same = list(map(_read_back, texts)) == values  # one C-speed pass, the usual case
+    except ValueError:  # orjson refuses NaN and nesting past its limit: one by one below
+        same = False
+    if not same:
+        for key, value, text in zip(keys, values, texts, strict=True):
+            _check_state(name, key, value, text)
+    return texts
+
+
+def encode_state(name: str, key: str, value: Any) -> str:
+    return encode_states(name, [key], [value])[0]
+
+
+def _check_state(name: str, key: str, value: Any, text: str) -> None:
+    try:
+        if decode(text) == value:
+            return
+    except ValueError:
+        pass
+    try:  # NaN is not equal to itself, an integer beyond 64 bits may read as a float: the walk
+        exact_json(value, allow_nan=True)  # decides
+    except NotExact as exc:
+        raise InvalidInputError(
+            f"aggregation {name!r}, key {key!r}: state{exc.path}: {exc.reason}"
+        ) from None
+    except RecursionError:
+        raise InvalidInputError(
+            f"aggregation {name!r}, key {key!r}: the state is nested too deeply to be stored"
+        ) from None
+
+
 def decode(text: str) -> Any:
     """orjson reads integers beyond 64 bits as floats, silently: text with a run of 19 digits
     or more (which may be such an integer) is read by the stdlib, exactly; so is text orjson
@@ -65,6 +105,12 @@ def decode(text: str) -> Any:
 
 
 _LONG_DIGITS = re.compile(r"\d{19}")
+_read_back = orjson.loads if orjson is not None else json.loads
+
+#: states encoded and sent per statement batch, in one transaction: encoding every changed
+#: state at once held about 4 KB per state (orjson's output buffers) until the write ended, so
+#: peak memory grew with the number of keys changed between writes
+CHUNK = 1000
 
 
 @dataclass(slots=True)
@@ -132,17 +178,23 @@ class StateTable:
         encode_offsets: Callable[[list[str], list[Entry]], list[str]] | None = None,
     ) -> None:
         """Upsert ``entries`` (only those of ``keys`` if given), each encoded once, in key
-        order (neighbouring rows of the primary key's B-tree are written together).
-        ``encode_offsets``: the offsets' JSON of (keys, entries), when kept partly elsewhere."""
+        order (neighbouring rows of the primary key's B-tree are written together), ``CHUNK``
+        rows at a time within the caller's transaction: memory is bounded by the chunk, not
+        by the number of states. ``encode_offsets``: the offsets' JSON of (keys, entries),
+        when kept partly elsewhere. A state that would not read back equal fails the write
+        (InvalidInputError naming the aggregation and key): the caller's transaction rolls
+        back."""
         chosen = sorted(entries) if keys is None else sorted(keys)
-        picked = [entries[k] for k in chosen]
-        values = encode_all([e.value for e in picked])
-        if encode_offsets is not None:
-            offsets = encode_offsets(chosen, picked)
-        else:
-            offsets = encode_all([e.offsets for e in picked])
-        dropped = [e.dropped for e in picked]
-        self._upsert_all(conn, zip(repeat(name), chosen, values, offsets, dropped, strict=False))
+        for start in range(0, len(chosen), CHUNK):
+            part = chosen[start : start + CHUNK]
+            picked = [entries[k] for k in part]
+            values = encode_states(name, part, [e.value for e in picked])
+            if encode_offsets is not None:
+                offsets = encode_offsets(part, picked)
+            else:
+                offsets = encode_all([e.offsets for e in picked])
+            dropped = [e.dropped for e in picked]
+            self._upsert_all(conn, zip(repeat(name), part, values, offsets, dropped, strict=False))
 
     def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
         """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
-from . import v1_initial, v2_kafka
+from . import v1_initial, v2_kafka, v3_versions
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", v1_initial.apply),
     Migration(2, "kafka", v2_kafka.apply),
+    Migration(3, "versions", v3_versions.apply),
 )
 
 
@@ -47,6 +48,7 @@ PARTS: dict[str, tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]] 
         ("table", "tokens", DML, ("SELECT",)),
         ("table", "nodes", DML, ("SELECT",)),
         ("table", "paused", DML, ("SELECT",)),
+        ("table", "versions", DML, ("SELECT",)),
     ),
     "dead_letters": (("table", "dead_letters", DML, ("SELECT",)),),
     "aggregates": (("table", "aggregates", DML, ("SELECT",)),),

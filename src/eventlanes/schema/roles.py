@@ -85,6 +85,36 @@ def missing(db: Database, part: str) -> tuple[list[str], list[str], str]:
     return absent, lacking, rows[0][5] if rows else ""
 
 
+def tables_present(db: Database, names: list[str]) -> list[str]:
+    """The tables of ``names`` that exist, in the order given."""
+    if not names:
+        return []
+    if db.backend == "postgresql":
+        rows = db.query("SELECT n FROM unnest(%s::text[]) AS n WHERE to_regclass(n) IS NOT NULL",
+                        (names,))  # fmt: skip
+        present = {r[0] for r in rows}
+    else:
+        present = _sqlite_tables(db, names)
+    return [n for n in names if n in present]
+
+
+def cannot_drop(db: Database, tables: list[str]) -> str | None:
+    """Why this role may not drop ``tables`` (None: it may). Dropping a table needs its owner
+    on PostgreSQL; a role with DML only may not (SQLite: whoever may write the file may)."""
+    if db.backend != "postgresql" or not tables:
+        return None
+    user, foreign = db.query(
+        """SELECT current_user::text,
+                  ARRAY(SELECT c.relname::text FROM pg_class c
+                        WHERE c.oid IN (SELECT to_regclass(n) FROM unnest(%s::text[]) AS n)
+                          AND NOT pg_has_role(c.relowner, 'USAGE') ORDER BY 1)""",
+        (tables,),
+    )[0]
+    if foreign:
+        return f"role {user!r} may not drop {', '.join(foreign)} (only their owner may)"
+    return None
+
+
 def _sqlite_tables(db: Database, names: list[str]) -> set[str]:
     marks = ", ".join("?" for _ in names)
     sql = f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks})"

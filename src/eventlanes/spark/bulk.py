@@ -67,6 +67,8 @@ class _Input:
     chained_types: list[str] | None = None  # an export's event types with chained events
     parquet: bool = False
     pending: Future[None] | None = None  # the store's check of an export, run meanwhile
+    #: the store's read: the event types with chained events it read (once the plan has run)
+    chained: Callable[[], set[str] | None] | None = None
 
     def verify(self) -> None:
         """Before anything is written: the store's check of the export passed (or raise)."""
@@ -81,11 +83,14 @@ class _Input:
         return self.df.select(*FIELDS)
 
 
-def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Input:
-    """The events up to the store's head, or exactly the files of a Parquet export."""
+def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None, decl: Any = None) -> _Input:
+    """The events up to the store's head, or exactly the files of a Parquet export.
+    ``decl``: a declarative aggregation's declaration (the store's read takes only what its
+    plan reads, the declared properties typed)."""
     from pyspark.sql import functions as F
 
-    from .source import SCHEMA, read_events
+    from ..processing.declarative import TYPES
+    from .source import SCHEMA, Declared, read_events
 
     if parquet:  # the export's end: the live processor folds what came after it
         export = load_manifest(parquet, app.store)
@@ -103,8 +108,12 @@ def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None) -> _Inpu
         # Spark's own row count of those files (a declarative plan counts them in its job).
         return _Input(df, end, expected, df.count, columns, export["chained_types"], True, pending)
     end = app.store.head()
-    df, counter = read_events(spark, url, 0, end, n)
-    return _Input(df, end, app.store.count(until=end), counter.total)
+    shape = None
+    if decl is not None:
+        shape = Declared({p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types)))
+    df, counter = read_events(spark, url, 0, end, n, shape)
+    return _Input(df, end, app.store.count(until=end), counter.total,
+                  chained=counter.chained_types)  # fmt: skip
 
 
 def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
@@ -204,12 +213,12 @@ def _replay(
     url = url or executor_url(app.url, spark.sparkContext.master)
     n = partitions_of(spark, partitions)
     # Before any write: code and store reachable from an executor, or one clear error.
-    preflight(spark, functions_of(proc), url, head=app.store.head())
+    preflight(spark, functions_of(proc), url, head=app.store.head(), reads_store=not parquet)
     owner = f"spark-replay:{node_name()}"
     records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
     try:
-        source = _input(spark, app, url, n, parquet)
+        source = _input(spark, app, url, n, parquet, getattr(proc, "declaration", None))
         try:
             if isinstance(proc, Aggregation):
                 events, keys = _aggregation(app, proc, source, n, owner, records)
@@ -323,8 +332,19 @@ def _aggregation(
         from .declarative import declared_states
 
         folded: Any = None
-        declared, read = declared_states(agg.declaration, source.df, app.store.events_table,
-                                         source.columns, source.chained_types)  # fmt: skip
+        decl, table = agg.declaration, app.store.events_table
+        chained_types = source.chained_types
+        if chained_types is None and source.chained is not None:
+            # From the store: one pass, folded as if no event had a source chain, the read
+            # telling which types have chained events. Only when a folded type has, the plan
+            # with the chains' window runs (reading again); the first result is dropped.
+            chained_types = []
+        declared, read = declared_states(decl, source.df, table, source.columns, chained_types)
+        if source.chained is not None:
+            seen = source.chained()
+            if seen is None or decl.types & seen:
+                again = None if seen is None else sorted(seen)
+                declared, read = declared_states(decl, source.df, table, source.columns, again)
         states = {agg.name: declared}
         # From an export, the plan's own count is Spark's count of the files' rows (no second
         # job); from the store, the ranges' counts must agree with it too.

@@ -89,8 +89,11 @@ def _rows(
     columns = columns or {}
     ok = F.col("type").isin(sorted(decl.types))
     values: dict[str, Any] = {}
+    # A store's read (source.Declared): every declared property typed where ``typed`` says
+    # it was read exactly, parsed here otherwise.
+    flagged = "typed" in df.columns
     for p, t in decl.columns.items():
-        value = _typed(p, t, columns.get(p), decl)
+        value = None if flagged else _typed(p, t, columns.get(p), decl)
         if value is not None:
             values[p] = value
     parse = {p: t for p, t in decl.columns.items() if p not in values}
@@ -101,11 +104,20 @@ def _rows(
     if not chains:
         chain = F.lit(None).cast(CHAIN_SCHEMA.split(" ", 1)[1])
     typed = [F.col(PREFIX + p) for p in columns if p in values]
+    if flagged:
+        typed = [F.col("typed"), *(F.col(PREFIX + p) for p in parse)]
     first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed]
     if parse:  # one parse per event, however many properties it gives
         schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in parse.items())
-        first.append(F.when(ok, F.from_json("data", schema, {"mode": "FAILFAST"})).alias("d"))
-        values.update({p: F.col("d").getField(p) for p in parse})
+        unread = ok & ~F.col("typed") if flagged else ok
+        first.append(F.when(unread, F.from_json("data", schema, {"mode": "FAILFAST"})).alias("d"))
+        if flagged:
+            values.update(
+                {p: F.when(F.col("typed"), F.col(PREFIX + p)).otherwise(F.col("d").getField(p))
+                 for p in parse}
+            )  # fmt: skip
+        else:
+            values.update({p: F.col("d").getField(p) for p in parse})
     given = [F.when(F.col("ok"), v).alias(f"v_{p}") for p, v in values.items()]
     parsed = df.select(*first).select("position", "ok", "chain", *given)
     root = F.col("chain").getItem(0)

@@ -25,14 +25,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..columnar.json import inferred
 from ..errors import InvalidInputError
 from ..processing.states import decode
 from ..store import EventStore
-from .source import arrow_batch
+from .source import FIELDS, PREFIX
 
 MANIFEST = "_eventlanes.json"
 _OURS = re.compile(r"events-\d{5}\.parquet")  # the files an export writes, and only those
-PREFIX = "data_"  # typed columns: data_<property>
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # the property names declarations accept
 _MAX_COLUMNS = 32  # typed columns per file; further properties stay JSON only
 _MAX_SEEN = 1000  # property names listed per file; beyond, the file types none
@@ -69,7 +69,8 @@ def _kind(values: list[Any]) -> str | None:
 
 
 def typed_columns(rows: list[tuple]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The typed columns of one file's rows (name -> Arrow array) and what the manifest records
+    """The reference (and the fallback of :func:`typed_arrays`): the typed columns of one
+    file's rows (name -> Arrow array) and what the manifest records
     of them: ``columns`` (property -> type), ``untyped`` (other properties seen; None when too
     many to list, or when a row's data is not a JSON object: then no column can be trusted) and
     ``chained`` (event types with a source chain in their metadata)."""
@@ -143,14 +144,23 @@ def _info(filesystem: Any, path: str) -> Any:
     return filesystem.get_file_info(path)
 
 
+#: rows per Parquet row group: DuckDB's own row-group size (each of its threads takes whole
+#: groups) and a few per file, so Spark's and DuckDB's readers skip groups by their position
+#: statistics and split large files at group boundaries
+ROW_GROUP = 122_880
+
+
 def export_parquet(store: EventStore, directory: str, rows_per_file: int = 500_000) -> int:
     """Write every event up to the store's head; returns the position exported up to.
 
     ``directory``: a path, or a ``file://``, ``hdfs://`` or ``s3a://`` URI. A directory
     holding an earlier export (complete or not) is overwritten; a directory with anything
-    else in it is refused, and nothing in it is deleted."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    else in it is refused, and nothing in it is deleted.
+
+    The events are read straight into Arrow (``scan_arrow``) and each file is written by a
+    second thread while the next one is read."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from pyarrow import fs
 
     filesystem, out, _ = _filesystem(directory)
@@ -173,32 +183,104 @@ def export_parquet(store: EventStore, directory: str, rows_per_file: int = 500_0
     for old in ours:
         filesystem.delete_file(f"{out}/{old}")
     end = store.head()
-    buffer: list[tuple] = []
     files: dict[str, int] = {}
     typed: list[dict[str, Any]] = []
+    pending: Future[None] | None = None
+    buffer: list[Any] = []
+    rows = 0
 
-    def write(rows: list[tuple]) -> None:
-        name = f"events-{len(files):05d}.parquet"
-        batch = arrow_batch(rows)
-        arrays, info = typed_columns(rows)
-        table = pa.Table.from_arrays([*batch.columns, *arrays.values()],
-                                     names=[*batch.schema.names, *arrays])  # fmt: skip
-        pq.write_table(table, f"{out}/{name}", filesystem=filesystem)
-        files[name] = len(rows)
-        typed.append(info)
+    def write(name: str, batches: list[Any]) -> None:
+        table = _with_typed(batches, typed)
+        _write_file(table, f"{out}/{name}", filesystem)
 
-    for rows in store.scan(0, end, chunk=50_000):
-        buffer.extend(rows)
-        while len(buffer) >= rows_per_file:
-            write(buffer[:rows_per_file])
-            del buffer[:rows_per_file]
-    if buffer:
-        write(buffer)
+    with ThreadPoolExecutor(1, thread_name_prefix="eventlanes-export") as writer:
+
+        def flush(batches: list[Any], count: int) -> None:
+            nonlocal pending
+            if pending is not None:
+                pending.result()  # one file written at a time: memory stays two files
+            name = f"events-{len(files):05d}.parquet"
+            files[name] = count
+            pending = writer.submit(write, name, batches)
+
+        for batch in store.scan_arrow(0, end):
+            while batch.num_rows:
+                take = min(batch.num_rows, rows_per_file - rows)
+                buffer.append(batch.slice(0, take))
+                rows += take
+                batch = batch.slice(take)
+                if rows == rows_per_file:
+                    flush(buffer, rows)
+                    buffer, rows = [], 0
+        if rows:
+            flush(buffer, rows)
+        if pending is not None:
+            pending.result()
     columns, chained = merge_typed(typed)
     manifest = {"end": end, "events": sum(files.values()), "table": store.events_table,
                 "files": files, "columns": columns, "chained_types": chained}  # fmt: skip
     _write_atomically(filesystem, f"{out}/{MANIFEST}", json.dumps(manifest).encode())
     return end
+
+
+def _with_typed(batches: list[Any], typed: list[dict[str, Any]]) -> Any:
+    """One file's events with their typed data columns (and what the manifest records of
+    them appended to ``typed``)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(batches)  # chunks as read: the writer cuts row groups
+    arrays, info = typed_arrays(table)
+    typed.append(info)
+    for name, array in arrays.items():
+        table = table.append_column(name, array)
+    return table
+
+
+def _write_file(table: Any, path: str, filesystem: Any) -> None:
+    import pyarrow.parquet as pq
+
+    # Dictionaries only where values repeat (a dictionary tried on every data text and given
+    # up doubled the write); statistics of the numbers (readers skip groups by position).
+    pq.write_table(
+        table,
+        path,
+        filesystem=filesystem,
+        row_group_size=ROW_GROUP,
+        use_dictionary=["stream_id", "type", "metadata"],
+        write_statistics=["position", "version", "recorded_at", "routing_hash"],
+    )
+
+
+def typed_arrays(table: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`typed_columns` of a table of ``FIELDS``, parsed in C where that is exact (see
+    :mod:`eventlanes.columnar.json`), else by :func:`typed_columns` in Python."""
+    import pyarrow.compute as pc
+
+    data, meta, types = table.column("data"), table.column("metadata"), table.column("type")
+    found = inferred(data.combine_chunks())
+    if found is None:
+        columns = [table.column(i).to_pylist() for i in range(len(FIELDS))]
+        return typed_columns(list(zip(*columns, strict=True)))
+    mentions = pc.match_substring(meta, '"source_chain"')
+    chained = sorted(pc.unique(pc.filter(types, mentions)).to_pylist())
+    names = set(found)
+    if len(names) > _MAX_SEEN:
+        return {}, {"columns": {}, "untyped": None, "chained": chained}
+    arrays: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
+    for name in sorted(names):
+        if not _NAME.fullmatch(name) or len(arrays) >= _MAX_COLUMNS:
+            continue
+        kind, array = found[name]
+        if kind == "":  # null wherever present: a file without the column reads the same
+            names.discard(name)
+            continue
+        if kind is None:
+            continue
+        arrays[PREFIX + name] = array
+        kinds[name] = kind
+    untyped = sorted(names - set(kinds))
+    return arrays, {"columns": kinds, "untyped": untyped, "chained": chained}
 
 
 def _write_atomically(filesystem: Any, path: str, data: bytes) -> None:

@@ -1,7 +1,8 @@
 """Reading an eventlanes store (SQLite file or PostgreSQL) into Spark.
 
-No PyPI package ships a SQLite JDBC driver, and one Python reader serves both backends, with
-keyset pagination, as Arrow record batches. Executors open the store read-only.
+No PyPI package ships a SQLite JDBC driver, and one Python reader serves both backends: each
+range is read straight into Arrow record batches by the ADBC drivers (``scan_arrow``: SQLite's
+C library, PostgreSQL's binary COPY). Executors open the store read-only.
 
 Batch reads (:func:`read_events`) need no registered data source and no Python planning
 process on the driver: the driver splits the positions ``(after, until]`` into contiguous
@@ -35,6 +36,7 @@ SCHEMA = (
     "position long, stream_id string, version long, type string, data string, "
     "metadata string, recorded_at long, routing_hash long"
 )
+PREFIX = "data_"  # typed data columns: data_<property> (as in Parquet exports)
 FIELDS = ["position", "stream_id", "version", "type", "data", "metadata", "recorded_at",
           "routing_hash"]  # fmt: skip
 
@@ -58,14 +60,14 @@ def arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=FIELDS)
 
 
-def read_slice(url: str, part: Slice) -> Iterator[Any]:
+def read_slice(url: str, part: Slice, columns: list[str] | None = None) -> Iterator[Any]:
     from ..store import open_store
 
     segments = [(part.index, part.mask)] if part.mask else None
     store = open_store(url, create=False)
     try:
-        for rows in store.scan(part.after, part.until, segments, chunk=20_000):
-            yield arrow_batch(rows)
+        # Straight into Arrow in C (ADBC), read-only: no Python object per row.
+        yield from store.scan_arrow(part.after, part.until, segments, columns=columns)
     finally:
         store.close()
 
@@ -77,19 +79,27 @@ def _ranges(after: int, until: int, partitions: int) -> list[Slice]:
     return [Slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)] or [Slice(after, until)]
 
 
-class RangeCounts(AccumulatorParam):
-    """Rows read per range: ``{range index: rows}``. A task that runs again (retry,
-    speculation, a lost shuffle) reports the same range again: it replaces, never adds."""
+#: what an executor reports of one range: rows read, and the event types whose metadata
+#: mention a source chain (a declarative plan needs the chain's window only for those)
+Read = tuple[int, tuple[str, ...]]
 
-    def zero(self, value: dict[int, int]) -> dict[int, int]:
+
+class RangeCounts(AccumulatorParam):
+    """What was read per range: ``{range index: (rows, chained types)}``. A task that runs
+    again (retry, speculation, a lost shuffle) reports the same range again: it replaces,
+    never adds."""
+
+    def zero(self, value: dict[int, Read | None]) -> dict[int, Read | None]:
         return {}
 
-    def addInPlace(self, value1: dict[int, int], value2: dict[int, int]) -> dict[int, int]:
-        for index, rows in value2.items():
-            if value1.get(index, rows) != rows:
-                value1[index] = -1  # two reads of one range disagree: never a valid total
+    def addInPlace(
+        self, value1: dict[int, Read | None], value2: dict[int, Read | None]
+    ) -> dict[int, Read | None]:
+        for index, read in value2.items():
+            if value1.get(index, read) != read:
+                value1[index] = None  # two reads of one range disagree: never a valid total
             else:
-                value1[index] = rows
+                value1[index] = read
         return value1
 
 
@@ -100,29 +110,113 @@ class ReadCount:
     accumulator: Any
     ranges: int
 
+    def _reads(self) -> list[Read] | None:
+        counts = self.accumulator.value
+        if len(counts) != self.ranges or any(v is None for v in counts.values()):
+            return None
+        return list(counts.values())
+
     def total(self) -> int | None:
         """Rows read, or None if a range was not read or two reads of it disagreed."""
-        counts = self.accumulator.value
-        if len(counts) != self.ranges or any(v < 0 for v in counts.values()):
-            return None
-        return sum(counts.values())
+        reads = self._reads()
+        return None if reads is None else sum(rows for rows, _ in reads)
+
+    def chained_types(self) -> set[str] | None:
+        """The event types read whose metadata mention a source chain (None: not every range
+        was read, or two reads disagreed)."""
+        reads = self._reads()
+        return None if reads is None else {t for _, types in reads for t in types}
 
 
-def _read_ranges(url: str, counter: Any, batches: Iterator[Any]) -> Iterator[Any]:
+def chained(batch: Any) -> set[str]:
+    """The types of a batch's events whose metadata mention a source chain (in C)."""
+    import pyarrow.compute as pc
+
+    mentions = pc.match_substring(batch.column("metadata"), '"source_chain"')
+    if not pc.any(mentions).as_py():
+        return set()
+    return set(pc.unique(pc.filter(batch.column("type"), mentions)).to_pylist())
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a declarative plan reads of each event: its position and type, the declared data
+    properties as typed columns (``data_<name>``: parsed in C where exact, see
+    :mod:`eventlanes.columnar.json`; ``typed`` says so per row, else ``data`` is kept for
+    Spark's parser) and metadata only where it mentions a source chain. Rows of every type
+    stay (the plan counts what it read); other types carry no data."""
+
+    kinds: dict[str, str]  # property -> Spark type, as declared
+    folded: tuple[str, ...]  # the event types folded
+    columns = ["position", "type", "data", "metadata"]  # what it reads of the store
+
+    @property
+    def schema(self) -> str:
+        typed = ", ".join(f"`{PREFIX}{p}` {k}" for p, k in self.kinds.items())
+        return "position long, type string, data string, metadata string, typed boolean, " + typed
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from ..columnar.json import ARROW, declared
+
+        n = batch.num_rows
+        ok = pc.is_in(batch.column("type"), value_set=pa.array(self.folded, pa.string()))
+        every = pc.all(ok).as_py()
+        texts = batch.column("data") if every else batch.column("data").filter(ok)
+        found = declared(texts, self.kinds) if len(texts) else {}
+        arrays = []
+        for p, k in self.kinds.items():
+            type_ = getattr(pa, ARROW[k])()
+            value = (found or {}).get(p)
+            if value is None:
+                arrays.append(pa.nulls(n, type_))
+            elif every:
+                arrays.append(value)
+            else:
+                arrays.append(pc.replace_with_mask(pa.nulls(n, type_), ok, value))
+        if found is None:  # Spark parses these rows' data (and raises what it must)
+            data = pc.if_else(ok, batch.column("data"), pa.scalar(None, pa.string()))
+        else:
+            data = pa.nulls(n, pa.string())
+        meta = batch.column("metadata")
+        meta = pc.if_else(pc.match_substring(meta, '"source_chain"'), meta,
+                          pa.scalar(None, pa.string()))  # fmt: skip
+        flag = pa.array([found is not None] * n, pa.bool_())
+        return pa.RecordBatch.from_arrays(
+            [batch.column("position"), batch.column("type"), data, meta, flag, *arrays],
+            names=["position", "type", "data", "metadata", "typed",
+                   *(PREFIX + p for p in self.kinds)],
+        )  # fmt: skip
+
+
+def _read_ranges(
+    url: str, counter: Any, batches: Iterator[Any], shape: Declared | None = None
+) -> Iterator[Any]:
     for batch in batches:
         for index, after, until in zip(*(c.to_pylist() for c in batch.columns), strict=True):
             rows = 0
-            for out in read_slice(url, Slice(after, until)):
+            types: set[str] = set()
+            columns = None if shape is None else shape.columns
+            for out in read_slice(url, Slice(after, until), columns):
                 rows += out.num_rows
-                yield out
-            counter.add({index: rows})
+                types |= chained(out)
+                yield out if shape is None else shape(out)
+            counter.add({index: (rows, tuple(sorted(types)))})
 
 
 def read_events(
-    spark: Any, url: str, after: int, until: int, partitions: int
+    spark: Any,
+    url: str,
+    after: int,
+    until: int,
+    partitions: int,
+    shape: Declared | None = None,
 ) -> tuple[Any, ReadCount]:
-    """The events in positions ``(after, until]`` as a DataFrame of ``SCHEMA``, one range per
-    partition, and the count of rows the executors read (valid once the plan has run)."""
+    """The events in positions ``(after, until]`` as a DataFrame of ``SCHEMA`` (or of
+    ``shape.schema``: what a declarative plan reads), one range per partition, and the count
+    of rows the executors read (valid once the plan has run)."""
     from pyspark.sql import functions as F
 
     ranges = _ranges(after, until, partitions)
@@ -135,7 +229,8 @@ def read_events(
         F.element_at(F.array(*[F.lit(r.until) for r in ranges]), F.col("id").cast("int") + 1)
         .cast("long").alias("until"),
     )  # fmt: skip
-    df = bounds.mapInArrow(lambda it: _read_ranges(url, counter, it), SCHEMA)
+    schema = SCHEMA if shape is None else shape.schema
+    df = bounds.mapInArrow(lambda it: _read_ranges(url, counter, it, shape), schema)
     return df, ReadCount(counter, k)
 
 

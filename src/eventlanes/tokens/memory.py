@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ClaimLostError
+from ..names import split_version
 from ..segments import Segment
 from .base import (
     DEFAULT_CLAIM_TIMEOUT,
+    RETIRED,
+    RETIRED_NOTE,
     SegmentStatus,
     TokenRecord,
     TokenStore,
+    VersionRecord,
     backoff,
     merge_rows,
     paused_error,
+    retire_checked,
     split_checked,
+    succeeding_tokens,
 )
 from .token import Token
 
@@ -49,6 +55,7 @@ class InMemoryTokenStore(TokenStore):
         self._rows: dict[str, dict[int, _Row]] = {}
         self._nodes: dict[str, dict[str, float]] = {}
         self._paused: set[str] = set()
+        self._version_rows: dict[str, VersionRecord] = {}
         self._lock = threading.Lock()
 
     def _row(self, processor: str, segment_id: int) -> _Row | None:
@@ -73,6 +80,70 @@ class InMemoryTokenStore(TokenStore):
                     table[segment.id] = _Row(segment.mask, Token(position), updated_at=time.time())
                     created.append(segment)
             return created
+
+    def _initialize_after(
+        self,
+        processor: str,
+        segments: list[Segment],
+        position: int,
+        after: list[str],
+        per_part: bool,
+        context: Any,
+    ) -> bool:
+        with self._lock:
+            if self._rows.get(processor):
+                return False
+            now = time.time()
+            rows = [
+                (name, Segment(seg_id, r.mask), r.token, r.owner)
+                for name in after
+                for seg_id, r in self._rows.get(name, {}).items()
+            ]
+            tokens = succeeding_tokens(processor, segments, position, rows, per_part, context)
+            self._rows[processor] = {
+                s.id: _Row(s.mask, tok, updated_at=now)
+                for s, tok in zip(segments, tokens, strict=True)
+            }
+            if split_version(processor)[1] > 1:
+                self._version_row(processor, started_at=now)
+            return True
+
+    def _version_row(self, processor: str, **times: Any) -> None:
+        base, version = split_version(processor)
+        row = self._version_rows.get(processor) or VersionRecord(processor, base, version)
+        self._version_rows[processor] = replace(row, **times)
+
+    def _versions_of(self, base: str) -> list[VersionRecord]:
+        return sorted((r for r in self._version_rows.values() if r.base == base),
+                      key=lambda r: r.version)  # fmt: skip
+
+    def _promote(self, processor: str) -> None:
+        with self._lock:
+            base = split_version(processor)[0]
+            last = max((r.promoted_at or 0.0 for r in self._versions_of(base)), default=0.0)
+            self._version_row(processor, promoted_at=max(time.time(), last + 0.001))
+
+    def _retire(self, processor: str, owner: str, conn: Any) -> int:
+        with self._lock:
+            table = self._rows.get(processor, {})
+            rows = [(Segment(i, r.mask), r.token, r.owner) for i, r in table.items()]
+            position = retire_checked(processor, rows, owner)
+            now = time.time()
+            self._rows[processor] = {
+                0: _Row(
+                    0,
+                    Token(position),
+                    RETIRED,
+                    now,
+                    float("inf"),
+                    last_error=RETIRED_NOTE,
+                    updated_at=now,
+                )
+            }
+            self._nodes.pop(processor, None)
+            self._paused.discard(processor)
+            self._version_row(processor, retired_at=now)
+            return len(rows)
 
     def _claim(
         self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool
@@ -243,6 +314,10 @@ class InMemoryTokenStore(TokenStore):
         with self._lock:
             limit = time.time() - self.claim_timeout
             return sorted(n for n, seen in self._nodes.get(processor, {}).items() if seen > limit)
+
+    def _versions(self, base: str) -> list[VersionRecord]:
+        with self._lock:
+            return self._versions_of(base)
 
     def processors(self) -> list[str]:
         with self._lock:

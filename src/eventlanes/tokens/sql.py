@@ -23,6 +23,11 @@ Table ``{prefix}nodes``: (processor, node, last_seen) heartbeats, for fair share
 Table ``{prefix}paused``: one row per paused processor (processor, paused_at). A table of its
 own, so that a processor can be paused before its token rows exist.
 
+Table ``{prefix}versions``: one row per version of a processor that was started, promoted or
+retired (processor, base, version, started_at, promoted_at, retired_at); see
+:mod:`eventlanes.versions`. A retired processor keeps one token row, owned by ``(retired)``
+with a claim that never expires, so no node of any release runs it again.
+
 The tables are part of eventlanes' versioned schema (:mod:`eventlanes.schema`): opening a
 current schema only reads, so read-only work (``status``) never writes.
 """
@@ -33,19 +38,28 @@ from typing import Any
 
 from ..db import Database
 from ..errors import ClaimLostError
+from ..names import split_version
 from ..schema import require
 from ..segments import Segment
 from .base import (
     DEFAULT_CLAIM_TIMEOUT,
+    RETIRED,
+    RETIRED_NOTE,
     SegmentStatus,
     TokenRecord,
     TokenStore,
+    VersionRecord,
     backoff,
     merge_rows,
     paused_error,
+    retire_checked,
     split_checked,
+    succeeding_tokens,
 )
 from .token import Token
+
+#: the claim deadline of a retired processor's marker row (epoch ms): never reached
+NEVER_MS = 2**62
 
 
 class SQLTokenStore(TokenStore):
@@ -55,7 +69,8 @@ class SQLTokenStore(TokenStore):
         self.table = t = db.table("tokens")
         self.nodes_table = db.table("nodes")
         self.paused_table = pz = db.table("paused")
-        require(db, "tokens")  # the tables: eventlanes.schema.v1_initial
+        self.versions_table = db.table("versions")
+        require(db, "tokens")  # the tables: eventlanes.schema.v1_initial, v2_versions
         now = db.now_ms
         q = db.sql
         not_paused = f"NOT EXISTS (SELECT 1 FROM {pz} WHERE processor = ?)"
@@ -136,6 +151,119 @@ class SQLTokenStore(TokenStore):
                 if cur.rowcount == 1:
                     created.append(segment)
         return created
+
+    def _initialize_after(
+        self,
+        processor: str,
+        segments: list[Segment],
+        position: int,
+        after: list[str],
+        per_part: bool,
+        context: Any,
+    ) -> bool:
+        t, q, now = self.table, self.db.sql, self.db.now_ms
+        base, version = split_version(processor)
+        with self.db.transaction() as conn:
+            self.db.lock(conn, f"init:{processor}")
+            exists = conn.execute(
+                q(f"SELECT 1 FROM {t} WHERE processor = ? LIMIT 1"), (processor,)
+            ).fetchone()
+            if exists:
+                return False
+            rows = []
+            if after:  # one statement: one snapshot of every predecessor's segments
+                marks = ", ".join("?" for _ in after)
+                found = conn.execute(
+                    q(
+                        f"SELECT processor, segment_id, mask, position, token_detail, owner "
+                        f"FROM {t} WHERE processor IN ({marks})"
+                    ),
+                    tuple(after),
+                ).fetchall()
+                rows = [(n, Segment(i, m), Token.from_row(p, d), o) for n, i, m, p, d, o in found]
+            tokens = succeeding_tokens(processor, segments, position, rows, per_part, context)
+            insert = q(
+                f"INSERT INTO {t} (processor, segment_id, mask, position, token_detail, "
+                f"updated_at) VALUES (?, ?, ?, ?, ?, {now})"
+            )
+            for seg, tok in zip(segments, tokens, strict=True):
+                conn.execute(insert, (processor, seg.id, seg.mask, tok.position, tok.detail()))
+            if version > 1:
+                conn.execute(
+                    q(
+                        f"INSERT INTO {self.versions_table} (processor, base, version, "
+                        f"started_at) VALUES (?, ?, ?, {now}) ON CONFLICT (processor) "
+                        "DO UPDATE SET started_at = excluded.started_at"
+                    ),
+                    (processor, base, version),
+                )
+            return True
+
+    def _versions(self, base: str) -> list[VersionRecord]:
+        rows = self.db.query(
+            self.db.sql(
+                f"SELECT processor, base, version, started_at, promoted_at, retired_at "
+                f"FROM {self.versions_table} WHERE base = ? ORDER BY version"
+            ),
+            (base,),
+        )
+        return [
+            VersionRecord(p, b, v, *(None if t is None else t / 1000 for t in times))
+            for p, b, v, *times in rows
+        ]
+
+    def _promote(self, processor: str) -> None:
+        base, version = split_version(processor)
+        v, q = self.versions_table, self.db.sql
+        later = "greatest" if self.db.backend == "postgresql" else "max"
+        with self.db.transaction() as conn:
+            # The last promotion serves: times strictly increase per processor, also for two
+            # promotions within one millisecond (or of a clock that went back).
+            self.db.lock(conn, f"promote:{base}")
+            conn.execute(
+                q(
+                    f"""INSERT INTO {v} (processor, base, version, promoted_at)
+                        VALUES (?, ?, ?, (SELECT {later}({self.db.now_ms},
+                                coalesce(max(promoted_at), 0) + 1) FROM {v} WHERE base = ?))
+                        ON CONFLICT (processor) DO UPDATE SET promoted_at = excluded.promoted_at"""
+                ),
+                (processor, base, version, base),
+            )
+
+    def _retire(self, processor: str, owner: str, conn: Any) -> int:
+        if conn is None:
+            with self.db.transaction() as own:
+                return self._retire_in(own, processor, owner)
+        return self._retire_in(conn, processor, owner)
+
+    def _retire_in(self, conn: Any, processor: str, owner: str) -> int:
+        t, q, now = self.table, self.db.sql, self.db.now_ms
+        rows = [
+            (Segment(i, m), Token.from_row(p, d), o)
+            for i, m, p, d, o in conn.execute(self._rows_sql, (processor,)).fetchall()
+        ]
+        position = retire_checked(processor, rows, owner)
+        conn.execute(q(f"DELETE FROM {t} WHERE processor = ?"), (processor,))
+        conn.execute(
+            q(
+                f"""INSERT INTO {t} (processor, segment_id, mask, position, owner, claimed_since,
+                        claim_deadline, last_error, updated_at)
+                    VALUES (?, 0, 0, ?, ?, {now}, ?, ?, {now})"""
+            ),
+            (processor, position, RETIRED, NEVER_MS, RETIRED_NOTE),
+        )
+        for table in (self.nodes_table, self.paused_table):
+            conn.execute(q(f"DELETE FROM {table} WHERE processor = ?"), (processor,))
+        base, version = split_version(processor)
+        conn.execute(
+            q(
+                f"INSERT INTO {self.versions_table} (processor, base, version, retired_at) "
+                f"VALUES (?, ?, ?, {now}) ON CONFLICT (processor) "
+                "DO UPDATE SET retired_at = excluded.retired_at"
+            ),
+            (processor, base, version),
+        )
+        return len(rows)
 
     def _claim(
         self, processor: str, segment_id: int, owner: str, ignore_backoff: bool, ignore_pause: bool

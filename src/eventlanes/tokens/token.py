@@ -33,6 +33,7 @@ first-time events or the other way round.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,6 +189,55 @@ class Token:
         token's halves keep their own ends, and the ends of a replay still running are kept."""
         parts = [(0, 0, before.position), *before.ahead, *before.replays]
         replays = _normal([p for p in parts if p[2] > to], segment)
+        return cls(to, (), replays, context) if replays else cls(to)
+
+    @classmethod
+    def succeeding(
+        cls,
+        handled: Mapping[str, list[tuple[Segment, Token]]],
+        segment: Segment,
+        to: int,
+        context: Any = None,
+        per_part: bool = True,
+    ) -> Token:
+        """The first token of ``segment`` of a processor that succeeds others (a new version
+        of a processor): it starts at ``to``, and every event the others had handled or
+        passed over (``handled``: per processor, the token of each of its segments, however
+        they are cut) is a replay for it, per part: nothing they had done is done again as
+        new, and nothing they had not done is taken for a replay. Per source as well (other
+        sources start at their beginning).
+
+        ``per_part=False``: the successor routes events otherwise than they did (another
+        key), so their parts say nothing about its own: only what all of one of them had
+        passed counts (the lowest position of its segments; the highest of those)."""
+        names = sorted({n for rows in handled.values() for _, tok in rows for n, _ in tok.sources})
+        token = cls._succeeding(handled, segment, to, context, per_part)
+        for name in names:
+            by_source = {p: [(s, t.source(name)) for s, t in rows] for p, rows in handled.items()}
+            mine = cls._succeeding(by_source, segment, 0, context, per_part)
+            if mine.replays:
+                token = token.with_source(name, mine)
+        return token
+
+    @classmethod
+    def _succeeding(
+        cls,
+        handled: Mapping[str, list[tuple[Segment, Token]]],
+        segment: Segment,
+        to: int,
+        context: Any,
+        per_part: bool,
+    ) -> Token:
+        parts: list[Part] = []
+        for rows in handled.values():
+            if not per_part:
+                if rows:
+                    parts.append((0, 0, min(tok.position for _, tok in rows)))
+                continue
+            for seg, tok in rows:  # as parts of the hash space: (0, 0) is the whole of ``seg``
+                for seg_id, mask, until in cls.reset(tok, to, None, seg).replays:
+                    parts.append((seg.id, seg.mask, until) if not mask else (seg_id, mask, until))
+        replays = _normal(_parts(tuple(parts), segment, to), segment)
         return cls(to, (), replays, context) if replays else cls(to)
 
     # -- persistence: ``position`` is a column; everything else is JSON detail ---------------

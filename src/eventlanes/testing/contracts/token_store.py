@@ -539,6 +539,63 @@ class TokenStoreContract(ABC):
         ts.store(P, 0, record.token.advance(60), "node-a")
         assert ts.token(P, 0) == Token(60)
 
+    # -- versions of a processor ------------------------------------------------------------
+    def test_a_version_starts_once_with_what_earlier_versions_had_handled(self) -> None:
+        ts = self.new_store()
+        ts.initialize(P, segments=2)
+        for seg_id, position in ((0, 30), (1, 60)):
+            ts.claim(P, seg_id, "n1")
+            ts.store(P, seg_id, Token(position), "n1")
+        v2 = f"{P}@v2"
+        assert ts.initialize(v2, segments=1, after=[P], context={"version": 2}) is True
+        start = ts.token(v2, 0)
+        assert start is not None and start.position == 0
+        assert start.is_replay(30, 0b10) and not start.is_replay(31, 0b10)
+        assert start.is_replay(60, 0b11) and not start.is_replay(61, 0b11)
+        assert start.replay_context == {"version": 2}
+        ts.store(P, 0, Token(90), "n1")  # later progress of version 1 changes nothing
+        assert ts.initialize(v2, segments=4, after=[P]) is False and ts.token(v2, 0) == start
+        # A third version: the union of both earlier ones (those without rows count nothing).
+        ts.claim(v2, 0, "n2")
+        ts.store(v2, 0, start.advance(75), "n2")
+        assert ts.initialize(f"{P}@v3", segments=2, after=[P, v2, f"{P}@v9"]) is True
+        assert [s.token.replays for s in ts.status(f"{P}@v3")] == [((0, 0, 90),), ((0, 0, 75),)]
+        assert [(r.processor, r.version) for r in ts.versions(P)] == [(v2, 2), (f"{P}@v3", 3)]
+        assert all(r.started_at and r.promoted_at is None for r in ts.versions(P))
+
+    def test_promote_records_the_version_readers_see(self) -> None:
+        ts = self.new_store()
+        ts.promote(f"{P}@v2")
+        first = {r.processor: r for r in ts.versions(P)}[f"{P}@v2"]
+        assert first.version == 2 and first.promoted_at is not None
+        ts.promote(P)  # version 1 gets a row when promoted back
+        assert {r.version for r in ts.versions(P) if r.promoted_at} == {1, 2}
+
+    def test_retire_is_fenced_and_leaves_a_marker_nothing_claims(self) -> None:
+        ts = self.new_store()
+        ts.initialize(P, segments=2)
+        ts.claim(P, 0, "admin")
+        ts.store(P, 0, Token(20), "admin")
+        with pytest.raises(ClaimLostError, match="needs every claim"):
+            ts.retire(P, "admin")  # segment 1 not held
+        ts.claim(P, 1, "admin")
+        ts.store(P, 1, Token(12), "admin")
+        ts.heartbeat(P, "admin")
+        ts.pause(P)
+        assert ts.retire(P, "admin") == 2
+        assert ts.retired(P) and ts.live_nodes(P) == [] and not ts.is_paused(P)
+        [marker] = ts.status(P)
+        assert marker.segment == Segment.root() and marker.position == 12
+        assert ts.claim(P, 0, "node-x") is None  # no node of any release runs it again
+        assert ts.claim(P, 0, "node-x", ignore_backoff=True, ignore_pause=True) is None
+        assert ts.initialize(P, segments=4) is False  # its rows exist: nothing starts over
+        [record] = ts.versions(P)
+        assert record.version == 1 and record.retired_at is not None
+        with pytest.raises(InvalidInputError, match="retired already"):
+            ts.retire(P, "admin")
+        with pytest.raises(InvalidInputError, match="no token rows"):
+            ts.retire("never-ran", "admin")
+
     # -- concurrency: real threads -------------------------------------------------------------
     def test_threads_never_hold_a_segment_together(self) -> None:
         """Each claim reads the token and stores it + 1: if two owners ever held a segment at
