@@ -96,6 +96,22 @@ def store(store_url: str) -> Iterator[el.EventStore]:
         s.close()
 
 
+@pytest.fixture
+def recorded_spans():
+    """Spans this process records while the test runs (the SDK's in-memory exporter); the
+    session's tracer provider drops every span outside such tests (tests/tracing_helpers.py)."""
+    from tests.tracing_helpers import recorder
+
+    rec = recorder()
+    rec.exporter.clear()
+    rec.switch.on = True
+    try:
+        yield rec
+    finally:
+        rec.switch.on = False
+        rec.exporter.clear()
+
+
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_token_store(request: pytest.FixtureRequest, tmp_path):
     """Factory of token stores on one fresh database per test: ``make(claim_timeout=...)``."""

@@ -49,6 +49,8 @@ from .health import (
 from .kafka import status as kafka_status
 from .loader import load_app
 from .store import open_store
+from .tracing import configure_from_env
+from .tracing import shutdown as shutdown_tracing
 
 console = Console()
 err_console = Console(stderr=True)
@@ -398,6 +400,7 @@ def run(
     micro-batches on Spark (the other processors need --engine local)."""
     _use_kafka_options(kafka_options, kafka_files)
     app = load_app(app_spec)
+    configure_from_env()  # OTEL_TRACES_EXPORTER=...: unless the app module set up its own
     everything = list(processors) or [*app.processors, *app.ingestors]
     ingest = [n for n in everything if n in app.ingestors]
     names = [n for n in everything if n not in app.ingestors]
@@ -467,11 +470,13 @@ def run(
             if isinstance(exc, ProcessorCrashedError):
                 sys.exit(1)
             sys.stdout.flush()
+            shutdown_tracing(1000)  # the spans of the batches that did finish
             os._exit(1)
         finally:
             stop_ticking.set()
             if bars:
                 bars.stop()
+            shutdown_tracing()
         return
     from .supervisor import Supervisor
 
@@ -754,6 +759,7 @@ def replay(app_spec: str, names: tuple[str, ...], engine: str, master: str | Non
     from .spark import replay as spark_replay
 
     app = load_app(app_spec)
+    configure_from_env()
     for name in names:
         app.get(name)
     spark = _spark_kwargs(conf, py_files, archives)
@@ -883,7 +889,9 @@ def dead_letters(
                           f"position {position}" if position is not None else "") if part
     ) or "all keys"  # fmt: skip
     if retry:
+        configure_from_env()
         handled, left = app.retry_dead_letters(processor, key=key, position=position)
+        shutdown_tracing()
         console.print(f"{processor} ({which}): {handled} event(s) handled, {left} still parked")
         sys.exit(1 if left else 0)  # still parked: not done, whatever the count handled
     letters = app.dead_letter_list(processor, key=key, position=position)

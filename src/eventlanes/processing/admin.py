@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -18,6 +19,7 @@ from ..segments import Segment
 from ..store.base import ReadWait, recorded_after
 from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
+from ..tracing import spans
 from ..versions.view import VersionView
 from .claims import claim_all, node_name, release_all
 from .context import Context
@@ -540,17 +542,26 @@ def retry_dead_letters(
     handled = 0
     db = rt.db
     dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
-    for group in groups.values():
+    tracer = spans.tracer()
+    for key, group in groups.items():
         events = _read_events(rt, [d.position for d in group])
-        try:
-            with db.transaction() as conn:
-                ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-                dispatch.run(events, ctx, False)
-                rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
-            handled += len(events)
-        except Exception as exc:  # noqa: BLE001 - recorded on the dead letter, key stays parked
-            failed = getattr(exc, "event", None) or events[0]
-            rt.dead_letters.record_failure(proc.name, failed.position, describe(exc))
+        with ExitStack() as traced:
+            if tracer is not None:  # a span per key, child of the caller's, linked to appends
+                base = spans.base_attributes(proc.name, None, proc.guarantee.value,
+                                             getattr(proc, "version", None))  # fmt: skip
+                extra = {spans.KEY: key} if group[0].seq_key is not None else None
+                traced.enter_context(spans.batch(tracer, "retry", base, events, root=False,
+                                                 extra=extra))  # fmt: skip
+            try:
+                with db.transaction() as conn:
+                    ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
+                    dispatch.run(events, ctx, False)
+                    rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
+                handled += len(events)
+            except Exception as exc:  # noqa: BLE001 - recorded on the dead letter, key stays
+                failed = getattr(exc, "event", None) or events[0]
+                rt.dead_letters.record_failure(proc.name, failed.position, describe(exc))
+                spans.failed(exc, describe(exc))
     return handled, len(letters) - handled
 
 

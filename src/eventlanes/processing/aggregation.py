@@ -30,6 +30,7 @@ from ..events import Event, NewEvent, datas, encode_object, types
 from ..names import validate_base_name, validate_processor_name, versioned_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
+from ..tracing import spans
 from .chains import (
     CHAIN_KEY,
     Coordinates,
@@ -354,6 +355,15 @@ class AggregationWorker(SegmentWorker):
         decl = agg.declaration
         self.types = decl.types if decl is not None else None
 
+    def traced_events(self, events: Any) -> tuple[list[Event], int, int | None, int | None]:
+        """A range folded in SQLite has no events in Python to link: its count and range."""
+        if isinstance(events, Folded):
+            return [], events.events, events.after + 1, events.upto
+        return events, len(events), None, None
+
+    def trace_attributes(self, events: Any) -> dict[str, Any] | None:
+        return {spans.PUSHDOWN: isinstance(events, Folded)}
+
     def _entries(self, st: SegmentState) -> dict[str, Entry]:
         seg = st.segment.id
         if self.holder.get(seg) != (st, st.segment):  # another claim, or split: from the table
@@ -537,6 +547,7 @@ class AggregationWorker(SegmentWorker):
         started = time.perf_counter()
         entries = self.entries.get(seg, {})
         marks = self.marks.get(seg)
+        commit = self._commit_span(st)
         try:
             self._flush_downstream(seg)
             if self.agg.publish is not None:
@@ -546,15 +557,21 @@ class AggregationWorker(SegmentWorker):
                 self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
                                 marks.encode_offsets if marks is not None else None)  # fmt: skip
                 self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
-        except ClaimLostError:
+        except ClaimLostError as exc:
+            spans.ended(commit, exc)
             st.mark_lost()
             self._discard(seg)
             return
         except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
+            spans.ended(commit, exc)
             log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
             self._discard(seg)
             self.back_off(st, exc)
             return
+        except BaseException as exc:
+            spans.ended(commit, exc)
+            raise
+        spans.ended(commit)
         self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
         st.committed(st.token)
         self.flushed_at[seg] = st.persisted_at
@@ -563,6 +580,19 @@ class AggregationWorker(SegmentWorker):
         if sum(len(e) for e in list(self.entries.values())) > CACHE_LIMIT:
             self.entries.pop(seg, None)  # bounded memory: read back from the table
             self.marks.pop(seg, None)
+
+    def _commit_span(self, st: SegmentState) -> Any:
+        """The span of a state write: in the batch's span when one runs, else on its own (a
+        write when caught up, or when the segment is let go); None when tracing is off."""
+        traced = spans.current()
+        if traced is not None:
+            return traced.commit(st.token.position)
+        tracer = spans.tracer()
+        if tracer is None:
+            return None
+        base = spans.base_attributes(self.name, st.segment, self.agg.guarantee.value,
+                                     getattr(self.agg, "version", None))  # fmt: skip
+        return spans.commit(tracer, base, st.token.position)
 
     def _flush_downstream(self, seg: int) -> None:
         """Apply buffered outputs to the downstream stages' rows, read under a row lock, so

@@ -20,6 +20,7 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..events import Event, NewEvent, encode_object
 from ..policies import key_text
 from ..store import EventStore
+from ..tracing import propagation, spans
 from .chains import CHAIN_KEY, extend_chain
 from .dispatch import Awaiter, HandlerFailed
 from .handlers import FunctionsByType
@@ -118,15 +119,24 @@ class RepublishWorker(SegmentWorker):
         self, st: SegmentState, events: list[Event], upto: int | dict[str, int], awaiter: Awaiter
     ) -> Outcome:
         per_stream: dict[str, list[NewEvent]] = {}
+        traced = spans.current()  # a recording batch: a span per mapping call
+        # Outputs carry the context of the mapping that made them (unless theirs names one),
+        # so each leads back to its input's appending span; not into a store with trace=off.
+        carry = traced is not None and getattr(self.target, "trace_context", True)
         made_by: dict[str, list[tuple[Event, int]]] = {}  # each output's input and index
         try:
             for event in events:
                 for fn in self.rep.functions.for_type(event.type):
+                    trace_keys: dict[str, str] = {}
                     st.watch(event)  # bounded by handler_timeout, as handlers are
                     try:
-                        produced = fn(event)
-                        if produced is not None and not isinstance(produced, NewEvent | list):
-                            produced = awaiter.result(produced, fn)
+                        if traced is None:
+                            produced = self._map(fn, event, awaiter)
+                        else:
+                            with traced.handler(event, fn) as span:
+                                produced = self._map(fn, event, awaiter)
+                                if carry:
+                                    trace_keys = propagation.fields(span)
                     except Exception as exc:  # noqa: BLE001 - reported with the event
                         raise HandlerFailed(event, self.policy.key(event), exc) from exc
                     finally:
@@ -150,9 +160,10 @@ class RepublishWorker(SegmentWorker):
                                 "them to another store: to_store=)"
                             )
                         chain = extend_chain(event, self.source, i)
-                        per_stream.setdefault(stream, []).append(
-                            NewEvent(out.type, out.data, {**out.metadata, CHAIN_KEY: chain})
-                        )
+                        meta = {**out.metadata, CHAIN_KEY: chain}
+                        if trace_keys and not any(k in meta for k in propagation.KEYS):
+                            meta.update(trace_keys)
+                        per_stream.setdefault(stream, []).append(NewEvent(out.type, out.data, meta))
                         made_by.setdefault(stream, []).append((event, i))
             if st.lost:  # given up on (a mapping ran past handler_timeout): append nothing
                 return Outcome.LOST
@@ -163,7 +174,13 @@ class RepublishWorker(SegmentWorker):
                     self._name_the_output(outs, made_by[stream])
                     raise
             new_token = advanced(st.token, upto)
-            self.tokens.store(self.name, st.segment.id, new_token, self.owner)
+            commit = traced.commit(new_token.position) if traced is not None else None
+            try:
+                self.tokens.store(self.name, st.segment.id, new_token, self.owner)
+            except BaseException as exc:
+                spans.ended(commit, exc)
+                raise
+            spans.ended(commit)
         except ClaimLostError:
             st.mark_lost()
             return Outcome.LOST
@@ -171,6 +188,13 @@ class RepublishWorker(SegmentWorker):
             return self.back_off(st, exc)
         st.committed(new_token)
         return Outcome.OK
+
+    @staticmethod
+    def _map(fn: Any, event: Event, awaiter: Awaiter) -> Any:
+        produced = fn(event)
+        if produced is not None and not isinstance(produced, NewEvent | list):
+            produced = awaiter.result(produced, fn)
+        return produced
 
     def _name_the_output(self, outs: list[NewEvent], made_by: list[tuple[Event, int]]) -> None:
         """An output the store refused (data that would not read back equal): the same error,
