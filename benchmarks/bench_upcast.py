@@ -38,7 +38,7 @@ from typing import Any
 
 import eventlanes as el
 
-from .common import DATA, databases, print_table
+from .common import databases, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 3
@@ -70,7 +70,8 @@ def define(app, name, kind):
 def states(app, name):
     t = app.db.table("aggregates")
     sql = app.db.sql(f"SELECT key, value FROM {t} WHERE aggregation = ?")
-    return {k: [v["sum"], v["n"]] for k, raw in app.db.query(sql, (name,)) if (v := json.loads(raw))}
+    rows = app.db.query(sql, (name,))
+    return {k: [v["sum"], v["n"]] for k, raw in rows if (v := json.loads(raw))}
 
 def app_for(url, upcast):
     app = el.App(url)

@@ -165,6 +165,12 @@ class App:
 
         if not isinstance(sink, KafkaSink):
             raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
+        if options.get("version", 1) != 1:  # as republishers: it would run on history again
+            raise InvalidInputError(
+                f"publisher {name!r}: a second version of a publisher would publish all of "
+                "history again (what version 1 handled is a replay it publishes): define a "
+                "publisher of another name"
+            )
         for what, fn in (("key", key), ("value", value)):
             if fn is not None and not callable(fn):
                 raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
@@ -396,14 +402,23 @@ class App:
     def wait_until_caught_up(
         self, timeout: float = 60.0, processors: list[str] | None = None
     ) -> None:
-        """Block until every segment of the processors has reached the store's head."""
+        """Block until every segment of the processors has reached the store's head; first,
+        until each Kafka ingestor (all of them, or those named) has appended every record
+        its topic held when the call began (the high watermarks read then)."""
         deadline = time.monotonic() + timeout
+        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
+        named = None if not processors else [n for n in processors if n not in self.ingestors]
+        if ingest:
+            from .kafka.status import wait_caught_up
+
+            found = [self.ingestors[n] for n in ingest]
+            wait_caught_up(self.db, found, self._ingest_runners, self.claim_timeout, deadline)
         head = 0  # the last head read: it only grows
         while True:
             crashed = [r.error for r in self._runners if r.error is not None]
             if crashed:
                 raise RuntimeError(f"a processor crashed: {crashed[0]!r}") from crashed[0]
-            selected = self._selected(processors)
+            selected = [] if named == [] else self._selected(named)
             names = {p.name for p in selected}
             # A segment held here still short of a head already read is not caught up: no
             # need to ask the database (its stored token is at most the one in memory).

@@ -17,9 +17,12 @@ the event. It is not taken:
 * for a declaration with a ``float`` field or ``where`` value, or a ``where`` integer beyond 64
   bits; for processors with several sources (or another store than SQLite); while the held
   segments are at different or merged tokens;
-* for a range (checked in the statement and on the rows' text) with an event that has
-  metadata (the fast rule of :func:`.chains.dedupe`, which needs none: a source chain must be
-  checked event by event), a value of the wrong type or an integer beyond 64 bits, a key that is
+* for a range (checked in the statement and on the rows' text) with an event whose metadata
+  may hold a source chain (the fast rule of :func:`.chains.dedupe`, which needs none: a chain
+  must be checked event by event): one that names ``source_chain``, is not a JSON object, or
+  has text SQLite and Python might read differently (any backslash, NUL, a three-digit
+  exponent, deep nesting); metadata holding other keys only (a trace context) stays fast;
+  a value of the wrong type or an integer beyond 64 bits, a key that is
   not a JSON string or has escapes, a property named twice, or JSON text that SQLite reads but
   Python reads differently or refuses (``\\u`` escapes, NUL, an exponent of three digits,
   nesting over 400 deep, text that is not UTF-8, JSON5 where SQLite reads it); or when SQLite
@@ -83,6 +86,7 @@ _LONG = 800
 _MAX_OPENERS = 400
 # An exponent of three digits may overflow a float: orjson refuses it where SQLite reads inf.
 _EXPONENT = re.compile(r"[eE]\+?[0-9]{3}")
+_STRINGS = re.compile(r'"[^"]*"')  # JSON strings of text without backslashes
 _ALLOWED = {int: "'integer', 'null'", bool: "'true', 'false', 'null'", str: "'text', 'null'"}
 _KIND = {"count": 0, "sum": 1, "min": 2, "max": 3, "first": 4, "last": 5}
 
@@ -196,7 +200,15 @@ class Pushdown:
             if not NAME.fullmatch(p):
                 raise ValueError(f"not a property name: {p!r}")
         col = {p: i for i, p in enumerate(props)}
-        rows = [f"data -> '$.{key}' AS k", "position AS p", "metadata <> '{}' AS m"]
+        # Metadata: only a source chain (or what may hide one) needs the row path; a trace
+        # context does not. Malformed JSON fails the statement: the row path names it.
+        chained = (
+            "json_type(metadata) <> 'object' OR json_type(metadata, '$.source_chain') IS NOT NULL"
+        )
+        if sqlite3.sqlite_version_info >= (3, 42):
+            chained += " OR NOT json_valid(metadata)"
+        rows = [f"data -> '$.{key}' AS k", "position AS p",
+                f"(metadata <> '{{}}' AND ({chained})) AS m"]  # fmt: skip
         bad = ["m"]
         if sqlite3.sqlite_version_info >= (3, 42):  # JSON5 is read too: only strict JSON here
             rows.append("NOT json_valid(data) AS j")
@@ -265,7 +277,8 @@ class Pushdown:
             "GROUP BY k)"
         )
         self.text_sql = (
-            f"SELECT group_concat(data, ''), max(length(data)) FROM {table} "
+            f"SELECT group_concat(data, ''), max(length(data)), group_concat(CASE WHEN "
+            f"metadata <> '{{}}' THEN metadata END, ''), max(length(metadata)) FROM {table} "
             f"WHERE position > ? AND position <= ? AND type IN ({', '.join('?' * len(types))})"
         )
         return sql, [*params, *types], props
@@ -332,8 +345,12 @@ class Pushdown:
         named = [0] * (len(self.props) + 1)
         for low in range(after, upto, TEXT_SPAN):
             high = min(upto, low + TEXT_SPAN)
-            text, longest = conn.execute(self.text_sql, (low, high, *types)).fetchone()
+            text, longest, meta, meta_longest = conn.execute(
+                self.text_sql, (low, high, *types)
+            ).fetchone()
             if text is not None and not self._checked(text, longest, named):
+                return None
+            if meta and not _plain(meta, meta_longest):
                 return None
         js, bad, *present = conn.execute(self.sql, (after, upto, *self.params)).fetchone()
         if bad or named != [p or 0 for p in present]:  # a property named twice in an event
@@ -421,6 +438,20 @@ class Pushdown:
                     parts[owner].append(g)
                     break
         return {st: folded.part(gs) if gs else [] for st, gs in parts.items()}
+
+
+def _plain(text: str, longest: int) -> bool:
+    """Metadata text that SQLite's JSON functions and Python read alike: no backslash (an
+    escape could spell ``source_chain``), no NUL, no exponent that may overflow, no nesting
+    deeper than Python's decoders go (as :meth:`Pushdown._checked` for data)."""
+    if "\\" in text or "\x00" in text:
+        return False
+    # Outside strings (no backslash: a string is plain quotes to quotes), so the hex digits of
+    # a traceparent are not taken for an exponent.
+    bare = _STRINGS.sub('""', text)
+    if ("e" in bare or "E" in bare) and _EXPONENT.search(bare):
+        return False
+    return not (longest > _LONG and bare.count("[") + bare.count("{") > _MAX_OPENERS)
 
 
 def _located(text: str, type_: type) -> tuple[int, Any]:

@@ -37,6 +37,7 @@ from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
 from ..processing.dispatch import Dispatch
 from ..tokens import Token
+from ..tracing import spans
 from ..upcasting import Upcasters
 from ..upcasting.arrow import upcast_batch
 from .export import PREFIX, check_store, load_manifest
@@ -196,7 +197,34 @@ def replay(
     archives: Iterable[str] = (),
 ) -> ReplayResult:
     """Replay ``name`` from the start on ``spark`` (any session: built by the user, by
-    ``spark-submit``, in a notebook) or on a new one for ``master``."""
+    ``spark-submit``, in a notebook) or on a new one for ``master``. With tracing on, the
+    replay is one span (``replay NAME``, child of the caller's), never one per event."""
+    tracer = spans.tracer()
+    args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives)
+    if tracer is None:
+        return _replay(*args)
+    proc = app.get(name)
+    base = spans.base_attributes(name, None, proc.guarantee.value, getattr(proc, "version", None))
+    extra = {spans.ENGINE: "spark", "eventlanes.parquet": parquet or ""}
+    with spans.batch(tracer, "replay", base, count=0, root=False, extra=extra) as span:
+        result = _replay(*args)
+        span.set_attributes({spans.MESSAGE_COUNT: result.events, spans.TOKEN: result.end,
+                             "eventlanes.keys": result.keys})  # fmt: skip
+        return result
+
+
+def _replay(
+    app: Any,
+    name: str,
+    spark: Any,
+    master: str | None,
+    parquet: str | None,
+    partitions: int | None,
+    wait: bool,
+    conf: dict[str, str] | None,
+    py_files: Iterable[str],
+    archives: Iterable[str],
+) -> ReplayResult:
     proc = app.get(name)
     if not isinstance(proc, Aggregation) and (
         proc.guarantee.value != "exactly-once" or proc.sources
@@ -211,7 +239,7 @@ def replay(
     url = url or executor_url(app.url, spark.sparkContext.master)
     n = partitions_of(spark, partitions)
     # Before any write: code and store reachable from an executor, or one clear error.
-    preflight(spark, functions_of(proc), url, head=app.store.head())
+    preflight(spark, functions_of(proc), url, head=app.store.head(), reads_store=not parquet)
     owner = f"spark-replay:{node_name()}"
     records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
