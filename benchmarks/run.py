@@ -29,6 +29,7 @@ BENCHMARKS = {
     "memory": "benchmarks.bench_memory",
     "rebuild": "benchmarks.bench_rebuild",
     "tracing": "benchmarks.bench_tracing",
+    "upcast": "benchmarks.bench_upcast",
 }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from .db import Database
 from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
+from .events import Event
 from .kafka.ingestor import Ingestor
 from .kafka.settings import Kafka
 from .names import split_version, validate_base_name, validate_processor_name
@@ -39,6 +40,7 @@ from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
+from .upcasting import Upcasters
 from .versions import lifecycle
 
 
@@ -181,6 +183,37 @@ class App:
             sink.publish(event_records(events, runtime.store.events_table, key, value))
 
         return proc
+
+    def upcaster(
+        self, type: str, *, to: str | None = None
+    ) -> Callable[[Callable[[Event], Any]], Callable[[Event], Any]]:
+        """Decorator: ``fn(event)`` returns the data of an event stored as ``type`` in the shape
+        of ``to`` (default: the next version, ``"OrderPlaced"`` -> ``"OrderPlaced.v2"``,
+        ``"OrderPlaced.v2"`` -> ``"OrderPlaced.v3"``), applied by every executor before any
+        handler sees the event; stored events are not rewritten (see
+        :mod:`eventlanes.upcasting`). Refused where written: a wrong signature, a second one for
+        ``type``, a gap or cycle in a chain, a processor handling ``type``."""
+
+        def register(fn: Callable[[Event], Any]) -> Callable[[Event], Any]:
+            if self.running:
+                raise InvalidInputError("register upcasters before the app starts")
+            handled = [(f"{p._kind} {p.name!r}", p.handled_types())
+                       for p in self.processors.values()]  # fmt: skip
+            self.runtime.upcasters.add(type, fn, to, handled)
+            return fn
+
+        return register
+
+    @property
+    def upcasters(self) -> Upcasters:
+        """The registered upcasters (``app.upcasters.current("OrderPlaced")``: the type such
+        events are read as)."""
+        return self.runtime.upcasters
+
+    def upcast(self, events: Iterable[Event]) -> list[Event]:
+        """``events`` read from the store (``app.store.read...``: as stored) in their current
+        shapes, as handlers see them."""
+        return self.runtime.upcasters.events(list(events))
 
     def _add(self, proc: Any) -> Any:
         if proc.name in self.processors or proc.name in self.ingestors:

@@ -343,9 +343,10 @@ def _replayed(
         return store.count(until=end) - store.count(until=target)
     # Ends that differ per segment or part: each event is routed as the processor routes it.
     routing_hash = proc.policy.routing_hash
+    upcast = proc.runtime.upcasters.upcast  # routed as the reader routes it: current shapes
     count = 0
     for event in store.iter_events(after=target, until=end):
-        h = routing_hash(event)
+        h = routing_hash(upcast(event))
         for seg, tok in tokens:
             if seg.matches(h):
                 count += tok.source(name).is_replay(event.position, h)
@@ -510,13 +511,14 @@ def list_dead_letters(
 
 
 def _read_events(rt: Runtime, positions: list[int]) -> list[Event]:
+    """The events at ``positions``, in their current shapes (as the handlers saw them)."""
     found = []
     for position in positions:
         events = rt.store.read(after=position - 1, limit=1) if position >= 1 else []
         if not events or events[0].position != position:
             raise InvalidInputError(f"no event at position {position} in the store")
         found.append(events[0])
-    return found
+    return rt.upcasters.events(found)
 
 
 def retry_dead_letters(

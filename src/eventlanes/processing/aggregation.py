@@ -205,6 +205,8 @@ class Aggregation(Processor):
         self.persist_every = float(persist_every)
         self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
+        if self.declaration is not None:
+            self.refuse_upcast(self.declaration.types)
         if not isinstance(pushdown, bool):
             raise InvalidInputError(f"aggregation {name!r}: pushdown must be True or False")
         #: fold declared fields inside SQLite where exact (pushdown.py)
@@ -216,7 +218,9 @@ class Aggregation(Processor):
 
     def on(self, *types: str) -> Callable[[Fold], Fold]:
         self._python_only("on()")
-        return self.folds.on(*types)
+        register = self.folds.on(*types)
+        self.refuse_upcast(types)
+        return register
 
     def on_any(self, fold: Fold) -> Fold:
         self._python_only("on_any()")

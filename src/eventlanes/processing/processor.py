@@ -188,6 +188,8 @@ class Processor:
         if not types or not all(isinstance(t, str) and t for t in types):
             raise InvalidInputError(f"processor {self.name!r}: on() needs event type names")
 
+        self.refuse_upcast(types)
+
         def register(handler: Handler) -> Handler:
             self.handlers.add(frozenset(types), handler)
             return handler
@@ -212,6 +214,8 @@ class Processor:
                 "the token's transaction, which only exactly-once processors have"
             )
 
+        self.refuse_upcast(types)
+
         def register(handler: Handler) -> Handler:
             self.handlers.add_batch(frozenset(types) if types else None, handler)
             return handler
@@ -226,6 +230,11 @@ class Processor:
     def handled_types(self) -> frozenset[str] | None:
         """The event types this processor reads (None: all); the others are passed over."""
         return self.handlers.types()
+
+    def refuse_upcast(self, types: tuple[str, ...] | frozenset[str]) -> None:
+        """Refuse handling a type that an upcaster turns into another: its handler would never
+        run (``eventlanes.upcasting``)."""
+        self.runtime.upcasters.refuse_handled(types, f"{self._kind} {self.name!r}")
 
     def table(self, name: str) -> str:
         """The full name of this version's table ``name`` (what ``ctx.table(name)`` gives its

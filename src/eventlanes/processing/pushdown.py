@@ -28,7 +28,13 @@ the event. It is not taken:
   nesting over 400 deep, text that is not UTF-8, JSON5 where SQLite reads it); or when SQLite
   fails (malformed JSON, a sum beyond 64 bits);
 * by a segment whose states hold an own position at or above the range's first (a replay
-  after a reset, inputs folded already): the worker folds that range by the row path.
+  after a reset, inputs folded already): the worker folds that range by the row path;
+* for events of an old type that an upcaster turns into a folded one
+  (:mod:`eventlanes.upcasting`): SQL cannot run the user's function, so a range is folded in
+  SQLite only up to the first such event (found by the ``(type, position)`` index), and the
+  positions from there to the last such event of the next :data:`SPAN` take the row path,
+  which upcasts them in Python. The PostgreSQL Arrow fold upcasts those rows in its batches
+  instead (:mod:`.pushdown_postgres`).
 
 ``ENABLED = False`` (or ``app.aggregation(..., pushdown=False)``) turns it off. On
 PostgreSQL, :mod:`.pushdown_postgres` gives the same groups from ranges read into Arrow.
@@ -50,6 +56,7 @@ from ..hashing import stable_hash
 from ..store import EventStore
 from ..store.postgres import PostgresEventStore
 from ..store.sqlite import SQLiteEventStore
+from ..upcasting import Upcasters
 from .chains import Marks
 from .declarative import _INT64, NAME, Declaration
 from .states import Entry
@@ -135,10 +142,16 @@ class Pushdown:
     PostgreSQL store, in Arrow), and the merge of its rows into states."""
 
     store: Any  # SQLiteEventStore here, PostgresEventStore in pushdown_postgres
+    #: events of old types upcast into folded ones take the row path (SQL cannot upcast)
+    old_by_rows = True
 
-    def __init__(self, decl: Declaration, store: EventStore) -> None:
+    def __init__(
+        self, decl: Declaration, store: EventStore, upcasters: Upcasters | None = None
+    ) -> None:
         self.decl = decl
         self.store = store
+        #: the upcasters into the folded types (None: none)
+        self.upcasters = upcasters
         self.fields: list[_Field] = []
         self.sql, self.params, self.props = self._plan(decl, store.events_table)
         #: positions below which reads take the row path (a range refused lately)
@@ -146,10 +159,17 @@ class Pushdown:
         self._last: Folded | None = None
 
     @staticmethod
-    def build(decl: Declaration | None, stores: list[EventStore], enabled: bool) -> Pushdown | None:
-        """The pushdown of ``decl`` when it can run at all (else None: the row path)."""
+    def build(
+        decl: Declaration | None,
+        stores: list[EventStore],
+        enabled: bool,
+        upcasters: Upcasters | None = None,
+    ) -> Pushdown | None:
+        """The pushdown of ``decl`` when it can run at all (else None: the row path);
+        ``upcasters``: the processor's (old types are read by rows, or upcast in Arrow)."""
         if not (ENABLED and enabled) or decl is None or len(stores) != 1:
             return None
+        upcasters = upcasters.into(decl.types) if upcasters is not None else None
         store = stores[0]
         postgres = isinstance(store, PostgresEventStore)
         if not (postgres or isinstance(store, SQLiteEventStore)) or float in decl.columns.values():
@@ -165,8 +185,8 @@ class Pushdown:
                 return None  # without the arrow extra: the row path
             from .pushdown_postgres import PostgresPushdown
 
-            return PostgresPushdown(decl, store)  # type: ignore[arg-type]
-        return Pushdown(decl, store)
+            return PostgresPushdown(decl, store, upcasters)  # type: ignore[arg-type]
+        return Pushdown(decl, store, upcasters)
 
     def _plan(self, decl: Declaration, table: str) -> tuple[str, list[Any], list[str]]:
         """The fold: the range's rows (``position > ?1 AND position <= ?2``) grouped by key,
@@ -275,7 +295,11 @@ class Pushdown:
         if last is not None and last.after == after and last.reader is reader:
             return last, last.upto
         try:
-            groups, upto = self._range(after, SPAN)
+            span, old_until = self._native_span(after)
+            if span == 0 and old_until > after:  # an old shape first: upcast by the row path
+                self.rows_until = old_until
+                return None, old_until
+            groups, upto = self._range(after, span)
         except Exception as exc:  # noqa: BLE001 - SQLite's errors included: the row path tells
             log.debug("range after %d folded by rows: %s", after, exc)
             self.rows_until = after + SPAN
@@ -287,6 +311,25 @@ class Pushdown:
         if folded:  # an empty range is cheap, and at the head it would hide what comes next
             self._last = folded
         return folded, upto
+
+    def _native_span(self, after: int) -> tuple[int, int]:
+        """How many positions after ``after`` may be folded in SQL, and (when that is 0) up to
+        where the row path must fold: with upcasters into the folded types, a range ends
+        before its first event of an old type, and the positions up to the last one within
+        :data:`SPAN` go to the row path. The head is read first: every event up to it is
+        committed, so the range (capped there) holds no old event the query did not see."""
+        if self.upcasters is None or not self.old_by_rows:
+            return SPAN, after
+        old = sorted(self.upcasters.sources())
+        bound = min(self.store.head(), after + SPAN)
+        sql = self.store.db.sql(
+            f"SELECT min(position), max(position) FROM {self.store.events_table} "
+            f"WHERE type IN ({', '.join('?' * len(old))}) AND position > ? AND position <= ?"
+        )
+        first, last = self.store.db.query(sql, (*old, after, bound))[0]
+        if first is None:
+            return bound - after, after
+        return first - 1 - after, last
 
     def _range(self, after: int, span: int) -> tuple[list[list[Any]] | None, int]:
         """The groups of the range after ``after`` (at most ``span`` positions, up to what a

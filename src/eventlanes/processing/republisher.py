@@ -74,7 +74,9 @@ class Republisher(Processor):
     def on(self, *types: str) -> Callable[[Republish], Republish]:  # type: ignore[override]
         """Decorator: ``fn(event)`` returns an ``el.NewEvent``, a list of them, or None (an
         ``async def`` is awaited, one event at a time)."""
-        return self.functions.on(*types)
+        register = self.functions.on(*types)
+        self.refuse_upcast(types)
+        return register
 
     def on_any(self, fn: Republish) -> Republish:  # type: ignore[override]
         """Decorator: ``fn(event)`` for every event (as :meth:`on`); only for a republisher

@@ -38,6 +38,8 @@ from ..processing.context import Context
 from ..processing.dispatch import Dispatch
 from ..tokens import Token
 from ..tracing import spans
+from ..upcasting import Upcasters
+from ..upcasting.arrow import upcast_batch
 from .export import PREFIX, check_store, load_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session, partitions_of
@@ -83,14 +85,23 @@ class _Input:
         return self.df.select(*FIELDS)
 
 
-def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None, decl: Any = None) -> _Input:
+def _input(
+    spark: Any,
+    app: Any,
+    url: str,
+    n: int,
+    parquet: str | None,
+    decl: Any = None,
+    upcasters: Upcasters | None = None,
+) -> _Input:
     """The events up to the store's head, or exactly the files of a Parquet export.
     ``decl``: a declarative aggregation's declaration (the store's read takes only what its
-    plan reads, the declared properties typed)."""
+    plan reads, the declared properties typed); ``upcasters``: the processor's, applied on the
+    executors as the events are read (an export holds what is stored)."""
     from pyspark.sql import functions as F
 
     from ..processing.declarative import TYPES
-    from .source import SCHEMA, Declared, read_events
+    from .source import FIELDS, SCHEMA, Declared, read_events
 
     if parquet:  # the export's end: the live processor folds what came after it
         export = load_manifest(parquet, app.store)
@@ -103,15 +114,23 @@ def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None, decl: An
         threading.Thread(target=_settle, args=(pending, check_store, parquet, export, app.store),
                          daemon=True, name="eventlanes-export-check").start()  # fmt: skip
         columns = export["columns"]
+        chained_types = export["chained_types"]
         schema = ", ".join([SCHEMA, *(f"`{PREFIX}{p}` {k}" for p, k in columns.items())])
         df = spark.read.schema(schema).parquet(*files).where(F.col("position") <= end)
+        count = df.count  # of the files' rows, as read (an upcaster neither adds nor drops)
+        if upcasters is not None:
+            # The export's typed columns hold the stored shapes: the data is parsed instead.
+            df = df.select(*FIELDS).mapInArrow(
+                lambda it: (upcast_batch(upcasters, b) for b in it), SCHEMA
+            )
+            columns, chained_types = {}, sorted({upcasters.current(t) for t in chained_types})
         # Spark's own row count of those files (a declarative plan counts them in its job).
-        return _Input(df, end, expected, df.count, columns, export["chained_types"], True, pending)
+        return _Input(df, end, expected, count, columns, chained_types, True, pending)
     end = app.store.head()
     shape = None
     if decl is not None:
         shape = Declared({p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types)))
-    df, counter = read_events(spark, url, 0, end, n, shape)
+    df, counter = read_events(spark, url, 0, end, n, shape, upcasters)
     return _Input(df, end, app.store.count(until=end), counter.total,
                   chained=counter.chained_types)  # fmt: skip
 
@@ -137,7 +156,14 @@ def functions_of(proc: Any) -> list[Callable[..., Any]]:
         handlers = proc.handlers
         found += [h for _, h in handlers._entries] + [h for _, h in handlers.batch_handlers]
         found.append(getattr(proc.policy, "_key", None))
+    if (upcasters := upcasters_of(proc)) is not None:
+        found += upcasters.functions()
     return [f for f in found if f is not None]
+
+
+def upcasters_of(proc: Any) -> Upcasters | None:
+    """The upcasters into the types ``proc`` handles (shipped with the job; None: none)."""
+    return proc.runtime.upcasters.into(proc.handled_types())
 
 
 def hold_every_segment(app: Any, proc: Any, owner: str, wait: bool) -> tuple[list, Heartbeat]:
@@ -218,7 +244,8 @@ def _replay(
     records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
     try:
-        source = _input(spark, app, url, n, parquet, getattr(proc, "declaration", None))
+        decl = getattr(proc, "declaration", None)
+        source = _input(spark, app, url, n, parquet, decl, upcasters_of(proc))
         try:
             if isinstance(proc, Aggregation):
                 events, keys = _aggregation(app, proc, source, n, owner, records)

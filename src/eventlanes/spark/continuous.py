@@ -41,6 +41,7 @@ from .bulk import (
     fold_stages,
     functions_of,
     save_states,
+    upcasters_of,
 )
 from .fold import spec_of
 from .session import get_session, partitions_of
@@ -155,7 +156,7 @@ class ContinuousAggregation:
         if span is not None:
             span.set_attributes({spans.MESSAGE_COUNT: expected, spans.POSITION: after + 1,
                                  spans.POSITION_LAST: end, spans.TOKEN: end})  # fmt: skip
-        df, read = read_events(self.spark, self.url, after, end, self.n)
+        df, read = read_events(self.spark, self.url, after, end, self.n, None, upcasters_of(agg))
         spec = spec_of(agg, app.store.events_table)
         folded = fold_aggregation(spec, df, self.n, StoredStates(self.url, agg.name))
         if spec.stages:
