@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.cells import cell_len
@@ -50,6 +50,8 @@ from .kafka import status as kafka_status
 from .loader import load_app
 from .processing.admin import parse_reset_to
 from .store import open_store
+from .tracing import configure_from_env
+from .tracing import shutdown as shutdown_tracing
 
 console = Console()
 err_console = Console(stderr=True)
@@ -60,13 +62,46 @@ def _is_spark_failure(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
 
 
+def _error_line(message: str) -> NoReturn:
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def _usage_error(exc: click.UsageError, where: str = "eventlanes") -> NoReturn:
+    """A mistyped command line (unknown option or command, missing argument, bad value):
+    one line with a hint to ``--help``, instead of click's usage block; exit code 2."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc  # no arguments at all: click prints the help
+    if exc.ctx is not None:
+        where = exc.ctx.command_path
+    _error_line(f"{exc.format_message().rstrip('.')} (see '{where} --help')")
+
+
 class _Group(click.Group):
     """Turns eventlanes errors (and Spark's) into one clear line and exit code 2, not a
-    traceback; ``--debug`` shows the full trace."""
+    traceback; ``--debug`` shows the full trace. Usage errors are one line too."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
+        args = [*ctx._protected_args, *ctx.args]  # the command's name first
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            named = args[0] if args and args[0] in self.commands else None
+            _usage_error(exc, f"{ctx.command_path} {named}" if named else ctx.command_path)
         except Exception as exc:
             if ctx.params.get("debug") or not (
                 isinstance(exc, EventlanesError) or _is_spark_failure(exc)
@@ -77,10 +112,7 @@ class _Group(click.Group):
                 from .spark.ship import first_line
 
                 message = f"Spark failed: {first_line(exc)}"
-            from rich.markup import escape
-
-            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            _error_line(message)
 
 
 @click.group(cls=_Group)
@@ -369,6 +401,7 @@ def run(
     micro-batches on Spark (the other processors need --engine local)."""
     _use_kafka_options(kafka_options, kafka_files)
     app = load_app(app_spec)
+    configure_from_env()  # OTEL_TRACES_EXPORTER=...: unless the app module set up its own
     everything = list(processors) or [*app.processors, *app.ingestors]
     ingest = [n for n in everything if n in app.ingestors]
     names = [n for n in everything if n not in app.ingestors]
@@ -438,11 +471,13 @@ def run(
             if isinstance(exc, ProcessorCrashedError):
                 sys.exit(1)
             sys.stdout.flush()
+            shutdown_tracing(1000)  # the spans of the batches that did finish
             os._exit(1)
         finally:
             stop_ticking.set()
             if bars:
                 bars.stop()
+            shutdown_tracing()
         return
     from .supervisor import Supervisor
 
@@ -696,6 +731,7 @@ def replay(app_spec: str, names: tuple[str, ...], engine: str, master: str | Non
     from .spark import replay as spark_replay
 
     app = load_app(app_spec)
+    configure_from_env()
     for name in names:
         app.get(name)
     spark = _spark_kwargs(conf, py_files, archives)
@@ -825,7 +861,9 @@ def dead_letters(
                           f"position {position}" if position is not None else "") if part
     ) or "all keys"  # fmt: skip
     if retry:
+        configure_from_env()
         handled, left = app.retry_dead_letters(processor, key=key, position=position)
+        shutdown_tracing()
         console.print(f"{processor} ({which}): {handled} event(s) handled, {left} still parked")
         sys.exit(1 if left else 0)  # still parked: not done, whatever the count handled
     letters = app.dead_letter_list(processor, key=key, position=position)

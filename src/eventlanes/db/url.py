@@ -63,6 +63,7 @@ _OWN_OPTIONS = {
     "synchronous",
     "busy_timeout",
     "notify",
+    "trace",
 }
 
 
@@ -87,6 +88,9 @@ def parse_url(url: str) -> DatabaseURL:
     for key, value in parse_qsl(query, keep_blank_values=True):
         (own.__setitem__(key, value) if key in _OWN_OPTIONS else passthrough.append((key, value)))
     prefix = validate_prefix(own.pop("prefix", DEFAULT_PREFIX))
+    if own.get("trace", "on").lower() not in ("on", "off"):
+        where = DatabaseURL(url, scheme, "").redacted
+        raise InvalidInputError(f"invalid trace={own['trace']!r} in {where!r}: on or off")
     if scheme == "sqlite":
         if passthrough:
             names = ", ".join(k for k, _ in passthrough)
