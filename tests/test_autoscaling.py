@@ -160,16 +160,17 @@ def test_scale_out_and_in_on_lag_loses_nothing(store_url: str, tmp_path: Path) -
         p.update(events=len(mine), lost=sum(1 for q in mine if seen[q] == 0),
                  doubled=sum(1 for q in mine if seen[q] > 1),
                  disorder=sum(1 for q in mine if q in disorder),
-                 lag_max=max(lags, default=0), seconds=p.get("end", time.monotonic()) - p["start"])  # fmt: skip
+                 lag_max=max(lags, default=0),
+                 seconds=p.get("end", time.monotonic()) - p["start"])  # fmt: skip
         report.append(p)
-    print(
-        "\nphase              | workers | seconds | events | max lag | lost | doubled | out of order | stop times (s)"
-    )
+    print("\nphase              | workers | seconds | events | max lag | lost | doubled "
+          "| out of order | stop times (s)")  # fmt: skip
     for p in report:
         stops = ", ".join(f"{s:.2f}" for s in p["stops"]) or "-"
         print(
             f"{p['name']:<18} | {p['workers']:>7} | {p['seconds']:>7.1f} | {p['events']:>6} | "
-            f"{p['lag_max']:>7.0f} | {p['lost']:>4} | {p['doubled']:>7} | {p['disorder']:>12} | {stops}"
+            f"{p['lag_max']:>7.0f} | {p['lost']:>4} | {p['doubled']:>7} | {p['disorder']:>12} | "
+            f"{stops}"
         )
     print(
         f"fair share after growth: {phases[1]['share_s']:.1f} s; take-over after shrink: "

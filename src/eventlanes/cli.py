@@ -28,7 +28,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, signals
 from . import logs as logsetup
 from .errors import (
     EventlanesError,
@@ -399,6 +399,37 @@ def run(
     """Run the app's processors and Kafka ingestors until SIGINT/SIGTERM (then finish batches,
     store tokens, release claims). --engine spark keeps its aggregations up to date in
     micro-batches on Spark (the other processors need --engine local)."""
+    # An orchestrator may stop a worker while it still starts (an autoscaler scaling in right
+    # after scaling out): end at once, exit 0, instead of dying by the signal.
+    signals.interrupt_startup()
+    try:
+        _run(app_spec, processes, processors, node_index, nodes, progress, metrics_port, grace,
+             max_restarts, balance, engine, master, conf, py_files, archives, trigger,
+             kafka_options, kafka_files)  # fmt: skip
+    except signals.StartupInterrupted as exc:
+        log.info("stopped by %s while starting", exc)
+
+
+def _run(
+    app_spec: str,
+    processes: int,
+    processors: tuple[str, ...],
+    node_index: int | None,
+    nodes: int | None,
+    progress: bool | None,
+    metrics_port: int | None,
+    grace: float,
+    max_restarts: int,
+    balance: bool,
+    engine: str,
+    master: str | None,
+    conf: tuple[str, ...],
+    py_files: str,
+    archives: str,
+    trigger: float,
+    kafka_options: tuple[str, ...],
+    kafka_files: tuple[str, ...],
+) -> None:
     _use_kafka_options(kafka_options, kafka_files)
     app = load_app(app_spec)
     configure_from_env()  # OTEL_TRACES_EXPORTER=...: unless the app module set up its own

@@ -3,7 +3,8 @@ so one worker process has a known capacity and four have four times it.
 
 ``orders`` (4 segments, one handler thread per process: a worker handles one segment's batch
 at a time) records every event it handles, once, in handling order (the ``id`` column), in
-the token's transaction; the work (a sleep per event) comes before the transaction opens. For `eventlanes run tests.apps.scaling_app:app`: EVENTLANES_TEST_SCALE_URL,
+the token's transaction; the work (a sleep per event) comes before the transaction opens.
+For `eventlanes run tests.apps.scaling_app:app`: EVENTLANES_TEST_SCALE_URL,
 _DELAY (seconds per event, default 0.004), _CLAIM_TIMEOUT (default 10).
 """
 
