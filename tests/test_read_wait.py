@@ -132,7 +132,9 @@ def test_status_names_the_open_transaction_readers_wait_behind_on_every_path(
             assert p["read_wait"]["readable_head"] == readable
             if young:  # named, but not yet a problem
                 assert p["healthy"] and any("slow-client" in n for n in p["notes"])
-        assert f"pid {wait.pid}" in _get(dashboard + "fragment")
+        # The page shows the dashboard's own polls (every --refresh seconds): the next one.
+        wait_for(lambda: f"pid {wait.pid}" in _get(dashboard + "fragment"), 10,
+                 what="the dashboard's page to name the transaction")  # fmt: skip
         samples = scrape(app.metrics_port)
         assert total(samples, "eventlanes_head_position") == committed
         assert total(samples, "eventlanes_readable_head_position") == readable

@@ -28,7 +28,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, signals
 from . import logs as logsetup
 from .errors import (
     EventlanesError,
@@ -48,6 +48,7 @@ from .health import (
 )
 from .kafka import status as kafka_status
 from .loader import load_app
+from .processing.admin import parse_reset_to
 from .store import open_store
 from .tracing import configure_from_env
 from .tracing import shutdown as shutdown_tracing
@@ -398,6 +399,37 @@ def run(
     """Run the app's processors and Kafka ingestors until SIGINT/SIGTERM (then finish batches,
     store tokens, release claims). --engine spark keeps its aggregations up to date in
     micro-batches on Spark (the other processors need --engine local)."""
+    # An orchestrator may stop a worker while it still starts (an autoscaler scaling in right
+    # after scaling out): end at once, exit 0, instead of dying by the signal.
+    signals.interrupt_startup()
+    try:
+        _run(app_spec, processes, processors, node_index, nodes, progress, metrics_port, grace,
+             max_restarts, balance, engine, master, conf, py_files, archives, trigger,
+             kafka_options, kafka_files)  # fmt: skip
+    except signals.StartupInterrupted as exc:
+        log.info("stopped by %s while starting", exc)
+
+
+def _run(
+    app_spec: str,
+    processes: int,
+    processors: tuple[str, ...],
+    node_index: int | None,
+    nodes: int | None,
+    progress: bool | None,
+    metrics_port: int | None,
+    grace: float,
+    max_restarts: int,
+    balance: bool,
+    engine: str,
+    master: str | None,
+    conf: tuple[str, ...],
+    py_files: str,
+    archives: str,
+    trigger: float,
+    kafka_options: tuple[str, ...],
+    kafka_files: tuple[str, ...],
+) -> None:
     _use_kafka_options(kafka_options, kafka_files)
     app = load_app(app_spec)
     configure_from_env()  # OTEL_TRACES_EXPORTER=...: unless the app module set up its own
@@ -558,10 +590,7 @@ def status(
                            for n in ingest]  # fmt: skip
         finally:
             inspector.close()
-    document = status_document(docs, limit)
-    if ingest_docs:  # Kafka ingestors: a list of their own, per partition
-        document["ingestors"] = ingest_docs
-        document["healthy"] = document["healthy"] and all(d["healthy"] for d in ingest_docs)
+    document = status_document(docs, limit, ingest_docs)
     if as_json:
         click.echo(json.dumps(document, indent=2))
     else:
@@ -676,22 +705,6 @@ for _what in ("split", "merge", "release"):
     _steer(_what)
 
 
-def _parse_to(value: str) -> str | int | datetime:
-    if value in ("tail", "head"):
-        return value
-    if value.isdigit():
-        return int(value)
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidInputError(
-            f"invalid --to {value!r}: use tail, head, a position or an ISO time"
-        ) from None
-    if when.tzinfo is None:
-        raise InvalidInputError(f"--to {value!r} needs a timezone (e.g. 2026-01-01T00:00+00:00)")
-    return when
-
-
 @main.command()
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("processor")
@@ -706,7 +719,7 @@ def reset(
     from rich.markup import escape
 
     app = load_app(app_spec)
-    target = _parse_to(to)
+    target = parse_reset_to(to)
     plan = app.reset_plan(processor, target)  # read only: nothing changes before the answer
     if plan.held and not wait:
         raise ProcessorBusyError(
@@ -715,17 +728,7 @@ def reset(
         )
     if plan.held:
         console.print(f"{processor}: still running; counted as of now", highlight=False)
-    if plan.replays:
-        what = (
-            f"replays {plan.replays:,} event(s) handled before (disallow_replay handlers skip them)"
-        )
-    else:
-        what = f"replays nothing (no event after position {plan.to:,} was handled before)"
-    console.print(
-        f"{processor}: the reset {what}; {plan.first_time:,} event(s) after position "
-        f"{plan.to:,} are handled for the first time",
-        highlight=False,
-    )
+    console.print(plan.summary(), highlight=False)
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if not yes:
@@ -926,20 +929,33 @@ def dead_letters(
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8321, show_default=True, help="port to listen on")
-@click.option("--refresh", default=2.0, show_default=True, help="seconds between page refreshes")
-def dashboard(app_spec: str, host: str, port: int, refresh: float) -> None:
-    """A web page of processors, segments and dead letters, with retry, discard, split,
-    merge, release and reset (it does not run processors)."""
+@click.option("--refresh", default=2.0, show_default=True,
+              help="seconds between status polls (and page refreshes)")  # fmt: skip
+@click.option("--max-lag", help="unhealthy beyond this lag, as for status: 1000 or 30s")
+@click.option("--token-file", metavar="PATH",
+              help="the operator token actions need (or $EVENTLANES_DASHBOARD_TOKEN; "
+              "without one the dashboard is read-only)")  # fmt: skip
+def dashboard(app_spec: str, host: str, port: int, refresh: float, max_lag: str | None,
+              token_file: str | None) -> None:  # fmt: skip
+    """A web page of processors, ingestors, segments and dead letters with their health,
+    rates and lag history; actions (retry, discard, split, merge, release, reset, pause,
+    resume, promote, retire) need the operator token. It does not run processors."""
     try:
-        from .dashboard import serve
+        from .dashboard import load_auth, serve
     except ImportError as exc:
         raise InvalidInputError(
             f"the dashboard needs starlette, jinja2 and uvicorn ({exc}): "
             "pip install 'eventlanes[ops]'"
         ) from None
+    if not refresh >= 0.1:
+        raise InvalidInputError(f"--refresh must be at least 0.1 seconds, got {refresh:g}")
+    limit = parse_max_lag(max_lag) if max_lag is not None else MaxLag()
+    auth = load_auth(token_file)
     app = load_app(app_spec)
-    log.info("dashboard of %s on http://%s:%d/", app_spec, host, port)
-    serve(app, host, port, refresh)
+    access = ("read-only (no token set)" if auth.read_only
+              else f"actions need the token of {auth.source}")  # fmt: skip
+    log.info("dashboard of %s on http://%s:%d/, %s", app_spec, host, port, access)
+    serve(app, host, port, refresh, max_lag=limit, auth=auth, name=app_spec)
 
 
 if __name__ == "__main__":  # pragma: no cover

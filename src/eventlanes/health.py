@@ -165,14 +165,23 @@ def version_fields(view: ProcessorView) -> dict[str, Any]:
             "behind_events": ver.behind}  # fmt: skip
 
 
-def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[str, Any]:
-    return {
+def status_document(
+    processors: list[dict[str, Any]],
+    max_lag: MaxLag,
+    ingestors: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The whole document: healthy when every processor and Kafka ingestor is (ingestors, a
+    list of their own, only when there are some)."""
+    document = {
         "schema": SCHEMA,
         "generated_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        "healthy": all(p["healthy"] for p in processors),
+        "healthy": all(p["healthy"] for p in [*processors, *(ingestors or ())]),
         "max_lag": {"events": max_lag.events, "seconds": max_lag.seconds},
         "processors": processors,
     }
+    if ingestors:
+        document["ingestors"] = ingestors
+    return document
 
 
 def store_first_after(store: Any) -> FirstAfter:

@@ -37,6 +37,7 @@ __all__ = [
     "discard_dead_letters",
     "list_dead_letters",
     "ResetPlan",
+    "parse_reset_to",
     "reset",
     "reset_plan",
     "retry_dead_letters",
@@ -288,6 +289,26 @@ def _reset_token(before: Token, segment: Segment, targets: dict[str, int], conte
     return token
 
 
+def parse_reset_to(value: str, option: str = "--to") -> str | int | datetime:
+    """Where a reset restarts, as a user types it (the command line, the dashboard): ``tail``,
+    ``head``, a position or an ISO time with a timezone."""
+    if value in ("tail", "head"):
+        return value
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"invalid {option} {value!r}: use tail, head, a position or an ISO time"
+        ) from None
+    if when.tzinfo is None:
+        raise InvalidInputError(
+            f"{option} {value!r} needs a timezone (e.g. 2026-01-01T00:00+00:00)"
+        )
+    return when
+
+
 @dataclass(frozen=True)
 class ResetPlan:
     """What a reset would do, read without writing (``eventlanes reset`` shows it first)."""
@@ -298,6 +319,18 @@ class ResetPlan:
     first_time: int  # events after the restart position never handled before, up to the heads
     held: list[str]  # segments a live node holds: the reset is refused while it runs
     warnings: list[str]
+
+    def summary(self) -> str:
+        """What ``eventlanes reset`` and the dashboard say before they ask."""
+        if self.replays:
+            what = (f"replays {self.replays:,} event(s) handled before (disallow_replay "
+                    "handlers skip them)")  # fmt: skip
+        else:
+            what = f"replays nothing (no event after position {self.to:,} was handled before)"
+        return (
+            f"{self.name}: the reset {what}; {self.first_time:,} event(s) after position "
+            f"{self.to:,} are handled for the first time"
+        )
 
 
 def reset_plan(
