@@ -28,6 +28,8 @@ BENCHMARKS = {
     "kafka": "benchmarks.bench_kafka",
     "memory": "benchmarks.bench_memory",
     "rebuild": "benchmarks.bench_rebuild",
+    "tracing": "benchmarks.bench_tracing",
+    "upcast": "benchmarks.bench_upcast",
 }
 
 

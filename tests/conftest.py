@@ -41,6 +41,33 @@ def pg_server(eventlanes_postgres: tuple[str, object]):  # type: ignore[no-untyp
     return eventlanes_postgres[1]
 
 
+@pytest.fixture(autouse=True)
+def _close_what_the_test_left_open(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every app and PostgreSQL database a test opened and left open: each holds a pool
+    of connections, and a few hundred tests that leave theirs open exhaust the session server's
+    max_connections (later tests then fail with 'too many clients already')."""
+    from eventlanes.db.postgres import PostgresDatabase
+
+    apps: list[el.App] = []
+    dbs: list[PostgresDatabase] = []
+    app_init, db_init = el.App.__init__, PostgresDatabase.__init__
+
+    def tracked_app(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        app_init(self, *args, **kwargs)
+        apps.append(self)
+
+    def tracked_db(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        db_init(self, *args, **kwargs)
+        dbs.append(self)
+
+    monkeypatch.setattr(el.App, "__init__", tracked_app)
+    monkeypatch.setattr(PostgresDatabase, "__init__", tracked_db)
+    yield
+    for resource in [*apps, *dbs]:
+        with contextlib.suppress(Exception):
+            resource.close()
+
+
 def _unique_prefix() -> str:
     return f"t{os.getpid()}_{next(_counter)}_{uuid.uuid4().hex[:6]}_"
 
@@ -67,6 +94,22 @@ def store(store_url: str) -> Iterator[el.EventStore]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def recorded_spans():
+    """Spans this process records while the test runs (the SDK's in-memory exporter); the
+    session's tracer provider drops every span outside such tests (tests/tracing_helpers.py)."""
+    from tests.tracing_helpers import recorder
+
+    rec = recorder()
+    rec.exporter.clear()
+    rec.switch.on = True
+    try:
+        yield rec
+    finally:
+        rec.switch.on = False
+        rec.exporter.clear()
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

@@ -356,3 +356,112 @@ def test_republisher_outputs_that_would_not_read_back_equal_are_refused(store_ur
         app.stop()
     assert "republisher 'normalise': output #1 of event 1 (Bad) data[\"pair\"]: a tuple" in error
     assert app.store.stream_version("out") == 0  # nothing appended, not even the good output
+
+
+def test_a_fold_returning_the_new_state_is_refused_not_dropped(store_url: str) -> None:
+    """Before: ``return {"n": state["n"] + 1}`` was taken for outputs no stage wanted and
+    dropped: the state stayed {"n": 0}, written with a token past every event. Now the
+    segment fails naming the fold and the event, and nothing is written."""
+    app = el.App(store_url)
+    counts = app.aggregation("counts", key="robot", initial=lambda: {"n": 0}, persist_every=0.05)
+
+    @counts.on("M")
+    def add(state: dict, event: el.Event) -> dict:
+        return {"n": state["n"] + 1}
+
+    app.store.append("s", [E("M", {"robot": "r1"}), E("M", {"robot": "r1"})])
+    app.start()
+    try:
+        error = _segment_error(app, "counts")
+    finally:
+        app.stop()
+    assert "aggregation 'counts', key 'r1': fold add returned dict {'n': 1} for event 1" in error
+    assert "no downstream stage takes a fold's outputs" in error
+    assert counts.get("r1") is None
+    assert app.status("counts").position == 0
+
+
+def test_a_fold_returning_its_state_updated_in_place_counts(store_url: str) -> None:
+    app = el.App(store_url)
+    counts = app.aggregation("counts", key="robot", initial=lambda: {"n": 0}, persist_every=0.05)
+
+    @counts.on("M")
+    def add(state: dict, event: el.Event) -> dict:
+        state["n"] += 1
+        return state  # the state itself: allowed
+
+    app.store.append("s", [E("M", {"robot": "r1"}), E("M", {"robot": "r1"})])
+    run_until_caught_up(app)
+    assert counts.get("r1") == {"n": 2}
+
+
+def test_an_initial_state_no_fold_can_change_is_refused(tmp_path) -> None:
+    """Before: ``initial=lambda: 0`` with ``state += 1`` (or ``return state + 1``) ran, and
+    every state stayed 0. An int, a string, a tuple or None cannot be updated in place:
+    refused when the app starts (downstream stages may still be declared until then), and at
+    once for a downstream stage (it has no stages of its own)."""
+    app = el.App(f"sqlite:///{tmp_path}/i.db")
+    counts = app.aggregation("counts", key="robot", initial=lambda: 0)
+
+    @counts.on("M")
+    def add(state: int, event: el.Event) -> None:
+        state += 1  # noqa: F841 - rebinds the local name only: the user's mistake
+
+    app.store.append("s", [E("M", {"robot": "r1"})])
+    with pytest.raises(el.InvalidInputError, match=r"aggregation 'counts': initial\(\) gives "
+                       r"int 0, which no fold can change"):  # fmt: skip
+        app.start()
+    assert not app.running
+    assert counts.get("r1") is None
+
+    splitter = app.aggregation("split", key="robot", initial=lambda: None)
+    with pytest.raises(el.InvalidInputError, match=r"stage 'down': initial\(\) gives tuple"):
+        splitter.downstream("down", key=lambda out: "k", initial=tuple)
+    app.close()
+
+    # An upstream state that never changes is fine when its folds only feed a stage.
+    app = el.App(f"sqlite:///{tmp_path}/i.db")
+    splitter = app.aggregation("split", key="robot", initial=lambda: None, persist_every=0.05)
+    down = splitter.downstream("per-factory", key=lambda out: "f", initial=lambda: {"n": 0})
+    splitter.on("M")(lambda state, event: el.NewEvent("Counted"))
+
+    @down.on("Counted")
+    def count(state: dict, event: el.Event) -> None:
+        state["n"] += 1
+
+    run_until_caught_up(app)
+    assert down.get("f") == {"n": 1}
+    app.close()
+
+
+def test_a_republisher_that_would_read_its_own_outputs_again_is_refused(store_url: str) -> None:
+    """Before: a mapping of "Raw" returning a "Raw" into the store it reads (or an ``on_any``
+    mapping there) republished its own outputs forever, the store growing without end. Now
+    ``on_any`` there is refused where it is written, and an output of a type the republisher
+    maps, appended to the store it reads, fails the segment before anything is appended."""
+    app = el.App(store_url)
+    rep = app.republisher("copy", to_stream="copies")
+
+    @rep.on("Raw")
+    def again(event: el.Event) -> el.NewEvent:
+        return E("Raw", {"n": 1})
+
+    # The app's own store given as to_store: the same store, found when it runs.
+    mirror = app.republisher("mirror", to_stream="mirrored", to_store=app.store)
+    mirror.on_any(lambda event: E("Mirrored"))
+    app.store.append("s", [E("Raw")])
+    app.start()
+    try:
+        errors = {name: _segment_error(app, name) for name in ("copy", "mirror")}
+    finally:
+        app.stop()
+    assert "republisher 'copy': output #0 of event 1 is a 'Raw', a type it maps" in errors["copy"]
+    assert "republisher 'mirror': output #0 of event 1 is a 'Mirrored'" in errors["mirror"]
+    assert app.store.head() == 1  # nothing appended
+
+
+def test_a_republisher_on_any_into_the_store_it_reads_is_refused_where_written(tmp_path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/any.db")
+    rep = app.republisher("copy", to_stream="copies")
+    with pytest.raises(el.InvalidInputError, match="republisher 'copy': on_any maps every event"):
+        rep.on_any(lambda event: E("Copy"))

@@ -253,3 +253,49 @@ def test_run_has_no_checkpoint_option() -> None:
     assert "checkpoint" not in CliRunner().invoke(main, ["run", "--help"]).output
     refused = CliRunner().invoke(main, ["run", OPS, "--engine", "spark", "--checkpoint", "d"])
     assert refused.exit_code == 2 and "No such option '--checkpoint'" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["status", "--bogus"], "error: No such option '--bogus' (see 'eventlanes status --help')"),
+        (["bogus"], "error: No such command 'bogus' (see 'eventlanes --help')"),
+        (["run"], "error: Missing argument 'MODULE:APP' (see 'eventlanes run --help')"),
+        (["status", "--max-lag"],
+         "error: Option '--max-lag' requires an argument (see 'eventlanes status --help')"),
+        (["--log-level", "loud", "status"], "error: Invalid value for '--log-level': 'loud' is "
+         "not one of 'debug', 'info', 'warning', 'error' (see 'eventlanes --help')"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_command_line_is_one_error_line(args: list[str], line: str) -> None:
+    """Before: click's usage block (a usage line, a hint, a blank line, "Error: ..."); every
+    failure a user can cause is one ``error:`` line, exit code 2, with where to look."""
+    command = "from eventlanes.cli import main; main(prog_name='eventlanes')"
+    done = subprocess.run([sys.executable, "-c", command, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and lines == [line], done.stdout + done.stderr
+
+
+def test_sigterm_while_the_app_still_starts_ends_the_worker_cleanly(tmp_path) -> None:
+    """An autoscaler that scales in right after scaling out stops a worker that is still
+    importing its app: it ends at once with exit 0 and says so, instead of dying by the signal
+    (exit -15, which an orchestrator counts as a failure)."""
+    marker = tmp_path / "importing"
+    (tmp_path / "slow.py").write_text(
+        "import pathlib, time\n"
+        "import eventlanes as el\n"
+        f"pathlib.Path({str(marker)!r}).touch()\n"
+        "time.sleep(30)  # a module that takes long to import\n"
+        f"app = el.App('sqlite:///{tmp_path}/slow.db')\n"
+    )
+    proc = cli(
+        tmp_path, "run", "slow:app", "--no-progress", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    wait_until(marker.exists, 30, what="the worker to import the app")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert time.monotonic() - started < 5
+    assert "stopped by SIGTERM while starting" in err

@@ -182,15 +182,18 @@ def test_reset_replay_over_folded_inputs(tmp_path: Path) -> None:
     assert all(s.position == app.store.head() for s in app.status("push").segments)
 
 
-def raw_insert(path: Path, rows: list[tuple[str, bytes | str]]) -> None:
-    """Events written behind the store's back: (type, data as stored)."""
+def raw_insert(
+    path: Path, rows: list[tuple[str, bytes | str]], metadata: bytes | str = "{}"
+) -> None:
+    """Events written behind the store's back: (type, data as stored), with ``metadata``."""
     conn = sqlite3.connect(path)
     last = conn.execute("SELECT coalesce(max(position), 0) FROM el_events").fetchone()[0]
     for i, (kind, text) in enumerate(rows, 1):
         conn.execute(
             "INSERT INTO el_events (position, stream_id, version, type, data, metadata, "
-            "recorded_at, routing_hash) VALUES (?, ?, 1, ?, CAST(? AS TEXT), '{}', 0, ?)",
-            (last + i, f"raw-{last + i}", kind, text, stable_hash(f"raw-{last + i}")),
+            "recorded_at, routing_hash) VALUES (?, ?, 1, ?, CAST(? AS TEXT), "
+            "CAST(? AS TEXT), 0, ?)",
+            (last + i, f"raw-{last + i}", kind, text, metadata, stable_hash(f"raw-{last + i}")),
         )
     conn.commit()
     conn.close()
@@ -304,6 +307,82 @@ def test_pushdown_while_events_arrive(tmp_path: Path) -> None:
     assert_same(app)
     assert sum(v["events"] for v, _, _ in stored(app, "push").values()) > 1000
     assert aggregation(app, "push").pushed_down > 0
+
+
+# -- traced events: metadata that holds a trace context, not a source chain ------------------
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_traced_events_are_still_folded_in_sqlite(tmp_path: Path, recorded_spans) -> None:
+    """Appends made under a span carry a ``traceparent`` in their metadata: turning tracing on
+    must not send a rebuild to the row path (their metadata is no source chain)."""
+    from opentelemetry import trace
+
+    app = el.App(f"sqlite:///{tmp_path}/t.db", claim_timeout=5)
+    define(app)
+    with trace.get_tracer("tests").start_as_current_span("import"):
+        load(app.store, 4000, seed=5)
+    assert all("traceparent" in e.metadata for e in app.store.read(limit=4000))
+    run(app)
+    assert_same(app)
+    assert aggregation(app, "push").pushed_down > 2000  # the pushdown ran, mostly
+
+
+def test_traced_events_with_chains_take_the_row_path(tmp_path: Path, recorded_spans) -> None:
+    """Traced and chained (a republisher's outputs appended under a span): deduped event by
+    event, the traced ranges around them folded in SQL, equal states either way."""
+    from opentelemetry import trace
+
+    app = el.App(f"sqlite:///{tmp_path}/c.db", claim_timeout=5)
+    define(app)
+    with trace.get_tracer("tests").start_as_current_span("import"):
+        load(app.store, 1500, seed=1)
+        load(app.store, 1500, seed=2, chains=0.5)
+        load(app.store, 1500, seed=3)
+    run(app)
+    want = assert_same(app)
+    assert sum(d for _, _, d in want.values()) > 50
+    assert 1500 < aggregation(app, "push").pushed_down < 4000
+
+
+_CHAIN = '[{"source": "up", "partition": "", "offset": 1, "out": 0}]'
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        # an escaped name that Python reads as source_chain
+        f'{{"traceparent": "{TRACEPARENT}", "source\\u005fchain": {_CHAIN}}}',
+        f'{{"traceparent": "{TRACEPARENT}", "source_chain": null}}',  # no chain for Python
+        f'{{"source_chain": [], "source_chain": {_CHAIN}}}',  # named twice: Python takes the last
+        f'{{"traceparent": "{TRACEPARENT}", "x": 1E+999}}',  # infinity for SQLite
+        f'{{"traceparent": "{TRACEPARENT}",}}',  # not JSON
+        '["traceparent"]',  # not an object
+        f'{{"traceparent": "{TRACEPARENT}", "deep": {"[" * 1500 + "]" * 1500}}}',
+        b'{"traceparent": "\xe9t\xe9"}',  # not UTF-8
+    ],
+)
+def test_metadata_read_differently_takes_the_row_path(
+    tmp_path: Path, metadata: str | bytes
+) -> None:
+    """Metadata that might hide a chain from SQLite, or that Python cannot read, is folded by
+    rows: results equal the row path's, or both fail alike."""
+    app = el.App(f"sqlite:///{tmp_path}/m.db", claim_timeout=5)
+    define(app, {"n": el.sum("n"), "events": el.count()})
+    traced = {"traceparent": TRACEPARENT}
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}, traced) for _ in range(30)])
+    raw_insert(tmp_path / "m.db", [("Fastened", '{"robot": "r1", "n": 5}')] * 2, metadata)
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}, traced) for _ in range(30)])
+    app.start(NAMES)
+    try:
+        app.wait_until_caught_up(10, NAMES)
+    except TimeoutError:
+        pass
+    finally:
+        app.stop()
+    assert errors(app, "push") == errors(app, "rows")
+    if not errors(app, "rows"):
+        assert_same(app)
 
 
 # -- PostgreSQL: ranges read into Arrow and folded there (pushdown_postgres.py) -------------

@@ -344,3 +344,38 @@ def test_definition_errors_are_refused_where_written(tmp_path) -> None:
     with pytest.raises(el.InvalidInputError, match="already defined"):
         app.processor("in")
     assert "hunter2" not in repr(el.Kafka("h:1", {"sasl.password": "hunter2"}))
+
+
+def test_wait_until_caught_up_waits_for_the_ingest_too(store_url: str, kafka_broker) -> None:
+    """Before: ``app.wait_until_caught_up()`` looked at processors only, so with an ingestor
+    feeding an aggregation it returned while the records were still on the broker (the
+    aggregation was at the head of a store the ingest had not filled yet). Now it first
+    waits for every record the topic held when it was called (one batch of several records
+    per partition: a fetch's high watermark, not ListOffsets', which Tansu answers short)."""
+    b = kafka_broker.bootstrap
+    topic = create_topic(b, 2)
+    produce(b, topic, [(f"robot-{i % 5}", {"n": i}, [("type", b"Screwed")]) for i in range(400)],
+            **{"linger.ms": 200})  # fmt: skip
+    app = _app(store_url, b, topic)
+    sums = app.aggregation("sums", key=lambda e: e.stream_id, initial=lambda: {"n": 0, "c": 0},
+                           persist_every=0.05)  # fmt: skip
+
+    @sums.on("Screwed")
+    def add(state: dict, event: el.Event) -> None:
+        state["n"] += event.data["n"]
+        state["c"] += 1
+
+    app.start()
+    try:
+        app.wait_until_caught_up(60)
+        got = {f"robot-{r}": sums.get(f"robot-{r}") for r in range(5)}
+    finally:
+        app.stop()
+    assert got == {f"robot-{r}": {"n": sum(range(r, 400, 5)), "c": 80} for r in range(5)}
+    assert app.store.count() == 400
+    # Named: only what is named is waited for (an ingestor alone, too).
+    app.start(["readings-in"])
+    try:
+        app.wait_until_caught_up(30, ["readings-in"])
+    finally:
+        app.stop()

@@ -9,6 +9,8 @@ import tempfile
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
 import eventlanes as el
 from tests.kafka_helpers import create_topic, read_all
 from tests.processing_helpers import wait_for
@@ -167,3 +169,22 @@ def test_aggregation_states_are_published(tmp_path, kafka_broker) -> None:
         pass
     else:
         raise AssertionError("a bad topic name must be refused")
+
+
+def test_versions_of_what_publishes_are_refused(tmp_path) -> None:
+    """Before: ``app.publisher(..., version=2)`` was accepted and, starting from version 1's
+    tokens, published all of history again (what version 1 had handled is a replay, which a
+    publisher publishes); ``publish=`` on a version-2 aggregation published the states of its
+    warm-up, then every state beside version 1's. Both refused where they are written."""
+    app = el.App(f"sqlite:///{tmp_path}/v.db")
+    sink = el.KafkaSink(el.Kafka("127.0.0.1:9"), "totals")  # never connects: refused first
+    app.publisher("out", sink, on="Moved")
+    with pytest.raises(el.InvalidInputError, match="a second version of a publisher would"):
+        app.publisher("out", sink, on="Moved", version=2)
+    app.aggregation("totals", key="k", initial=dict, publish=sink)
+    with pytest.raises(el.InvalidInputError, match="publish= on version 2 would publish"):
+        app.aggregation("totals", key="k", initial=dict, version=2, publish=sink)
+    two = app.aggregation("counts", key="k", initial=dict, version=2)
+    with pytest.raises(el.InvalidInputError, match="'per-day@v2': publish= on version 2"):
+        two.downstream("per-day", key=lambda out: "d", initial=dict, publish=sink)
+    assert sorted(app.processors) == ["counts@v2", "out", "totals"]

@@ -71,8 +71,9 @@ def test_chaos_sigkill_workers_exactly_once(store_url: str) -> None:
         )
         loader.join()
         app.wait_until_caught_up(180)
-        # A SIGTERM that lands before a new worker has installed its handler would kill it
-        # (exit -15): wait until every worker is up.
+        # A SIGTERM that lands before a new worker has installed its handler (a worker just
+        # spawned, still importing) would kill it (exit -15): wait until every worker is live,
+        # which it says only once its handlers are in (see the test below).
         wait_for(
             lambda: all(
                 any(f":{p.pid}:" in n for n in app.tokens.live_nodes("recorder")) for p in workers
@@ -85,6 +86,27 @@ def test_chaos_sigkill_workers_exactly_once(store_url: str) -> None:
         assert p.returncode == 0, p.stderr.read() if p.stderr else ""
     assert kills >= 6
     assert assert_exactly_once_in_order(app, table) == 200_000
+
+
+def test_a_worker_stopped_as_soon_as_it_is_live_stops_cleanly(tmp_path) -> None:
+    """A runner says it is live (its heartbeat) only once its SIGTERM handler is installed:
+    a SIGTERM sent the moment it shows up in live_nodes stops it cleanly (exit 0), never by
+    the default action (exit -15)."""
+    url = f"sqlite:///{tmp_path}/live.db"
+    app = el.App(url, claim_timeout=1.5)
+    app.processor("recorder", segments=4)
+    create_schema(app)
+    for _ in range(3):
+        worker = _worker(_env(url))
+        try:
+            wait_for(lambda w=worker: any(f":{w.pid}:" in n  # fmt: skip
+                                          for n in app.tokens.live_nodes("recorder")),
+                     timeout=60, interval=0.001, what="the worker to be live")  # fmt: skip
+            worker.send_signal(signal.SIGTERM)
+        finally:
+            if worker.poll() is None:
+                worker.wait(60)
+        assert worker.returncode == 0, worker.stderr.read() if worker.stderr else ""
 
 
 def test_run_processes_with_splits_and_merges_keeps_order(store_url: str) -> None:

@@ -132,7 +132,9 @@ def test_status_names_the_open_transaction_readers_wait_behind_on_every_path(
             assert p["read_wait"]["readable_head"] == readable
             if young:  # named, but not yet a problem
                 assert p["healthy"] and any("slow-client" in n for n in p["notes"])
-        assert f"pid {wait.pid}" in _get(dashboard + "fragment")
+        # The page shows the dashboard's own polls (every --refresh seconds): the next one.
+        wait_for(lambda: f"pid {wait.pid}" in _get(dashboard + "fragment"), 10,
+                 what="the dashboard's page to name the transaction")  # fmt: skip
         samples = scrape(app.metrics_port)
         assert total(samples, "eventlanes_head_position") == committed
         assert total(samples, "eventlanes_readable_head_position") == readable
@@ -214,3 +216,31 @@ def test_a_frozen_server_is_logged_once_when_it_starts_and_once_when_it_ends(
     seen = [r[0] for r in app.db.query(f"SELECT position FROM {app.db.table('seen')}")]
     assert sorted(seen) == [e.position for e in app.store.iter_events()]  # exactly once
     app.close()
+
+
+def test_wait_for_an_event_past_the_horizon_waits_instead_of_failing(
+    wait_url: str, pg_url: str
+) -> None:
+    """Before: ``app.wait_for(name, positions)`` read the events at once; a committed event
+    still past the readers' horizon (another append in flight below it) read as missing:
+    "no event at position N", seen once under steady appends. Now it is read when the
+    horizon passes it, within the timeout; a position past the committed head is still an
+    error at once."""
+    import threading
+
+    app = make_app(wait_url)
+    app.start()
+    client = psycopg.connect(pg_url, application_name="slow-client")
+    try:
+        app.store.append("held", [E("Placed")], conn=client)  # in flight, below the next one
+        mine = app.store.append("mine", [E("Placed")])
+        assert app.store.head() < mine[0] <= app.store.committed_head()
+        threading.Timer(1.0, client.commit).start()
+        app.wait_for("orders", mine, timeout=30)
+        seen = app.db.query(f"SELECT position FROM {app.db.table('seen')}")
+        assert mine[0] in {p for (p,) in seen}
+        with pytest.raises(el.InvalidInputError, match="no event at position 999999"):
+            app.wait_for("orders", [mine[0], 999_999], timeout=5)
+    finally:
+        client.close()
+        app.stop()

@@ -474,3 +474,68 @@ def test_an_aggregation_key_of_none_fails_its_segment_clearly(store_url: str) ->
     assert "event 2 (E): the aggregation key is None" in failing.last_error
     assert agg.get("None") is None  # never folded into a state named "None"
     app.close()
+
+
+def test_a_hung_republisher_mapping_or_fold_is_bounded_by_handler_timeout(store_url: str) -> None:
+    """Before: handler_timeout bounded processors' handlers and lanes only; a republisher's
+    mapping or an aggregation's fold that hung held its segment (claim extended by the
+    heartbeat) forever, with nothing in status. Now each is given up after handler_timeout,
+    shown in status, retried elsewhere; what the abandoned attempt computed is never
+    appended or written, so the outputs and counts are exact once it returns."""
+    app = el.App(store_url, claim_timeout=1.5)
+    release = threading.Event()
+    rep = app.republisher("copy", to_stream="copies", handler_timeout=1.0)
+    counts = app.aggregation("counts", key="k", initial=lambda: {"n": 0}, persist_every=0.05,
+                             handler_timeout=1.0)  # fmt: skip
+
+    @rep.on("In")
+    def copy(event: el.Event) -> el.NewEvent:
+        if not release.is_set():
+            release.wait(30)  # hangs
+        return el.NewEvent("Copied", {"of": event.position})
+
+    @counts.on("In")
+    def count(state: dict, event: el.Event) -> None:
+        if not release.is_set():
+            release.wait(30)  # hangs
+        state["n"] += 1
+
+    app.store.append("s", [el.NewEvent("In", {"k": "a"})])
+    app.start()
+    try:
+        errors = {
+            name: wait_for(
+                lambda n=name: next(
+                    (s.last_error for s in app.status(n).segments if s.last_error), None
+                ),  # fmt: skip
+                timeout=15,
+                what=f"the stuck {name} in status",
+            )
+            for name in ("copy", "counts")
+        }
+        release.set()  # the abandoned attempts wake up: nothing of theirs may commit
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert "handler did not finish within 1 s" in errors["copy"]
+    assert "at event 1 (In, s v1)" in errors["copy"]
+    assert "at the folds of events 1 to 1" in errors["counts"]
+    assert [e.data for e in app.store.read_stream("copies")] == [{"of": 1}]
+    assert counts.get("a") == {"n": 1}
+    app.close()
+
+
+def test_lane_window_is_refused_where_no_lanes_run(tmp_path) -> None:
+    """Before: accepted and ignored by every processor but an at-least-once one."""
+    app = el.App(f"sqlite:///{tmp_path}/w.db")
+    for define in (
+        lambda: app.processor("exact", lane_window=10),
+        lambda: app.aggregation("agg", key="k", initial=dict, lane_window=10),
+        lambda: app.republisher("rep", to_stream="x", lane_window=10),
+    ):
+        with pytest.raises(el.InvalidInputError, match="lane_window bounds the events in flight"):
+            define()
+    side = app.processor("side", guarantee="at-least-once", lanes=2, lane_window=10)
+    assert side.lane_window == 10
+    assert app.processor("plain", guarantee="at-least-once").lane_window == 1000
+    app.close()

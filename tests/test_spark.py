@@ -243,3 +243,25 @@ def json_dump(value: object) -> str:
     import json
 
     return json.dumps(value, separators=(",", ":"))  # states are stored compact
+
+
+def test_a_replayed_fold_returning_the_new_state_fails_and_writes_nothing(spark, tmp_path) -> None:
+    """Before: Spark dropped what a fold returned where no stage takes outputs, as the local
+    engine did: the replay wrote {"n": 0} for every key and moved the tokens past every event.
+    Now it fails as the local engine does (the fold, the key, the event), writing nothing; an
+    initial state no fold can change is refused before the job."""
+    app = el.App(f"sqlite:///{tmp_path}/ret.db")
+    returns = app.aggregation("returns", key="robot", initial=lambda: {"n": 0}, segments=2)
+    returns.on("M")(lambda state, event: {"n": state["n"] + 1})
+    zero = app.aggregation("zero", key="robot", initial=lambda: 0)
+    zero.on("M")(lambda state, event: state + 1)
+    app.store.append("s", [E("M", {"robot": f"r{i % 3}"}) for i in range(9)])
+    with pytest.raises(el.SparkJobError, match=r"aggregation 'returns', key 'r\d': fold "
+                       r"<lambda> returned dict \{'n': 1\} for event \d"):  # fmt: skip
+        el.spark.replay(app, "returns", spark=spark)
+    assert states(app, "returns") == {}
+    assert all(s.position == 0 for s in app.status("returns").segments)
+    with pytest.raises(el.InvalidInputError, match=r"initial\(\) gives int 0"):
+        el.spark.replay(app, "zero", spark=spark)
+    assert states(app, "zero") == {}
+    assert all(s.position == 0 for s in app.status("zero").segments)

@@ -131,3 +131,79 @@ def test_status_from_url_refuses_what_is_not_a_store(tmp_path) -> None:
         result.exit_code == 2 and "error:" in result.output and "no SQLite store" in result.output
     )
     assert not os.path.exists(missing)
+
+
+def test_a_processor_behind_in_another_source_is_not_caught_up(store_url: str, tmp_path) -> None:
+    """Before: a processor reading another store (``sources=``) was measured against the
+    app's own store alone: with 5 events waiting in the other store, status said caught up
+    with lag 0 (app, JSON, health rules, metrics). Now they count, in events and in
+    seconds, against that store's head."""
+    import time
+
+    import eventlanes as el
+    from eventlanes.health import MaxLag, processor_document, store_first_after
+
+    legacy_url = f"sqlite:///{tmp_path}/legacy.db"
+    legacy = el.open_store(legacy_url)
+    app = el.App(store_url)
+    seen: list[int] = []
+    app.processor("merged", segments=2, sources={"legacy": legacy_url}).on_any(
+        lambda event, ctx: seen.append(event.position)
+    )
+    app.store.append("a", [el.NewEvent("E")] * 3)
+    legacy.append("b", [el.NewEvent("E")] * 2)
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert app.status("merged").caught_up and len(seen) == 5
+    legacy.append("b", [el.NewEvent("E")] * 5)
+    time.sleep(1.1)  # the oldest waiting event is at least 1 s old
+    view = app.status("merged")
+    assert not view.caught_up and view.lag == 5
+    doc = processor_document(view, store_first_after(app.store), MaxLag(seconds=1.0))
+    assert doc["caught_up"] is False and doc["lag_events"] == 5
+    assert doc["lag_seconds"] >= 1.0 and not doc["healthy"]
+    assert any("--max-lag 1 s" in p for p in doc["problems"])
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    view = app.status("merged")
+    assert view.caught_up and view.lag == 0 and len(seen) == 10
+    legacy.close()
+    app.close()
+
+
+def test_status_from_url_opens_read_only_and_refuses_a_newer_schema(store_url: str) -> None:
+    """Before: ``status --url`` opened the database writable (SQLite's journal switch, a
+    PostgreSQL session that could write: "never writes" held only as long as its queries did,
+    and a SQLite store on a read-only mount could not be read), and read a store of a newer
+    schema as if it knew its tables. Now its sessions refuse writes, and a newer schema is
+    one error line."""
+    import eventlanes as el
+    from eventlanes.health import ReadOnlyInspector
+
+    app = el.App(store_url)
+    app.processor("p").on_any(lambda event, ctx: None)
+    app.store.append("s", [el.NewEvent("E")])
+    app.initialize("p")
+    inspector = ReadOnlyInspector(store_url)
+    try:
+        assert inspector.processors() == ["p"]
+        with pytest.raises(Exception, match="read-only|readonly"):
+            inspector.db.query(f"DELETE FROM {inspector.tokens}")
+    finally:
+        inspector.close()
+    assert [s.position for s in app.tokens.status("p")] == [0]
+    table = app.db.table("schema_migrations")
+    with app.db.transaction() as conn:
+        conn.execute(app.db.sql(f"INSERT INTO {table} (version, name, applied_at) "
+                                "VALUES (?, ?, ?)"), (99, "future", 0))  # fmt: skip
+    result = CliRunner().invoke(main, ["status", "--url", store_url])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: store ") and "has schema version 99, newer than" in lines[0]
+    app.close()

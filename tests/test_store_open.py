@@ -55,3 +55,31 @@ def test_read_only_store_reads_and_never_writes(store_url: str) -> None:
             with pytest.raises(el.StoreConnectionError, match="read-only"):
                 reader.append("a", [E("D")])
         assert writer.count() == 3
+
+
+def test_a_closed_postgres_store_leaves_no_connection_or_thread_behind(pg_url: str) -> None:
+    """An app that opens a store, appends and closes it again, many times over, must not keep
+    a connection per store open: the notifying thread's connection used to outlive the store,
+    and a few hundred such stores used up the server's max_connections."""
+    import threading
+    import time
+
+    import psycopg
+
+    def connections() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            sql = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            return conn.execute(sql).fetchone()[0]  # type: ignore[index]
+
+    def notifiers() -> int:
+        return sum(t.name == "eventlanes-notify" and t.is_alive() for t in threading.enumerate())
+
+    before, threads = connections(), notifiers()
+    for i in range(5):
+        store = el.open_store(f"{pg_url}?prefix=closed_{os.getpid()}_{i}_")
+        store.append("s", [el.NewEvent("E", {"i": i})])
+        store.close()
+    deadline = time.monotonic() + 10
+    while (connections(), notifiers()) != (before, threads) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (connections(), notifiers()) == (before, threads)

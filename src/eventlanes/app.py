@@ -17,6 +17,7 @@ from typing import Any
 
 from .db import Database
 from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
+from .events import Event
 from .kafka.ingestor import Ingestor
 from .kafka.settings import Kafka
 from .names import split_version, validate_base_name, validate_processor_name
@@ -39,6 +40,7 @@ from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
+from .upcasting import Upcasters
 from .versions import lifecycle
 
 
@@ -174,6 +176,12 @@ class App:
 
         if not isinstance(sink, KafkaSink):
             raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
+        if options.get("version", 1) != 1:  # as republishers: it would run on history again
+            raise InvalidInputError(
+                f"publisher {name!r}: a second version of a publisher would publish all of "
+                "history again (what version 1 handled is a replay it publishes): define a "
+                "publisher of another name"
+            )
         for what, fn in (("key", key), ("value", value)):
             if fn is not None and not callable(fn):
                 raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
@@ -186,6 +194,37 @@ class App:
             sink.publish(event_records(events, runtime.store.events_table, key, value))
 
         return proc
+
+    def upcaster(
+        self, type: str, *, to: str | None = None
+    ) -> Callable[[Callable[[Event], Any]], Callable[[Event], Any]]:
+        """Decorator: ``fn(event)`` returns the data of an event stored as ``type`` in the shape
+        of ``to`` (default: the next version, ``"OrderPlaced"`` -> ``"OrderPlaced.v2"``,
+        ``"OrderPlaced.v2"`` -> ``"OrderPlaced.v3"``), applied by every executor before any
+        handler sees the event; stored events are not rewritten (see
+        :mod:`eventlanes.upcasting`). Refused where written: a wrong signature, a second one for
+        ``type``, a gap or cycle in a chain, a processor handling ``type``."""
+
+        def register(fn: Callable[[Event], Any]) -> Callable[[Event], Any]:
+            if self.running:
+                raise InvalidInputError("register upcasters before the app starts")
+            handled = [(f"{p._kind} {p.name!r}", p.handled_types())
+                       for p in self.processors.values()]  # fmt: skip
+            self.runtime.upcasters.add(type, fn, to, handled)
+            return fn
+
+        return register
+
+    @property
+    def upcasters(self) -> Upcasters:
+        """The registered upcasters (``app.upcasters.current("OrderPlaced")``: the type such
+        events are read as)."""
+        return self.runtime.upcasters
+
+    def upcast(self, events: Iterable[Event]) -> list[Event]:
+        """``events`` read from the store (``app.store.read...``: as stored) in their current
+        shapes, as handlers see them."""
+        return self.runtime.upcasters.events(list(events))
 
     def _add(self, proc: Any) -> Any:
         if proc.name in self.processors or proc.name in self.ingestors:
@@ -378,14 +417,23 @@ class App:
     def wait_until_caught_up(
         self, timeout: float = 60.0, processors: list[str] | None = None
     ) -> None:
-        """Block until every segment of the processors has reached the store's head."""
+        """Block until every segment of the processors has reached the store's head; first,
+        until each Kafka ingestor (all of them, or those named) has appended every record
+        its topic held when the call began (the high watermarks read then)."""
         deadline = time.monotonic() + timeout
+        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
+        named = None if not processors else [n for n in processors if n not in self.ingestors]
+        if ingest:
+            from .kafka.status import wait_caught_up
+
+            found = [self.ingestors[n] for n in ingest]
+            wait_caught_up(self.db, found, self._ingest_runners, self.claim_timeout, deadline)
         head = 0  # the last head read: it only grows
         while True:
             crashed = [r.error for r in self._runners if r.error is not None]
             if crashed:
                 raise RuntimeError(f"a processor crashed: {crashed[0]!r}") from crashed[0]
-            selected = self._selected(processors)
+            selected = [] if named == [] else self._selected(named)
             names = {p.name for p in selected}
             # A segment held here still short of a head already read is not caught up: no
             # need to ask the database (its stored token is at most the one in memory).

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.cells import cell_len
@@ -28,7 +28,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, signals
 from . import logs as logsetup
 from .errors import (
     EventlanesError,
@@ -48,7 +48,10 @@ from .health import (
 )
 from .kafka import status as kafka_status
 from .loader import load_app
+from .processing.admin import parse_reset_to
 from .store import open_store
+from .tracing import configure_from_env
+from .tracing import shutdown as shutdown_tracing
 
 console = Console()
 err_console = Console(stderr=True)
@@ -59,13 +62,46 @@ def _is_spark_failure(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
 
 
+def _error_line(message: str) -> NoReturn:
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def _usage_error(exc: click.UsageError, where: str = "eventlanes") -> NoReturn:
+    """A mistyped command line (unknown option or command, missing argument, bad value):
+    one line with a hint to ``--help``, instead of click's usage block; exit code 2."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc  # no arguments at all: click prints the help
+    if exc.ctx is not None:
+        where = exc.ctx.command_path
+    _error_line(f"{exc.format_message().rstrip('.')} (see '{where} --help')")
+
+
 class _Group(click.Group):
     """Turns eventlanes errors (and Spark's) into one clear line and exit code 2, not a
-    traceback; ``--debug`` shows the full trace."""
+    traceback; ``--debug`` shows the full trace. Usage errors are one line too."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
+        args = [*ctx._protected_args, *ctx.args]  # the command's name first
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            named = args[0] if args and args[0] in self.commands else None
+            _usage_error(exc, f"{ctx.command_path} {named}" if named else ctx.command_path)
         except Exception as exc:
             if ctx.params.get("debug") or not (
                 isinstance(exc, EventlanesError) or _is_spark_failure(exc)
@@ -76,10 +112,7 @@ class _Group(click.Group):
                 from .spark.ship import first_line
 
                 message = f"Spark failed: {first_line(exc)}"
-            from rich.markup import escape
-
-            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            _error_line(message)
 
 
 @click.group(cls=_Group)
@@ -366,8 +399,40 @@ def run(
     """Run the app's processors and Kafka ingestors until SIGINT/SIGTERM (then finish batches,
     store tokens, release claims). --engine spark keeps its aggregations up to date in
     micro-batches on Spark (the other processors need --engine local)."""
+    # An orchestrator may stop a worker while it still starts (an autoscaler scaling in right
+    # after scaling out): end at once, exit 0, instead of dying by the signal.
+    signals.interrupt_startup()
+    try:
+        _run(app_spec, processes, processors, node_index, nodes, progress, metrics_port, grace,
+             max_restarts, balance, engine, master, conf, py_files, archives, trigger,
+             kafka_options, kafka_files)  # fmt: skip
+    except signals.StartupInterrupted as exc:
+        log.info("stopped by %s while starting", exc)
+
+
+def _run(
+    app_spec: str,
+    processes: int,
+    processors: tuple[str, ...],
+    node_index: int | None,
+    nodes: int | None,
+    progress: bool | None,
+    metrics_port: int | None,
+    grace: float,
+    max_restarts: int,
+    balance: bool,
+    engine: str,
+    master: str | None,
+    conf: tuple[str, ...],
+    py_files: str,
+    archives: str,
+    trigger: float,
+    kafka_options: tuple[str, ...],
+    kafka_files: tuple[str, ...],
+) -> None:
     _use_kafka_options(kafka_options, kafka_files)
     app = load_app(app_spec)
+    configure_from_env()  # OTEL_TRACES_EXPORTER=...: unless the app module set up its own
     everything = list(processors) or [*app.processors, *app.ingestors]
     ingest = [n for n in everything if n in app.ingestors]
     names = [n for n in everything if n not in app.ingestors]
@@ -437,11 +502,13 @@ def run(
             if isinstance(exc, ProcessorCrashedError):
                 sys.exit(1)
             sys.stdout.flush()
+            shutdown_tracing(1000)  # the spans of the batches that did finish
             os._exit(1)
         finally:
             stop_ticking.set()
             if bars:
                 bars.stop()
+            shutdown_tracing()
         return
     from .supervisor import Supervisor
 
@@ -523,10 +590,7 @@ def status(
                            for n in ingest]  # fmt: skip
         finally:
             inspector.close()
-    document = status_document(docs, limit)
-    if ingest_docs:  # Kafka ingestors: a list of their own, per partition
-        document["ingestors"] = ingest_docs
-        document["healthy"] = document["healthy"] and all(d["healthy"] for d in ingest_docs)
+    document = status_document(docs, limit, ingest_docs)
     if as_json:
         click.echo(json.dumps(document, indent=2))
     else:
@@ -641,22 +705,6 @@ for _what in ("split", "merge", "release"):
     _steer(_what)
 
 
-def _parse_to(value: str) -> str | int | datetime:
-    if value in ("tail", "head"):
-        return value
-    if value.isdigit():
-        return int(value)
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidInputError(
-            f"invalid --to {value!r}: use tail, head, a position or an ISO time"
-        ) from None
-    if when.tzinfo is None:
-        raise InvalidInputError(f"--to {value!r} needs a timezone (e.g. 2026-01-01T00:00+00:00)")
-    return when
-
-
 @main.command()
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("processor")
@@ -671,7 +719,7 @@ def reset(
     from rich.markup import escape
 
     app = load_app(app_spec)
-    target = _parse_to(to)
+    target = parse_reset_to(to)
     plan = app.reset_plan(processor, target)  # read only: nothing changes before the answer
     if plan.held and not wait:
         raise ProcessorBusyError(
@@ -680,17 +728,7 @@ def reset(
         )
     if plan.held:
         console.print(f"{processor}: still running; counted as of now", highlight=False)
-    if plan.replays:
-        what = (
-            f"replays {plan.replays:,} event(s) handled before (disallow_replay handlers skip them)"
-        )
-    else:
-        what = f"replays nothing (no event after position {plan.to:,} was handled before)"
-    console.print(
-        f"{processor}: the reset {what}; {plan.first_time:,} event(s) after position "
-        f"{plan.to:,} are handled for the first time",
-        highlight=False,
-    )
+    console.print(plan.summary(), highlight=False)
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if not yes:
@@ -724,6 +762,7 @@ def replay(app_spec: str, names: tuple[str, ...], engine: str, master: str | Non
     from .spark import replay as spark_replay
 
     app = load_app(app_spec)
+    configure_from_env()
     for name in names:
         app.get(name)
     spark = _spark_kwargs(conf, py_files, archives)
@@ -853,7 +892,9 @@ def dead_letters(
                           f"position {position}" if position is not None else "") if part
     ) or "all keys"  # fmt: skip
     if retry:
+        configure_from_env()
         handled, left = app.retry_dead_letters(processor, key=key, position=position)
+        shutdown_tracing()
         console.print(f"{processor} ({which}): {handled} event(s) handled, {left} still parked")
         sys.exit(1 if left else 0)  # still parked: not done, whatever the count handled
     letters = app.dead_letter_list(processor, key=key, position=position)
@@ -888,20 +929,33 @@ def dead_letters(
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8321, show_default=True, help="port to listen on")
-@click.option("--refresh", default=2.0, show_default=True, help="seconds between page refreshes")
-def dashboard(app_spec: str, host: str, port: int, refresh: float) -> None:
-    """A web page of processors, segments and dead letters, with retry, discard, split,
-    merge, release and reset (it does not run processors)."""
+@click.option("--refresh", default=2.0, show_default=True,
+              help="seconds between status polls (and page refreshes)")  # fmt: skip
+@click.option("--max-lag", help="unhealthy beyond this lag, as for status: 1000 or 30s")
+@click.option("--token-file", metavar="PATH",
+              help="the operator token actions need (or $EVENTLANES_DASHBOARD_TOKEN; "
+              "without one the dashboard is read-only)")  # fmt: skip
+def dashboard(app_spec: str, host: str, port: int, refresh: float, max_lag: str | None,
+              token_file: str | None) -> None:  # fmt: skip
+    """A web page of processors, ingestors, segments and dead letters with their health,
+    rates and lag history; actions (retry, discard, split, merge, release, reset, pause,
+    resume, promote, retire) need the operator token. It does not run processors."""
     try:
-        from .dashboard import serve
+        from .dashboard import load_auth, serve
     except ImportError as exc:
         raise InvalidInputError(
             f"the dashboard needs starlette, jinja2 and uvicorn ({exc}): "
             "pip install 'eventlanes[ops]'"
         ) from None
+    if not refresh >= 0.1:
+        raise InvalidInputError(f"--refresh must be at least 0.1 seconds, got {refresh:g}")
+    limit = parse_max_lag(max_lag) if max_lag is not None else MaxLag()
+    auth = load_auth(token_file)
     app = load_app(app_spec)
-    log.info("dashboard of %s on http://%s:%d/", app_spec, host, port)
-    serve(app, host, port, refresh)
+    access = ("read-only (no token set)" if auth.read_only
+              else f"actions need the token of {auth.source}")  # fmt: skip
+    log.info("dashboard of %s on http://%s:%d/, %s", app_spec, host, port, access)
+    serve(app, host, port, refresh, max_lag=limit, auth=auth, name=app_spec)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -96,6 +96,18 @@ class CorruptEventError(EventlanesError):
         super().__init__(f"stored event at position {position} is corrupt: {reason}")
 
 
+class UpcastError(CorruptEventError):
+    """An upcaster failed on an event (raised, or returned something that is not the event's
+    new data): raised when the event's ``data`` is accessed, as for a corrupt event, so a
+    handler fails (or parks) just that event's key; the Spark readers raise it at once. The
+    stored event is unchanged: fix the upcaster, and the next read upcasts it again."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        self.position = position
+        self.reason = reason
+        Exception.__init__(self, f"event at position {position} could not be upcast: {reason}")
+
+
 class SparkJobError(EventlanesError):
     """A Spark job could not run, or read other data than the store holds (executors missing
     code, a replay that read fewer or more events than the store has)."""

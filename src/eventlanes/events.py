@@ -36,9 +36,12 @@ _LONG_DIGITS_B = re.compile(rb"[0-9]{19}")
 
 
 class Undecodable:
-    """Stands in for a stored value that could not even be read as text (invalid UTF-8)."""
+    """Stands in for a stored value that could not even be read as text (invalid UTF-8), or
+    for an event's data that an upcaster failed to give (``eventlanes.upcasting``)."""
 
     __slots__ = ("reason",)
+    #: what accessing the value raises
+    error: type[CorruptEventError] = CorruptEventError
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -371,7 +374,7 @@ class Event:
 
     def _decoded(self, raw: Any, what: str) -> dict[str, Any]:
         if isinstance(raw, Undecodable):
-            raise CorruptEventError(self._position, raw.reason)
+            raise raw.error(self._position, raw.reason)
         try:
             return decode_object(raw)
         except ValueError as exc:

@@ -22,9 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import schema
 from .db import Database, open_database
 from .db.url import parse_url
-from .errors import InvalidInputError
+from .errors import InvalidInputError, SchemaError
 from .names import split_version, versioned_name
 from .processing.admin import ProcessorView, SegmentView
 from .segments import Segment
@@ -73,6 +74,14 @@ def lag_seconds(first_after: FirstAfter, position: int, head: int, now: datetime
     return 0.0 if when is None else max(0.0, (now - when).total_seconds())
 
 
+def segment_lag_seconds(first_after: FirstAfter, s: SegmentView, head: int, now: datetime) -> float:
+    """A segment's :func:`lag_seconds`, or the age of the oldest event it has not handled in
+    another store it reads (``sources=``) when that is older."""
+    own = lag_seconds(first_after, s.position, head, now)
+    other = s.sources_waiting_since
+    return own if other is None else max(own, (now - other).total_seconds())
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -102,7 +111,7 @@ def processor_document(
 ) -> dict[str, Any]:
     """One processor's entry of the status document, with its problems (empty: healthy)."""
     now = now or datetime.now(UTC)
-    segments = [segment_document(s, lag_seconds(first_after, s.position, view.head, now))
+    segments = [segment_document(s, segment_lag_seconds(first_after, s, view.head, now))
                 for s in view.segments]  # fmt: skip
     problems = []
     for s in segments:
@@ -156,14 +165,23 @@ def version_fields(view: ProcessorView) -> dict[str, Any]:
             "behind_events": ver.behind}  # fmt: skip
 
 
-def status_document(processors: list[dict[str, Any]], max_lag: MaxLag) -> dict[str, Any]:
-    return {
+def status_document(
+    processors: list[dict[str, Any]],
+    max_lag: MaxLag,
+    ingestors: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The whole document: healthy when every processor and Kafka ingestor is (ingestors, a
+    list of their own, only when there are some)."""
+    document = {
         "schema": SCHEMA,
         "generated_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        "healthy": all(p["healthy"] for p in processors),
+        "healthy": all(p["healthy"] for p in [*processors, *(ingestors or ())]),
         "max_lag": {"events": max_lag.events, "seconds": max_lag.seconds},
         "processors": processors,
     }
+    if ingestors:
+        document["ingestors"] = ingestors
+    return document
 
 
 def store_first_after(store: Any) -> FirstAfter:
@@ -178,13 +196,29 @@ def store_first_after(store: Any) -> FirstAfter:
 
 
 class ReadOnlyInspector:
-    """Status of every processor of a store, from its tables alone; never writes."""
+    """Status of every processor of a store, from its tables alone; never writes: the
+    database is opened read-only (SQLite ``mode=ro``, PostgreSQL read-only sessions), so it
+    also reads a store on a read-only mount. A store of a newer schema than this eventlanes
+    knows is refused (its tables may mean something else); older ones are read as they
+    are."""
 
     def __init__(self, url: str) -> None:
         parsed = parse_url(url)
         if parsed.backend == "sqlite" and not Path(parsed.target).expanduser().is_file():
             raise InvalidInputError(f"no SQLite store at {parsed.target!r}")
-        self.db: Database = open_database(parsed)
+        self.db: Database = open_database(parsed, create=False)
+        try:
+            state = schema.inspect(self.db)
+        except BaseException:
+            self.db.close()
+            raise
+        if state.unknown:
+            self.db.close()
+            raise SchemaError(
+                f"store {state.url!r} has schema version {state.version}, newer than this "
+                f"eventlanes (it knows versions up to {schema.latest()}): read its status with "
+                "the eventlanes release that migrated it, or a later one"
+            )
         self.tokens = self.db.table("tokens")
         self.nodes = self.db.table("nodes")
         self.letters = self.db.table("dead_letters")

@@ -31,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from .health import lag_seconds, store_first_after
+from .health import segment_lag_seconds, store_first_after
 from .observe import Observer
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class StatusCollector(Collector):
                         labels = [name, str(s.segment)]
                         lag.add_metric(labels, s.lag)
                         lag_s.add_metric(
-                            labels, lag_seconds(first_after, s.position, view.head, now)
+                            labels, segment_lag_seconds(first_after, s, view.head, now)
                         )
                         position.add_metric(labels, s.position)
                         errors.add_metric(labels, s.errors)

@@ -37,6 +37,8 @@ def _worker(
     from .errors import EventlanesError, ProcessorCrashedError, StopTimeoutError
     from .loader import load_app
     from .logs import setup_worker, tell_ready
+    from .tracing import configure_from_env
+    from .tracing import shutdown as shutdown_tracing
 
     if logs is not None:  # records go to the supervisor's handlers
         setup_worker(logs, level)
@@ -47,9 +49,12 @@ def _worker(
         observer = PrometheusObserver(registry=None)
     ready = None if logs is None else (lambda: tell_ready(logs))
     try:
-        load_app(spec).run(
-            processors, grace=grace, observer=observer, balance=balance, on_ready=ready
-        )
+        app = load_app(spec)
+        configure_from_env()  # each worker exports its own spans (OTEL_* are inherited)
+        try:
+            app.run(processors, grace=grace, observer=observer, balance=balance, on_ready=ready)
+        finally:
+            shutdown_tracing()
     except ProcessorCrashedError as exc:
         # An abnormal exit (the crash is recorded in status): replaced like any dead worker. A
         # normal exit, so the log records still queued reach the supervisor.

@@ -6,7 +6,7 @@ import os
 import select
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -98,6 +98,7 @@ class PostgresDatabase(Database):
         self._pool: Any = None
         self._pool_pid = 0
         self._lock = threading.Lock()
+        self._on_close: list[Callable[[], None]] = []
         # A stable per-prefix number keeps advisory locks of different stores apart.
         self.lock_namespace = zlib.crc32(self.prefix.encode()) & 0x7FFF or 1
         # Connect once now so a bad URL fails here, quickly and clearly.
@@ -216,8 +217,15 @@ class PostgresDatabase(Database):
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.lock_namespace,))
             yield conn
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the database closes: for what holds a connection outside the pool."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
+            closers, self._on_close = self._on_close, []
+        for fn in closers:
+            fn()
         if pool is not None and self._pool_pid == os.getpid():
             pool.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit, urlunsplit
 
 from ..errors import InvalidInputError
 
@@ -35,13 +35,24 @@ class DatabaseURL:
 
     @property
     def redacted(self) -> str:
-        """The URL with any password hidden, for error messages and logs."""
+        """The URL with any password hidden (``user:***@``, ``?password=***``), for error
+        messages, logs and the dashboard."""
         parts = urlsplit(self.url)
+        changed = False
         if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-            return urlunsplit(parts._replace(netloc=netloc))
-        return self.url
+            parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+            changed = True
+        query = []
+        for part in parts.query.split("&") if parts.query else ():
+            name = part.split("=", 1)[0]
+            if unquote_plus(name) in _SECRET_OPTIONS:
+                part, changed = f"{name}=***", True
+            query.append(part)
+        return urlunsplit(parts._replace(query="&".join(query))) if changed else self.url
 
+
+# libpq options that are secrets: hidden wherever a URL is shown
+_SECRET_OPTIONS = {"password", "sslpassword"}
 
 # Options eventlanes understands in the query string; everything else goes to libpq.
 _OWN_OPTIONS = {
@@ -52,6 +63,7 @@ _OWN_OPTIONS = {
     "synchronous",
     "busy_timeout",
     "notify",
+    "trace",
 }
 
 
@@ -76,6 +88,9 @@ def parse_url(url: str) -> DatabaseURL:
     for key, value in parse_qsl(query, keep_blank_values=True):
         (own.__setitem__(key, value) if key in _OWN_OPTIONS else passthrough.append((key, value)))
     prefix = validate_prefix(own.pop("prefix", DEFAULT_PREFIX))
+    if own.get("trace", "on").lower() not in ("on", "off"):
+        where = DatabaseURL(url, scheme, "").redacted
+        raise InvalidInputError(f"invalid trace={own['trace']!r} in {where!r}: on or off")
     if scheme == "sqlite":
         if passthrough:
             names = ", ".join(k for k, _ in passthrough)

@@ -8,6 +8,7 @@ directly), so a broker that is down is told once by the runner, not on every rec
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,3 +139,34 @@ def latest_offset(consumer_client: Any, topic: str, partition: int, timeout: flo
     except ck.KafkaException as exc:
         raise KafkaUnavailableError(f"offsets of {topic}[{partition}]: {exc}") from None
     return int(high)
+
+
+def high_watermarks(kafka: Kafka, topic: str, timeout: float) -> dict[int, int]:
+    """Each partition's high watermark now, as a fetch reports it (ListOffsets latest can be
+    short of it on some brokers: Tansu's answers the last batch's base offset + 1), read from
+    the last batch on so that little is fetched."""
+    ck = client_module()
+    partitions = describe(kafka, topic, admin(kafka), timeout).partitions
+    reader = consumer(kafka)
+    try:
+        starts = {}
+        for p in partitions:
+            low = low_watermark(reader, topic, p, timeout)
+            starts[p] = max(0, low, latest_offset(reader, topic, p, timeout) - 1)
+        reader.assign([ck.TopicPartition(topic, p, starts[p]) for p in partitions])
+        highs: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(highs) < len(partitions):
+            if time.monotonic() > deadline:
+                missing = sorted(set(partitions) - set(highs))
+                raise KafkaUnavailableError(
+                    f"no high watermark of {topic} partition(s) {missing} within {timeout:g} s"
+                )
+            reader.consume(1000, timeout=0.1)
+            for p in partitions:
+                _low, high = reader.get_watermark_offsets(ck.TopicPartition(topic, p), cached=True)
+                if high >= 0:
+                    highs[p] = int(high)
+        return highs
+    finally:
+        reader.close()

@@ -35,6 +35,7 @@ from ..errors import ClaimLostError, InvalidInputError
 from ..processing import weather
 from ..processing.claims import Heartbeat
 from ..tokens import SQLTokenStore, Token
+from ..tracing import propagation, spans
 from . import client, parking
 from .partitions import PartitionTable, segment
 from .records import BadRecord, Record
@@ -180,7 +181,33 @@ class IngestRunner:
 
     # -- appending -----------------------------------------------------------------------------
     def _commit(self, batch: dict[int, list[Any]]) -> None:
+        """Append ``batch``; when tracing is on, in a span ``ingest {name}`` linked to the
+        spans that published its records (their ``traceparent`` headers)."""
+        tracer = spans.tracer()
+        if tracer is None:
+            return self._append(batch)
+        base = spans.base_attributes(self.name, guarantee="exactly-once")
+        base.update({spans.SYSTEM: "kafka", spans.INGESTOR: self.name,
+                     spans.DESTINATION: self.ing.topic})  # fmt: skip
+        count = sum(len(messages) for messages in batch.values())
+        with spans.batch(tracer, "ingest", base, count=count,
+                         extra={"eventlanes.partitions": sorted(batch)}) as span:  # fmt: skip
+            if span.is_recording():
+                seen: set[tuple[int, int]] = set()
+                for p, messages in sorted(batch.items()):
+                    for m in messages:
+                        ctx = propagation.context_of(
+                            propagation.header_fields(m.headers() or ()) or None
+                        )
+                        if ctx is not None and (ctx.trace_id, ctx.span_id) not in seen:
+                            seen.add((ctx.trace_id, ctx.span_id))
+                            span.add_link(ctx, {spans.PARTITION_ID: str(p),
+                                                spans.KAFKA_OFFSET: m.offset()})  # fmt: skip
+            self._append(batch)
+
+    def _append(self, batch: dict[int, list[Any]]) -> None:
         ing, rt, conv = self.ing, self.rt, self.ing.converter
+        trace = rt.store.trace_context
         parked = set(self._parked)
         stops: list[tuple[int, str]] = []
         advanced: dict[int, int] = {}
@@ -199,7 +226,7 @@ class IngestRunner:
                         if ing.on_bad == "dead_letter" and stream in parked:
                             raise BadRecord(f"waits behind an earlier parked record of stream "
                                             f"{stream!r}", stream)  # fmt: skip
-                        event = conv.event(record, stream)
+                        event = conv.event(record, stream, trace)
                     except BadRecord as bad:
                         if ing.on_bad == "stop":
                             stops.append((p, f"record at offset {record.offset} of partition "

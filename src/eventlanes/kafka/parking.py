@@ -113,7 +113,7 @@ def retry(rt: Runtime, ing: Ingestor, stream: str | None = None,
                                     f"{r.partition} (retention?): discard it")  # fmt: skip
                 record = Record.of(message)
                 s = ing.converter.stream(record)
-                events.append((s, ing.converter.event(record, s)))
+                events.append((s, ing.converter.event(record, s, rt.store.trace_context)))
         except BadRecord as exc:
             rt.dead_letters.record_failure(
                 ing.name, group[0].position,

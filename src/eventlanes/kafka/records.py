@@ -7,7 +7,10 @@
   repeated header gives a list), and ``source_chain``, whose root is the record's coordinates
   ``(topic, partition, offset)``, or, for a record an eventlanes sink published, the chain it
   carried in its ``el-source-chain`` header with this hop added: an aggregation downstream
-  dedupes on the root and drops what a crash made the sink publish twice.
+  dedupes on the root and drops what a crash made the sink publish twice; and the record's
+  ``traceparent`` (and ``tracestate``) header when valid, as the event's own trace keys, so
+  handlers downstream link to the span that published the record (unless ``trace=False``: a
+  store with ``trace=off``).
 
 A record that cannot become an event raises :class:`BadRecord` with the reason.
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 from ..events import NewEvent
 from ..processing.chains import CHAIN_KEY
+from ..tracing.propagation import header_fields
 
 CHAIN_HEADER = "el-source-chain"
 TYPE_HEADER = "type"
@@ -130,7 +134,7 @@ class Converter:
             raise BadRecord(f"stream() gave {stream!r}, not a non-empty string")
         return stream
 
-    def event(self, record: Record, stream: str) -> NewEvent:
+    def event(self, record: Record, stream: str, trace: bool = True) -> NewEvent:
         size = len(record.value or b"") + len(record.key or b"")
         if size > self.max_bytes:
             raise BadRecord(f"the record has {size:,} bytes, more than max_record_bytes "
@@ -149,9 +153,9 @@ class Converter:
             raise BadRecord(f"the value cannot be decoded: {_describe(exc)}", stream) from None
         if not isinstance(data, dict):
             raise BadRecord(f"decode() gave {type(data).__name__}, not a dict", stream)
-        return NewEvent(type_, data, self.metadata(record, stream))
+        return NewEvent(type_, data, self.metadata(record, stream, trace))
 
-    def metadata(self, record: Record, stream: str) -> dict[str, Any]:
+    def metadata(self, record: Record, stream: str, trace: bool = True) -> dict[str, Any]:
         headers: dict[str, Any] = {}
         chain: list[Any] = []
         for key, raw in record.headers:
@@ -176,6 +180,8 @@ class Converter:
         }  # fmt: skip
         if headers:
             meta["headers"] = headers
+            if trace:
+                meta.update(header_fields(record.headers))
         return meta
 
 

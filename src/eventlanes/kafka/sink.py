@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..events import Event
 from ..processing.chains import CHAIN_KEY
+from ..tracing import propagation, spans
 from . import client
 from .records import CHAIN_HEADER, TYPE_HEADER
 from .settings import Kafka, KafkaUnavailableError
@@ -74,9 +75,22 @@ class KafkaSink:
 
     def publish(self, records: list[Out]) -> None:
         """Produce ``(key, value, chain, headers)`` records in order and wait until the broker
-        has acknowledged every one; raises (nothing to commit) otherwise."""
+        has acknowledged every one; raises (nothing to commit) otherwise. When tracing is on,
+        in a ``PRODUCER`` span ``publish {topic}`` whose context each record carries in its
+        ``traceparent`` header (child of the handler or state write that publishes)."""
         if not records:
             return
+        tracer = spans.tracer()
+        if tracer is None:
+            return self._publish(records, [])
+        attributes = {spans.SYSTEM: "kafka", spans.OPERATION: "publish",
+                      spans.OPERATION_TYPE: "send", spans.DESTINATION: self.topic,
+                      spans.MESSAGE_COUNT: len(records)}  # fmt: skip
+        with spans.producer(tracer, f"publish {self.topic}", attributes) as span:
+            trace_headers = propagation.inject_headers(span) if span.is_recording() else []
+            return self._publish(records, trace_headers)
+
+    def _publish(self, records: list[Out], trace_headers: list[tuple[str, bytes]]) -> None:
         producer = self.producer()
         failed: list[str] = []
         pending = [len(records)]
@@ -87,7 +101,8 @@ class KafkaSink:
                 failed.append(err.str())
 
         for key, value, chain, headers in records:
-            head = [*headers, (CHAIN_HEADER, json.dumps(chain, separators=(",", ":")).encode())]
+            head = [*headers, (CHAIN_HEADER, json.dumps(chain, separators=(",", ":")).encode()),
+                    *trace_headers]  # fmt: skip
             payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
             while True:
                 try:

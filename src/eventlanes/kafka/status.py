@@ -8,13 +8,18 @@ watermark, which the running ingestor refreshes about every second).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..db import Database
 from ..tokens import DEFAULT_CLAIM_TIMEOUT
 from . import schema
 from .partitions import PartitionTable
+
+if TYPE_CHECKING:
+    from .ingestor import Ingestor
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,48 @@ def view(db: Database, name: str, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) 
         sql = db.sql(f"SELECT count(*) FROM {db.table('dead_letters')} WHERE processor = ?")
         letters = int(db.query(sql, (name,))[0][0])
     return IngestorView(name, topic, partitions, [r[0] for r in nodes], letters)
+
+
+def behind(v: IngestorView, targets: dict[int, int]) -> dict[int, int]:
+    """The partitions whose position is short of ``targets`` (high watermarks read earlier),
+    and by how much: a partition without a row yet counts from 0."""
+    at = {p.partition: p.position for p in v.partitions}
+    return {p: high - at.get(p, 0) for p, high in targets.items() if at.get(p, 0) < high}
+
+
+def wait_caught_up(
+    db: Database,
+    ingestors: Sequence[Ingestor],
+    runners: Sequence[Any],
+    claim_timeout: float,
+    deadline: float,
+) -> None:
+    """Block until each ingestor has appended (or parked) every record its topic held now:
+    its partitions at the high watermarks read first (``app.wait_until_caught_up``).
+    ``runners``: those running here, whose crash ends the wait."""
+    from .client import high_watermarks
+
+    targets = {}
+    for ing in ingestors:
+        left = max(1.0, min(ing.kafka.timeout, deadline - time.monotonic()))
+        targets[ing.name] = high_watermarks(ing.kafka, ing.topic, left)
+    while True:
+        crashed = [r.error for r in runners if r.error is not None]
+        if crashed:
+            raise RuntimeError(f"an ingestor crashed: {crashed[0]!r}") from crashed[0]
+        lagging = {
+            name: short
+            for name, highs in targets.items()
+            if (short := behind(view(db, name, claim_timeout), highs))
+        }
+        if not lagging:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                "ingestors not caught up (records short of the topic's high watermarks, per "
+                f"partition): {lagging}"
+            )
+        time.sleep(0.05)
 
 
 def _round(value: float | None) -> float | None:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidInputError, ProcessorBusyError
 from ..events import Event
 from ..segments import Segment
-from ..store.base import ReadWait
+from ..store.base import ReadWait, recorded_after
 from ..tokens import SegmentStatus, Token
 from ..tokens.base import resolve_initial
+from ..tracing import spans
 from ..versions.view import VersionView
 from .claims import claim_all, node_name, release_all
 from .context import Context
@@ -35,6 +37,7 @@ __all__ = [
     "discard_dead_letters",
     "list_dead_letters",
     "ResetPlan",
+    "parse_reset_to",
     "reset",
     "reset_plan",
     "retry_dead_letters",
@@ -57,6 +60,9 @@ class SegmentView:
     retry_in: float | None
     request: str | None
     token: Token
+    #: a processor with other sources (``sources=``): when the oldest event it has not
+    #: handled in them was recorded (None: none waits); ``lag`` and ``caught_up`` count them
+    sources_waiting_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,28 @@ def _segment_view(head: int, s: SegmentStatus) -> SegmentView:
     )
 
 
+def _with_sources(rt: Runtime, proc: Processor, view: SegmentView) -> SegmentView:
+    """``view`` with the events of the other stores the processor reads counted in its lag
+    and caught-up (each measured to that store's committed head)."""
+    lag, waiting = view.lag, None
+    for name, target in proc.sources.items():
+        store = rt.source_store(target)
+        position, head = view.token.source(name).position, store.committed_head()
+        if position < head:
+            lag += head - position
+            with store.db.guard(f"first event after position {position}"):
+                when = recorded_after(store.db, store.events_table, position)
+            if when is not None and (waiting is None or when < waiting):
+                waiting = when
+    if lag == view.lag:
+        return view
+    return replace(view, lag=lag, caught_up=False, sources_waiting_since=waiting)
+
+
 def status(rt: Runtime, proc: Processor) -> ProcessorView:
     """Lags are measured to the committed head: events committed behind an open transaction
-    (PostgreSQL) count, and ``read_wait`` says why they are not read yet."""
+    (PostgreSQL) count, and ``read_wait`` says why they are not read yet. A processor with
+    other sources counts their events too, each to its own store's committed head."""
     wait = rt.store.read_wait()
     head = wait.committed if wait is not None else rt.store.committed_head()
     rows = rt.tokens.status(proc.name)
@@ -148,6 +173,8 @@ def status(rt: Runtime, proc: Processor) -> ProcessorView:
             )  # fmt: skip
             for seg in Segment.initial(proc.segments)
         ]
+    if proc.sources:
+        views = [_with_sources(rt, proc, v) for v in views]
     parked = rt.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0
     return ProcessorView(
         proc.name,
@@ -184,12 +211,24 @@ def wait_for(
     wanted = [positions] if isinstance(positions, int) else list(positions)
     if not wanted or not all(isinstance(p, int) and not isinstance(p, bool) for p in wanted):
         raise InvalidInputError(f"wait_for needs event positions, got {positions!r}")
-    targets = [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, wanted)]
+    committed = rt.store.committed_head()
+    missing = [p for p in wanted if p > committed]
+    if missing:  # appends return once committed: a position past the committed head is none
+        raise InvalidInputError(f"no event at position {missing[0]} in the store")
+    # On PostgreSQL a committed event may still lie past the readers' horizon (another append
+    # in flight below it): it is read once the horizon passes it, within the timeout.
+    unread = sorted(set(wanted))
+    targets: list[tuple[int, int]] = []
     deadline = time.monotonic() + timeout
     while True:
         seen = rt.progress.generation
+        if unread:
+            readable = rt.store.head()
+            now = [p for p in unread if p <= readable]
+            targets += [(e.position, proc.policy.routing_hash(e)) for e in _read_events(rt, now)]
+            unread = [p for p in unread if p > readable]
         rows = rt.tokens.status(proc.name)
-        pending = [
+        pending = unread + [
             p
             for p, h in targets
             if not any(r.segment.matches(h) and r.token.covers(p, h) for r in rows)
@@ -202,7 +241,7 @@ def wait_for(
                 f"processor {proc.name!r} has not handled position(s) "
                 f"{', '.join(map(str, pending[:10]))} within {timeout:g} s"
             )
-        rt.progress.wait(seen, min(left, 0.25))
+        rt.progress.wait(seen, min(left, 0.05 if unread else 0.25))
 
 
 def pause(rt: Runtime, proc: Processor) -> bool:
@@ -253,6 +292,26 @@ def _reset_token(before: Token, segment: Segment, targets: dict[str, int], conte
     return token
 
 
+def parse_reset_to(value: str, option: str = "--to") -> str | int | datetime:
+    """Where a reset restarts, as a user types it (the command line, the dashboard): ``tail``,
+    ``head``, a position or an ISO time with a timezone."""
+    if value in ("tail", "head"):
+        return value
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"invalid {option} {value!r}: use tail, head, a position or an ISO time"
+        ) from None
+    if when.tzinfo is None:
+        raise InvalidInputError(
+            f"{option} {value!r} needs a timezone (e.g. 2026-01-01T00:00+00:00)"
+        )
+    return when
+
+
 @dataclass(frozen=True)
 class ResetPlan:
     """What a reset would do, read without writing (``eventlanes reset`` shows it first)."""
@@ -263,6 +322,18 @@ class ResetPlan:
     first_time: int  # events after the restart position never handled before, up to the heads
     held: list[str]  # segments a live node holds: the reset is refused while it runs
     warnings: list[str]
+
+    def summary(self) -> str:
+        """What ``eventlanes reset`` and the dashboard say before they ask."""
+        if self.replays:
+            what = (f"replays {self.replays:,} event(s) handled before (disallow_replay "
+                    "handlers skip them)")  # fmt: skip
+        else:
+            what = f"replays nothing (no event after position {self.to:,} was handled before)"
+        return (
+            f"{self.name}: the reset {what}; {self.first_time:,} event(s) after position "
+            f"{self.to:,} are handled for the first time"
+        )
 
 
 def reset_plan(
@@ -308,9 +379,10 @@ def _replayed(
         return store.count(until=end) - store.count(until=target)
     # Ends that differ per segment or part: each event is routed as the processor routes it.
     routing_hash = proc.policy.routing_hash
+    upcast = proc.runtime.upcasters.upcast  # routed as the reader routes it: current shapes
     count = 0
     for event in store.iter_events(after=target, until=end):
-        h = routing_hash(event)
+        h = routing_hash(upcast(event))
         for seg, tok in tokens:
             if seg.matches(h):
                 count += tok.source(name).is_replay(event.position, h)
@@ -475,13 +547,14 @@ def list_dead_letters(
 
 
 def _read_events(rt: Runtime, positions: list[int]) -> list[Event]:
+    """The events at ``positions``, in their current shapes (as the handlers saw them)."""
     found = []
     for position in positions:
         events = rt.store.read(after=position - 1, limit=1) if position >= 1 else []
         if not events or events[0].position != position:
             raise InvalidInputError(f"no event at position {position} in the store")
         found.append(events[0])
-    return found
+    return rt.upcasters.events(found)
 
 
 def retry_dead_letters(
@@ -507,17 +580,26 @@ def retry_dead_letters(
     handled = 0
     db = rt.db
     dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
-    for group in groups.values():
+    tracer = spans.tracer()
+    for key, group in groups.items():
         events = _read_events(rt, [d.position for d in group])
-        try:
-            with db.transaction() as conn:
-                ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-                dispatch.run(events, ctx, False)
-                rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
-            handled += len(events)
-        except Exception as exc:  # noqa: BLE001 - recorded on the dead letter, key stays parked
-            failed = getattr(exc, "event", None) or events[0]
-            rt.dead_letters.record_failure(proc.name, failed.position, describe(exc))
+        with ExitStack() as traced:
+            if tracer is not None:  # a span per key, child of the caller's, linked to appends
+                base = spans.base_attributes(proc.name, None, proc.guarantee.value,
+                                             getattr(proc, "version", None))  # fmt: skip
+                extra = {spans.KEY: key} if group[0].seq_key is not None else None
+                traced.enter_context(spans.batch(tracer, "retry", base, events, root=False,
+                                                 extra=extra))  # fmt: skip
+            try:
+                with db.transaction() as conn:
+                    ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
+                    dispatch.run(events, ctx, False)
+                    rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
+                handled += len(events)
+            except Exception as exc:  # noqa: BLE001 - recorded on the dead letter, key stays
+                failed = getattr(exc, "event", None) or events[0]
+                rt.dead_letters.record_failure(proc.name, failed.position, describe(exc))
+                spans.failed(exc, describe(exc))
     return handled, len(letters) - handled
 
 

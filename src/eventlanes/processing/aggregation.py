@@ -30,6 +30,7 @@ from ..events import Event, NewEvent, datas, encode_object, types
 from ..names import validate_base_name, validate_processor_name, versioned_name
 from ..policies import SequencingPolicy, key_text
 from ..segments import Segment
+from ..tracing import spans
 from .chains import (
     CHAIN_KEY,
     Coordinates,
@@ -77,6 +78,43 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
     check(initial, f"{what}: initial", (), why_sync="it makes a fresh state when one is needed")
 
 
+#: states a fold cannot change in place: ``state += 1`` rebinds the fold's own name only
+_IMMUTABLE = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
+_IN_PLACE = 'a fold updates its state in place (state["n"] += 1) and returns nothing'
+
+
+def check_fresh_state(kind: str, name: str, initial: Callable[[], Any]) -> None:
+    """Refuse an ``initial()`` whose states no fold can change (an int, a string, a tuple,
+    None...): folds update the state in place, so such a state would stay as it started,
+    silently. Only where no downstream stage takes the folds' outputs (a stage of its own
+    is then the point: its upstream state may be anything)."""
+    try:
+        value = initial()
+    except Exception:  # noqa: BLE001 - fails where the first state is made, with its error
+        return
+    if isinstance(value, _IMMUTABLE):
+        raise InvalidInputError(
+            f"{kind} {name!r}: initial() gives {type(value).__name__} {value!r}, which no fold "
+            f"can change ({_IN_PLACE}; a value it returns is not the new state): start from "
+            'a dict or a list, e.g. initial=lambda: {"n": 0}'
+        )
+
+
+def returned_value(name: str, key: str, event: Event, fold: Any, produced: Any) -> None:
+    """A fold returned a value where no downstream stage takes outputs: refused, since it
+    would be dropped (a fold returning the new state, ``return state + 1``, would otherwise
+    leave the state as it was, silently). Returning the state itself is allowed."""
+    _not_awaitable(produced, fold, event)
+    shown = repr(produced)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise InvalidInputError(
+        f"aggregation {name!r}, key {key!r}: fold {name_of(fold)} returned "
+        f"{type(produced).__name__} {shown} for event {event.position} ({event.type}), and "
+        f"no downstream stage takes a fold's outputs: {_IN_PLACE}, it does not return the "
+        "new state"
+    )
+
+
 class Stage:
     """A downstream aggregation, fed by the outputs of an upstream aggregation's folds."""
 
@@ -85,7 +123,8 @@ class Stage:
     ) -> None:
         validate_processor_name(name)
         _check_callables(name, key, initial)
-        self.publish = _sink(name, publish)
+        check_fresh_state("stage", name, initial)  # a stage has no stages of its own
+        self.publish = _sink(name, publish, upstream.version)
         self.upstream = upstream
         self.name = name
         self.key = key
@@ -167,18 +206,22 @@ class Aggregation(Processor):
         self.persist_every = float(persist_every)
         self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
+        if self.declaration is not None:
+            self.refuse_upcast(self.declaration.types)
         if not isinstance(pushdown, bool):
             raise InvalidInputError(f"aggregation {name!r}: pushdown must be True or False")
         #: fold declared fields inside SQLite where exact (pushdown.py)
         self.pushdown = pushdown
         #: a KafkaSink: each state written is published first (kafka/sink.py)
-        self.publish = _sink(name, publish)
+        self.publish = _sink(name, publish, self.version)
         #: events this process folded inside SQLite (for tests and tuning)
         self.pushed_down = 0
 
     def on(self, *types: str) -> Callable[[Fold], Fold]:
         self._python_only("on()")
-        return self.folds.on(*types)
+        register = self.folds.on(*types)
+        self.refuse_upcast(types)
+        return register
 
     def on_any(self, fold: Fold) -> Fold:
         self._python_only("on_any()")
@@ -224,11 +267,18 @@ class Aggregation(Processor):
         return self.states.dropped(self.name)
 
 
-def _sink(name: str, publish: Any) -> Any:
+def _sink(name: str, publish: Any, version: int) -> Any:
     """``publish=``: anything with ``publish(records)`` that returns once every record was
-    acknowledged (an ``el.KafkaSink``)."""
+    acknowledged (an ``el.KafkaSink``). Not on a version from 2 on: its warm-up folds all of
+    history again, and it runs beside the version before it."""
     if publish is not None and not callable(getattr(publish, "publish", None)):
         raise InvalidInputError(f"aggregation {name!r}: publish= takes an el.KafkaSink")
+    if publish is not None and version != 1:
+        raise InvalidInputError(
+            f"aggregation {name!r}: publish= on version {version} would publish the states of "
+            "its warm-up (all of history folded again) and then publish beside the version "
+            "before it; publish from version 1 only, or from an aggregation of another name"
+        )
     return publish
 
 
@@ -306,8 +356,19 @@ class AggregationWorker(SegmentWorker):
         self.flushed_at: dict[int, float] = {}
         self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
         self.persist_every = agg.persist_every
+        if not agg.stages:  # all stages are declared by now: the app starts
+            check_fresh_state("aggregation", agg.name, agg.initial_state)
         decl = agg.declaration
         self.types = decl.types if decl is not None else None
+
+    def traced_events(self, events: Any) -> tuple[list[Event], int, int | None, int | None]:
+        """A range folded in SQLite has no events in Python to link: its count and range."""
+        if isinstance(events, Folded):
+            return [], events.events, events.after + 1, events.upto
+        return events, len(events), None, None
+
+    def trace_attributes(self, events: Any) -> dict[str, Any] | None:
+        return {spans.PUSHDOWN: isinstance(events, Folded)}
 
     def _entries(self, st: SegmentState) -> dict[str, Entry]:
         seg = st.segment.id
@@ -355,6 +416,9 @@ class AggregationWorker(SegmentWorker):
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._discard(seg)
             return self.back_off(st, exc)
+        if st.lost:  # given up on (a fold ran past handler_timeout): nothing of it is written
+            self._discard(seg)
+            return Outcome.LOST
         seconds = time.perf_counter() - started
         self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
@@ -389,10 +453,15 @@ class AggregationWorker(SegmentWorker):
         distinct = set(keys)
         marks = self._load(seg, entries, distinct)
         self.changed.setdefault(seg, set()).update(distinct)
-        if self.agg.declaration is not None:
-            self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
-        else:
-            self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        if mine:  # a batch's folds are bounded by handler_timeout (watched per batch: cheap)
+            st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
+        try:
+            if self.agg.declaration is not None:
+                self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
+            else:
+                self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        finally:
+            st.idle_now()
 
     def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
         """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a
@@ -431,9 +500,10 @@ class AggregationWorker(SegmentWorker):
                 events = [events[i] for i in accepted]
                 keys = [keys[i] for i in accepted]
             fold = only[0]
-            for value, event in zip([entries[k].value for k in keys], events, strict=True):
-                if (produced := fold(value, event)) is not None:
-                    _not_awaitable(produced, fold, event)
+            values = [entries[k].value for k in keys]
+            for value, event, key in zip(values, events, keys, strict=True):
+                if (produced := fold(value, event)) is not None and produced is not value:
+                    returned_value(self.name, key, event, fold, produced)
             return
         folds_of: dict[str, list[Fold]] = {}
         for i in accepted:
@@ -446,6 +516,8 @@ class AggregationWorker(SegmentWorker):
                 produced = fold(value, event)
                 if produced is not None:
                     _not_awaitable(produced, fold, event)
+                    if not stages and produced is not value:
+                        returned_value(self.name, key, event, fold, produced)
                 if produced is not None and stages:
                     coords = coordinates(event, self.source)
                     outs = produced if isinstance(produced, list) else [produced]
@@ -481,6 +553,7 @@ class AggregationWorker(SegmentWorker):
         started = time.perf_counter()
         entries = self.entries.get(seg, {})
         marks = self.marks.get(seg)
+        commit = self._commit_span(st)
         try:
             self._flush_downstream(seg)
             if self.agg.publish is not None:
@@ -490,15 +563,21 @@ class AggregationWorker(SegmentWorker):
                 self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
                                 marks.encode_offsets if marks is not None else None)  # fmt: skip
                 self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
-        except ClaimLostError:
+        except ClaimLostError as exc:
+            spans.ended(commit, exc)
             st.mark_lost()
             self._discard(seg)
             return
         except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
+            spans.ended(commit, exc)
             log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
             self._discard(seg)
             self.back_off(st, exc)
             return
+        except BaseException as exc:
+            spans.ended(commit, exc)
+            raise
+        spans.ended(commit)
         self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
         st.committed(st.token)
         self.flushed_at[seg] = st.persisted_at
@@ -507,6 +586,19 @@ class AggregationWorker(SegmentWorker):
         if sum(len(e) for e in list(self.entries.values())) > CACHE_LIMIT:
             self.entries.pop(seg, None)  # bounded memory: read back from the table
             self.marks.pop(seg, None)
+
+    def _commit_span(self, st: SegmentState) -> Any:
+        """The span of a state write: in the batch's span when one runs, else on its own (a
+        write when caught up, or when the segment is let go); None when tracing is off."""
+        traced = spans.current()
+        if traced is not None:
+            return traced.commit(st.token.position)
+        tracer = spans.tracer()
+        if tracer is None:
+            return None
+        base = spans.base_attributes(self.name, st.segment, self.agg.guarantee.value,
+                                     getattr(self.agg, "version", None))  # fmt: skip
+        return spans.commit(tracer, base, st.token.position)
 
     def _flush_downstream(self, seg: int) -> None:
         """Apply buffered outputs to the downstream stages' rows, read under a row lock, so
@@ -536,9 +628,10 @@ class AggregationWorker(SegmentWorker):
                         entry.dropped += 1
                         continue
                     event = _as_event(out, src, coords)
+                    value = entry.value
                     for fold in stage.folds.for_type(event.type):
-                        if (produced := fold(entry.value, event)) is not None:
-                            _not_awaitable(produced, fold, event)
+                        if (produced := fold(value, event)) is not None and produced is not value:
+                            returned_value(name, key, event, fold, produced)  # no stages here
                     record(entry.offsets, coords)
                     newest[key] = coords
                 if stage.publish is not None and newest:  # acknowledged before this commits

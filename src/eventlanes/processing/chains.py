@@ -9,7 +9,7 @@ inputs of one key. An event without a chain is its own root: (its store, "", (po
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import lt
 from typing import Any
@@ -130,7 +130,8 @@ def dedupe(
     order; the others are counted in their entry's ``dropped``. The result, offsets and counts
     are those of :func:`is_newer` and :func:`record` applied one event after the other.
 
-    The usual batch takes no step per event in Python: events without a chain, of one source,
+    The usual batch takes no step per event in Python: events without a chain (metadata that
+    is empty, or holds other keys only: a trace context), of one source,
     in increasing positions, the first above every root offset recorded for that source in the
     entries (``marks``): each is newer than its key's offsets (an earlier position of its own
     source is below the first; another partition starts over), so every one is folded and
@@ -141,7 +142,7 @@ def dedupe(
     if marks is None:
         own.saw(entries[k] for k in set(keys))
     n = len(events)
-    if n and without_metadata(events):
+    if n and unchained(events):
         srcs = sources(events)
         if srcs.count(srcs[0]) == n:
             src = srcs[0] or source
@@ -157,6 +158,15 @@ def dedupe(
     accepted = _dedupe_each(events, keys, entries, source)
     own.saw(entries[k] for k in set(keys))
     return accepted
+
+
+def unchained(events: Sequence[Event]) -> bool:
+    """True when no event carries a source chain, as :func:`_dedupe_each` reads it (a missing
+    or empty ``source_chain``). Empty metadata is known without decoding; other metadata (a
+    trace context) is decoded, raising CorruptEventError where the row path would."""
+    if without_metadata(events):
+        return True
+    return not any(event.metadata.get(CHAIN_KEY) for event in events)
 
 
 def _dedupe_each(

@@ -11,6 +11,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 
 from ..errors import InvalidInputError
 from ..segments import Segment
@@ -125,9 +126,15 @@ class Coordinator:
                     self.release(self.claimed[seg_id], drop, hold_off=0.0)
         else:
             wanted = sorted(status)
-            limit = self._limit(len(status))
+            live = self.tokens.live_nodes(self.name)
+            limit = self._limit(len(status), len(live))
             while len(self.claimed) > limit:  # give the surplus to nodes that are waiting
                 surplus = self.claimed[max(self.claimed)]
+                self.release(surplus, drop, hold_off=self.interval * 3)
+            if self._gives_way(status, live):
+                surplus = self.claimed[max(self.claimed)]
+                log.info("%s: releasing %s for a node with less than its share", self.name,
+                         surplus.segment)  # fmt: skip
                 self.release(surplus, drop, hold_off=self.interval * 3)
             if len(self.claimed) >= limit:
                 wanted = []
@@ -145,13 +152,32 @@ class Coordinator:
             if record is not None:
                 self.acquire(record.segment, record.token)
 
-    def _limit(self, total: int) -> int:
+    def _limit(self, total: int, live: int) -> int:
         """How many segments this node may hold: its fair share among live nodes."""
-        live = max(1, len(self.tokens.live_nodes(self.name)))
-        fair = math.ceil(total / live)
+        fair = math.ceil(total / max(1, live))
         if self.proc.max_segments is not None:
             fair = min(fair, self.proc.max_segments)
         return fair
+
+    def _gives_way(self, status: dict[int, SegmentStatus], live: list[str]) -> bool:
+        """Whether this node lets one of its segments go for a live node that holds less than
+        the floor of the fair share while every segment is held: the cap alone (the ceiling)
+        lets two nodes hold 2 + 2 of 4 segments and a third none, for as long as they run.
+        Only the node holding the most gives (ties: the name that sorts first), one segment
+        at a time."""
+        if len(live) < 2:
+            return False
+        floor = len(status) // len(live)
+        if len(self.claimed) <= floor:
+            return False
+        held: Counter[str] = Counter()
+        for row in status.values():
+            if row.owner is None or (row.claim_expires_in or 0) <= 0:
+                return False  # one is free: the node short of its share takes that one
+            held[row.owner] += 1
+        if all(held[node] >= floor for node in live):
+            return False
+        return min([*live, self.owner], key=lambda node: (-held[node], node)) == self.owner
 
     def parked_keys(self) -> list[tuple[str, int]] | None:
         """Keys with parked events (dead-letter mode). Read on the thread that processes the

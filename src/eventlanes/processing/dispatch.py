@@ -25,6 +25,7 @@ from ..callables import name_of
 from ..events import Event
 from ..policies import SequencingPolicy
 from ..tokens import Token
+from ..tracing import spans
 from .handlers import Handler, HandlerSet, runs_on_replay
 
 WAITING = "waiting behind an earlier failed event of the same key"
@@ -252,6 +253,7 @@ class Dispatch:
         for_type = self.handlers.for_type
         result = awaiter.result
         replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
+        traced = spans.current()  # a recording batch span: one child span per handler call
         handled = []
         for event in events:
             if check:
@@ -272,7 +274,11 @@ class Dispatch:
                 watch(event)
             for handler in handlers:
                 try:
-                    if (returned := handler(event, ctx)) is not None:
+                    if traced is not None:
+                        with traced.handler(event, handler, replay):
+                            if (returned := handler(event, ctx)) is not None:
+                                result(returned, handler)
+                    elif (returned := handler(event, ctx)) is not None:
                         result(returned, handler)
                 except Exception as exc:  # noqa: BLE001 - reported with the event
                     raise HandlerFailed(event, key_of(event), exc) from exc
@@ -306,7 +312,7 @@ class Dispatch:
         if live is None:
             live = never_replay(token)
         replayed = (lambda e: token) if isinstance(token, bool) else replay_test(token, self.policy)
-
+        traced = spans.current()
         for types, handler in self.handlers.batch_handlers:
             if live:
                 chosen = list(handled) if types is None else [e for e in handled if e.type in types]
@@ -323,7 +329,11 @@ class Dispatch:
             if watch is not None:
                 watch(handler)
             try:
-                if (returned := handler(chosen, ctx)) is not None:
+                if traced is not None:
+                    with traced.batch_handler(handler, chosen):
+                        if (returned := handler(chosen, ctx)) is not None:
+                            awaiter.result(returned, handler)
+                elif (returned := handler(chosen, ctx)) is not None:
                     awaiter.result(returned, handler)
             except Exception as exc:  # noqa: BLE001
                 raise BatchHandlerFailed(handler, exc) from exc

@@ -29,6 +29,7 @@ from ..acks import CommitTracker
 from ..errors import ClaimLostError, HandlerTimeoutError
 from ..events import Event
 from ..hashing import stable_hash
+from ..tracing import spans
 from .context import Context
 from .dispatch import HandlerFailed, never_ran
 from .state import Outcome, SegmentState, advanced
@@ -58,8 +59,19 @@ class LaneWorker(SegmentWorker):
 
     def _commit_token(self, st: SegmentState, position: int) -> None:
         token = st.token.advance(position)
-        self.tokens.store(self.name, st.segment.id, token, self.owner)
+        self._store(st, token)
         st.committed(token)
+
+    def _store(self, st: SegmentState, token: Any) -> None:
+        """Store the segment's token (in a commit span when the batch is traced)."""
+        traced = spans.current()
+        commit = traced.commit(token.position) if traced is not None else None
+        try:
+            self.tokens.store(self.name, st.segment.id, token, self.owner)
+        except BaseException as exc:
+            spans.ended(commit, exc)
+            raise
+        spans.ended(commit)
 
     async def _run(self, st: SegmentState, events: list[Event], upto: Any) -> Outcome:
         tracker = CommitTracker(window=self.window, commit_every=500, commit_interval=0.5)
@@ -69,6 +81,14 @@ class LaneWorker(SegmentWorker):
         db = self.runtime.db
         ctx = Context(self.name, st.segment, st.token, None, db.backend, db.param, db.prefix)
         dispatch = self.dispatch
+        traced = spans.current()  # the batch span, when recording: a child per handler call
+
+        async def call(handler: Any, event: Event) -> None:
+            result = handler(event, ctx)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, self.handler_timeout)
+            elif result is not None:
+                never_ran(result, handler)
 
         async def lane(queue: asyncio.Queue[tuple[int, Event] | None]) -> None:
             stopped = False
@@ -79,11 +99,11 @@ class LaneWorker(SegmentWorker):
                 replay = dispatch.replayed(st.token, event)
                 try:
                     for handler in dispatch.for_event(event, replay):
-                        result = handler(event, ctx)
-                        if inspect.isawaitable(result):
-                            await asyncio.wait_for(result, self.handler_timeout)
-                        elif result is not None:
-                            never_ran(result, handler)
+                        if traced is None:
+                            await call(handler, event)
+                        else:
+                            with traced.handler(event, handler, replay):
+                                await call(handler, event)
                 except TimeoutError:
                     stopped = True
                     tracker.fail(index, HandlerTimeoutError(
@@ -132,7 +152,7 @@ class LaneWorker(SegmentWorker):
             if tracker.failed:
                 return self._finish_failed(st, tracker, None)
             new_token = advanced(st.token, upto)
-            self.tokens.store(self.name, st.segment.id, new_token, self.owner)
+            self._store(st, new_token)
             st.committed(new_token)
             return Outcome.OK
         except ClaimLostError:

@@ -82,7 +82,7 @@ class Processor:
         order: OrderKey | None = None,
         lanes: int = 1,
         handler_timeout: float = 30.0,
-        lane_window: int = 1000,
+        lane_window: int | None = None,
         pipeline: bool = False,
         version: int = 1,
         tables: list[str] | tuple[str, ...] = (),
@@ -155,11 +155,21 @@ class Processor:
             )
         if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
             raise InvalidInputError(f"processor {name!r}: handler_timeout must be > 0 seconds")
-        if not isinstance(lane_window, int) or lane_window < 1:
+        if lane_window is not None and (
+            isinstance(lane_window, bool) or not isinstance(lane_window, int) or lane_window < 1
+        ):
             raise InvalidInputError(f"processor {name!r}: lane_window must be >= 1")
+        if lane_window is not None and (
+            self.guarantee is not Guarantee.AT_LEAST_ONCE or type(self) is not Processor
+        ):  # would be ignored: refused instead
+            raise InvalidInputError(
+                f"{self._kind} {name!r}: lane_window bounds the events in flight in the lanes "
+                "of an app.processor(..., guarantee='at-least-once'); this one has none"
+            )
         self.lanes = lanes
         self.handler_timeout = float(handler_timeout)
-        self.lane_window = lane_window
+        #: events in flight in a segment's lanes (backpressure; at-least-once processors)
+        self.lane_window = 1000 if lane_window is None else lane_window
         if not isinstance(pipeline, bool):
             raise InvalidInputError(f"processor {name!r}: pipeline must be True or False")
         if pipeline and (
@@ -177,6 +187,8 @@ class Processor:
         """Decorator: handle events of these types (``@proc.on("FrontWheelAdded")``)."""
         if not types or not all(isinstance(t, str) and t for t in types):
             raise InvalidInputError(f"processor {self.name!r}: on() needs event type names")
+
+        self.refuse_upcast(types)
 
         def register(handler: Handler) -> Handler:
             self.handlers.add(frozenset(types), handler)
@@ -202,6 +214,8 @@ class Processor:
                 "the token's transaction, which only exactly-once processors have"
             )
 
+        self.refuse_upcast(types)
+
         def register(handler: Handler) -> Handler:
             self.handlers.add_batch(frozenset(types) if types else None, handler)
             return handler
@@ -216,6 +230,11 @@ class Processor:
     def handled_types(self) -> frozenset[str] | None:
         """The event types this processor reads (None: all); the others are passed over."""
         return self.handlers.types()
+
+    def refuse_upcast(self, types: tuple[str, ...] | frozenset[str]) -> None:
+        """Refuse handling a type that an upcaster turns into another: its handler would never
+        run (``eventlanes.upcasting``)."""
+        self.runtime.upcasters.refuse_handled(types, f"{self._kind} {self.name!r}")
 
     def table(self, name: str) -> str:
         """The full name of this version's table ``name`` (what ``ctx.table(name)`` gives its

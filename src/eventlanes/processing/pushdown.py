@@ -17,15 +17,24 @@ the event. It is not taken:
 * for a declaration with a ``float`` field or ``where`` value, or a ``where`` integer beyond 64
   bits; for processors with several sources (or another store than SQLite); while the held
   segments are at different or merged tokens;
-* for a range (checked in the statement and on the rows' text) with an event that has
-  metadata (the fast rule of :func:`.chains.dedupe`, which needs none: a source chain must be
-  checked event by event), a value of the wrong type or an integer beyond 64 bits, a key that is
+* for a range (checked in the statement and on the rows' text) with an event whose metadata
+  may hold a source chain (the fast rule of :func:`.chains.dedupe`, which needs none: a chain
+  must be checked event by event): one that names ``source_chain``, is not a JSON object, or
+  has text SQLite and Python might read differently (any backslash, NUL, a three-digit
+  exponent, deep nesting); metadata holding other keys only (a trace context) stays fast;
+  a value of the wrong type or an integer beyond 64 bits, a key that is
   not a JSON string or has escapes, a property named twice, or JSON text that SQLite reads but
   Python reads differently or refuses (``\\u`` escapes, NUL, an exponent of three digits,
   nesting over 400 deep, text that is not UTF-8, JSON5 where SQLite reads it); or when SQLite
   fails (malformed JSON, a sum beyond 64 bits);
 * by a segment whose states hold an own position at or above the range's first (a replay
-  after a reset, inputs folded already): the worker folds that range by the row path.
+  after a reset, inputs folded already): the worker folds that range by the row path;
+* for events of an old type that an upcaster turns into a folded one
+  (:mod:`eventlanes.upcasting`): SQL cannot run the user's function, so a range is folded in
+  SQLite only up to the first such event (found by the ``(type, position)`` index), and the
+  positions from there to the last such event of the next :data:`SPAN` take the row path,
+  which upcasts them in Python. The PostgreSQL Arrow fold upcasts those rows in its batches
+  instead (:mod:`.pushdown_postgres`).
 
 ``ENABLED = False`` (or ``app.aggregation(..., pushdown=False)``) turns it off. On
 PostgreSQL, :mod:`.pushdown_postgres` gives the same groups from ranges read into Arrow.
@@ -47,6 +56,7 @@ from ..hashing import stable_hash
 from ..store import EventStore
 from ..store.postgres import PostgresEventStore
 from ..store.sqlite import SQLiteEventStore
+from ..upcasting import Upcasters
 from .chains import Marks
 from .declarative import _INT64, NAME, Declaration
 from .states import Entry
@@ -76,6 +86,7 @@ _LONG = 800
 _MAX_OPENERS = 400
 # An exponent of three digits may overflow a float: orjson refuses it where SQLite reads inf.
 _EXPONENT = re.compile(r"[eE]\+?[0-9]{3}")
+_STRINGS = re.compile(r'"[^"]*"')  # JSON strings of text without backslashes
 _ALLOWED = {int: "'integer', 'null'", bool: "'true', 'false', 'null'", str: "'text', 'null'"}
 _KIND = {"count": 0, "sum": 1, "min": 2, "max": 3, "first": 4, "last": 5}
 
@@ -131,10 +142,16 @@ class Pushdown:
     PostgreSQL store, in Arrow), and the merge of its rows into states."""
 
     store: Any  # SQLiteEventStore here, PostgresEventStore in pushdown_postgres
+    #: events of old types upcast into folded ones take the row path (SQL cannot upcast)
+    old_by_rows = True
 
-    def __init__(self, decl: Declaration, store: EventStore) -> None:
+    def __init__(
+        self, decl: Declaration, store: EventStore, upcasters: Upcasters | None = None
+    ) -> None:
         self.decl = decl
         self.store = store
+        #: the upcasters into the folded types (None: none)
+        self.upcasters = upcasters
         self.fields: list[_Field] = []
         self.sql, self.params, self.props = self._plan(decl, store.events_table)
         #: positions below which reads take the row path (a range refused lately)
@@ -142,10 +159,17 @@ class Pushdown:
         self._last: Folded | None = None
 
     @staticmethod
-    def build(decl: Declaration | None, stores: list[EventStore], enabled: bool) -> Pushdown | None:
-        """The pushdown of ``decl`` when it can run at all (else None: the row path)."""
+    def build(
+        decl: Declaration | None,
+        stores: list[EventStore],
+        enabled: bool,
+        upcasters: Upcasters | None = None,
+    ) -> Pushdown | None:
+        """The pushdown of ``decl`` when it can run at all (else None: the row path);
+        ``upcasters``: the processor's (old types are read by rows, or upcast in Arrow)."""
         if not (ENABLED and enabled) or decl is None or len(stores) != 1:
             return None
+        upcasters = upcasters.into(decl.types) if upcasters is not None else None
         store = stores[0]
         postgres = isinstance(store, PostgresEventStore)
         if not (postgres or isinstance(store, SQLiteEventStore)) or float in decl.columns.values():
@@ -161,8 +185,8 @@ class Pushdown:
                 return None  # without the arrow extra: the row path
             from .pushdown_postgres import PostgresPushdown
 
-            return PostgresPushdown(decl, store)  # type: ignore[arg-type]
-        return Pushdown(decl, store)
+            return PostgresPushdown(decl, store, upcasters)  # type: ignore[arg-type]
+        return Pushdown(decl, store, upcasters)
 
     def _plan(self, decl: Declaration, table: str) -> tuple[str, list[Any], list[str]]:
         """The fold: the range's rows (``position > ?1 AND position <= ?2``) grouped by key,
@@ -176,7 +200,15 @@ class Pushdown:
             if not NAME.fullmatch(p):
                 raise ValueError(f"not a property name: {p!r}")
         col = {p: i for i, p in enumerate(props)}
-        rows = [f"data -> '$.{key}' AS k", "position AS p", "metadata <> '{}' AS m"]
+        # Metadata: only a source chain (or what may hide one) needs the row path; a trace
+        # context does not. Malformed JSON fails the statement: the row path names it.
+        chained = (
+            "json_type(metadata) <> 'object' OR json_type(metadata, '$.source_chain') IS NOT NULL"
+        )
+        if sqlite3.sqlite_version_info >= (3, 42):
+            chained += " OR NOT json_valid(metadata)"
+        rows = [f"data -> '$.{key}' AS k", "position AS p",
+                f"(metadata <> '{{}}' AND ({chained})) AS m"]  # fmt: skip
         bad = ["m"]
         if sqlite3.sqlite_version_info >= (3, 42):  # JSON5 is read too: only strict JSON here
             rows.append("NOT json_valid(data) AS j")
@@ -245,7 +277,8 @@ class Pushdown:
             "GROUP BY k)"
         )
         self.text_sql = (
-            f"SELECT group_concat(data, ''), max(length(data)) FROM {table} "
+            f"SELECT group_concat(data, ''), max(length(data)), group_concat(CASE WHEN "
+            f"metadata <> '{{}}' THEN metadata END, ''), max(length(metadata)) FROM {table} "
             f"WHERE position > ? AND position <= ? AND type IN ({', '.join('?' * len(types))})"
         )
         return sql, [*params, *types], props
@@ -262,7 +295,11 @@ class Pushdown:
         if last is not None and last.after == after and last.reader is reader:
             return last, last.upto
         try:
-            groups, upto = self._range(after, SPAN)
+            span, old_until = self._native_span(after)
+            if span == 0 and old_until > after:  # an old shape first: upcast by the row path
+                self.rows_until = old_until
+                return None, old_until
+            groups, upto = self._range(after, span)
         except Exception as exc:  # noqa: BLE001 - SQLite's errors included: the row path tells
             log.debug("range after %d folded by rows: %s", after, exc)
             self.rows_until = after + SPAN
@@ -274,6 +311,25 @@ class Pushdown:
         if folded:  # an empty range is cheap, and at the head it would hide what comes next
             self._last = folded
         return folded, upto
+
+    def _native_span(self, after: int) -> tuple[int, int]:
+        """How many positions after ``after`` may be folded in SQL, and (when that is 0) up to
+        where the row path must fold: with upcasters into the folded types, a range ends
+        before its first event of an old type, and the positions up to the last one within
+        :data:`SPAN` go to the row path. The head is read first: every event up to it is
+        committed, so the range (capped there) holds no old event the query did not see."""
+        if self.upcasters is None or not self.old_by_rows:
+            return SPAN, after
+        old = sorted(self.upcasters.sources())
+        bound = min(self.store.head(), after + SPAN)
+        sql = self.store.db.sql(
+            f"SELECT min(position), max(position) FROM {self.store.events_table} "
+            f"WHERE type IN ({', '.join('?' * len(old))}) AND position > ? AND position <= ?"
+        )
+        first, last = self.store.db.query(sql, (*old, after, bound))[0]
+        if first is None:
+            return bound - after, after
+        return first - 1 - after, last
 
     def _range(self, after: int, span: int) -> tuple[list[list[Any]] | None, int]:
         """The groups of the range after ``after`` (at most ``span`` positions, up to what a
@@ -289,8 +345,12 @@ class Pushdown:
         named = [0] * (len(self.props) + 1)
         for low in range(after, upto, TEXT_SPAN):
             high = min(upto, low + TEXT_SPAN)
-            text, longest = conn.execute(self.text_sql, (low, high, *types)).fetchone()
+            text, longest, meta, meta_longest = conn.execute(
+                self.text_sql, (low, high, *types)
+            ).fetchone()
             if text is not None and not self._checked(text, longest, named):
+                return None
+            if meta and not _plain(meta, meta_longest):
                 return None
         js, bad, *present = conn.execute(self.sql, (after, upto, *self.params)).fetchone()
         if bad or named != [p or 0 for p in present]:  # a property named twice in an event
@@ -378,6 +438,20 @@ class Pushdown:
                     parts[owner].append(g)
                     break
         return {st: folded.part(gs) if gs else [] for st, gs in parts.items()}
+
+
+def _plain(text: str, longest: int) -> bool:
+    """Metadata text that SQLite's JSON functions and Python read alike: no backslash (an
+    escape could spell ``source_chain``), no NUL, no exponent that may overflow, no nesting
+    deeper than Python's decoders go (as :meth:`Pushdown._checked` for data)."""
+    if "\\" in text or "\x00" in text:
+        return False
+    # Outside strings (no backslash: a string is plain quotes to quotes), so the hex digits of
+    # a traceparent are not taken for an exponent.
+    bare = _STRINGS.sub('""', text)
+    if ("e" in bare or "E" in bare) and _EXPONENT.search(bare):
+        return False
+    return not (longest > _LONG and bare.count("[") + bare.count("{") > _MAX_OPENERS)
 
 
 def _located(text: str, type_: type) -> tuple[int, Any]:

@@ -10,6 +10,12 @@ A range is folded in Arrow only when that is exact (see :func:`.fold.groups`); o
 when reading or parsing fails) it takes the row path, which raises the errors naming the
 event. Ranges end at the store's visibility horizon, as row reads do: a token moved to a
 range's end passes no event that a concurrent writer may still commit.
+
+Events of an old type that an upcaster turns into a folded one (:mod:`eventlanes.upcasting`)
+are read with the range, and only those rows are upcast in Python (the user's functions) before
+the columns are folded: the fold sees current shapes only. A batch without them is folded as it
+was read; an upcaster that fails sends the range to the row path, which parks or retries the
+event's key with the error.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.postgres import PostgresEventStore
+from ..upcasting import Upcasters
+from ..upcasting.arrow import upcast_batch
 from .declarative import TYPES, Declaration
 from .pushdown import _KIND, Pushdown, _Field
 
@@ -25,12 +33,15 @@ class PostgresPushdown(Pushdown):
     """One declaration folded over a PostgreSQL store's ranges in Arrow."""
 
     store: PostgresEventStore
+    old_by_rows = False  # old shapes are upcast in the batches
 
-    def __init__(self, decl: Declaration, store: PostgresEventStore) -> None:
-        super().__init__(decl, store)
+    def __init__(
+        self, decl: Declaration, store: PostgresEventStore, upcasters: Upcasters | None = None
+    ) -> None:
+        super().__init__(decl, store, upcasters)
         self.kinds = {p: TYPES[t] for p, t in decl.columns.items()}
         self.spec = [(op.kind, op.field, op.where) for op in decl.fields.values()]
-        self.types = sorted(decl.types)
+        self.types = sorted(upcasters.reads(decl.types) or () if upcasters else decl.types)
 
     def _plan(self, decl: Declaration, table: str) -> tuple[str, list[Any], list[str]]:
         for out, op in decl.fields.items():
@@ -45,9 +56,13 @@ class PostgresPushdown(Pushdown):
         upto = max(after, min(self.store.horizon(), after + span))
         if upto == after:
             return [], upto
-        columns = ["position", "data", "metadata"]
+        columns: list[str] | None = ["position", "data", "metadata"]
+        if self.upcasters is not None:
+            columns = None  # an upcaster is given the whole event
         batches = list(self.store.scan_arrow(after, upto, types=self.types, columns=columns))
         if not batches:
             return [], upto
+        if self.upcasters is not None:  # UpcastError: the range takes the row path
+            batches = [upcast_batch(self.upcasters, b) for b in batches]
         table = pa.Table.from_batches(batches)
         return groups(table, self.decl.key, self.kinds, self.spec), upto

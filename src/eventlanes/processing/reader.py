@@ -28,11 +28,17 @@ class BatchReader:
         # Only the types some handler takes are read (filtered in SQL); tokens still move past
         # the others, so a processor at the head never looks behind.
         self.types = proc.handled_types()
+        #: the upcasters into those types: their old types are read too, and every event is
+        #: in its current shape before anything routes or handles it (eventlanes.upcasting)
+        self.upcasters = proc.runtime.upcasters.into(self.types)
+        if self.upcasters is not None:
+            self.types = self.upcasters.reads(self.types)
         #: a declarative aggregation folded in SQL where exact (see pushdown.py)
         self.pushdown = Pushdown.build(
             getattr(proc, "declaration", None),
             [store for _, store in sources],
             getattr(proc, "pushdown", False),
+            self.upcasters,
         )
 
     def read(
@@ -62,12 +68,14 @@ class BatchReader:
             # several segments takes as many batches; :meth:`cut` keeps each share to one.
             limit = proc.batch_size * len(states)
             events, upto = self.sources[0][1].read_upto(after, limit, segs, self.types)
+            if self.upcasters is not None:
+                events = self.upcasters.events(events)
             return events, upto, upto > after
         afters = {
             name: min(token.source(name).position for token in held) for name, _ in self.sources
         }
         events, uptos = read_merged(
-            self.sources, afters, proc.batch_size, segs, proc.order, self.types
+            self.sources, afters, proc.batch_size, segs, proc.order, self.types, self.upcasters
         )
         return events, uptos, any(uptos[n] > afters[n] for n in uptos)
 
@@ -124,14 +132,15 @@ class BatchReader:
         """The events of ``st`` with ``after < position <= upto`` (read again: a range folded
         in SQL that the segment must fold by rows), ``batch_size`` read at a time."""
         store = self.sources[0][1]
+        upcast = self.upcasters.events if self.upcasters is not None else list
         batch: list[Event] = []
         for event in store.iter_events(after, batch_size, None, upto, self.types):
             batch.append(event)
             if len(batch) == batch_size:
-                if mine := self.share([st], batch)[st]:
+                if mine := self.share([st], upcast(batch))[st]:
                     yield mine
                 batch = []
-        if batch and (mine := self.share([st], batch)[st]):
+        if batch and (mine := self.share([st], upcast(batch))[st]):
             yield mine
 
     def _plain(self, states: Sequence[SegmentState]) -> bool:

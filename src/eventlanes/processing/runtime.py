@@ -21,6 +21,7 @@ from ..segments import Segment
 from ..store import EventStore, open_store
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
+from ..upcasting import Upcasters
 from .dead_letters import DeadLetterStore
 from .state import Progress
 from .states import StateTable
@@ -60,6 +61,8 @@ class Runtime:
         self._initialized: set[str] = set()
         self._lock = threading.Lock()
         self.progress = Progress()  # commits of this process's runners
+        #: old shapes of stored events turned into current ones at read time (every executor)
+        self.upcasters = Upcasters()
 
     @cached_property
     def store(self) -> EventStore:

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..events import Event
 from ..store import EventStore
+from ..upcasting import Upcasters
 
 OrderKey = Callable[[Event], Any]
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
@@ -52,14 +53,18 @@ def read_merged(
     segments: list[tuple[int, int]] | None,
     order: OrderKey,
     types: frozenset[str] | None = None,
+    upcasters: Upcasters | None = None,
 ) -> tuple[list[Event], dict[str, int]]:
-    """A merged batch and, per source, the position it is complete up to."""
+    """A merged batch and, per source, the position it is complete up to; ``upcasters``: the
+    events in their current shape before the merge orders them."""
     parts = []
     for name, store in sources:
         events, upto = store.read_upto(afters[name], limit, segments, types)
         if name:
             for event in events:
                 event._source = name  # which source: set by the reader, before anyone sees it
+        if upcasters is not None:
+            events = upcasters.events(events)
         parts.append((name, events, upto, len(events) == limit))
     full = [order(events[-1]) for _, events, _, is_full in parts if is_full]
     cut = min(full) if full else None

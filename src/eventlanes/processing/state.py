@@ -79,6 +79,8 @@ class SegmentState:
 
     def describe_running(self) -> str:
         what = self.running
+        if isinstance(what, str):  # already a description (an aggregation's batch of folds)
+            return what
         if isinstance(what, Event):
             return f"event {what.position} ({what.type}, {what.stream_id} v{what.version})"
         return f"batch handler {getattr(what, '__name__', what)!r}"

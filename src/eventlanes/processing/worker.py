@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ClaimLostError
 from ..events import Event
+from ..tracing import spans
 from .context import Context, lazy
 from .dispatch import (
     BatchHandlerFailed,
@@ -65,9 +66,32 @@ class SegmentWorker:
         self.pipeline = proc.pipeline and runtime.db.backend == "postgresql"
 
     def handle(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
-        """:meth:`process`, what the loops call. An exception that escapes it (a handler
-        raising ``KeyboardInterrupt`` or ``SystemExit``; a bug) stops the runner: it is
-        recorded as the segment's error first, so ``status`` shows it."""
+        """:meth:`process`, what the loops call, in a batch span when tracing is on (links to
+        the events' appending spans; :mod:`eventlanes.tracing.spans`). An exception that
+        escapes it (a handler raising ``KeyboardInterrupt`` or ``SystemExit``; a bug) stops
+        the runner: it is recorded as the segment's error first, so ``status`` shows it."""
+        tracer = spans.tracer()
+        if tracer is None:
+            return self._handle(st, events, upto)
+        base = spans.base_attributes(self.name, st.segment, self.proc.guarantee.value,
+                                     getattr(self.proc, "version", None))  # fmt: skip
+        linked, count, first, last = self.traced_events(events)
+        token = upto if isinstance(upto, int) else None
+        with spans.batch(tracer, "process", base, linked, count, first, last, token,
+                         extra=self.trace_attributes(events)) as span:  # fmt: skip
+            outcome = self._handle(st, events, upto)
+            span.set_attribute(spans.OUTCOME, outcome.value)
+            return outcome
+
+    def traced_events(self, events: Any) -> tuple[list[Event], int, int | None, int | None]:
+        """For the batch span: the events to link, how many, the first and last position."""
+        return events, len(events), None, None
+
+    def trace_attributes(self, events: Any) -> dict[str, Any] | None:
+        """More attributes of the batch span (aggregations: whether SQLite folded it)."""
+        return None
+
+    def _handle(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         try:
             return self.process(st, events, upto)
         except BaseException as exc:
@@ -167,31 +191,42 @@ class SegmentWorker:
         pipeline: bool = False,
     ) -> None:
         db = self.runtime.db
-        with ExitStack() as stack:
-            opened: list[Any] = []
+        traced = spans.current()
+        commit: Any = None  # its span, when traced: from the token's write to the COMMIT
+        try:
+            with ExitStack() as stack:
+                opened: list[Any] = []
 
-            def begin() -> Any:  # the transaction starts at the first query
-                if not opened:
-                    opened.append(stack.enter_context(db.transaction(pipeline=pipeline)))
-                return opened[0]
+                def begin() -> Any:  # the transaction starts at the first query
+                    if not opened:
+                        opened.append(stack.enter_context(db.transaction(pipeline=pipeline)))
+                    return opened[0]
 
-            def park(event: Event, key: str | None, reason: str) -> None:
-                self.runtime.dead_letters.park(
-                    begin(), self.name, event, key, self.policy.routing_hash(event), reason
+                def park(event: Event, key: str | None, reason: str) -> None:
+                    self.runtime.dead_letters.park(
+                        begin(), self.name, event, key, self.policy.routing_hash(event), reason
+                    )
+                    parked_now.append(event.position)
+                    if traced is not None:
+                        traced.parked(event, key, reason)
+
+                ctx = Context(
+                    self.name, st.segment, st.token, lazy(begin), db.backend, db.param, db.prefix
                 )
-                parked_now.append(event.position)
-
-            ctx = Context(
-                self.name, st.segment, st.token, lazy(begin), db.backend, db.param, db.prefix
-            )
-            try:
-                self.dispatch.run(events, ctx, st.token, parking, park, st.watch)
-            finally:
-                st.idle_now()
-            if st.lost:  # given up on as stuck (or stolen) while the handlers ran: roll back
-                raise ClaimLostError(f"{self.name} {st.segment}: the claim was given up")
-            started = st.handlers_done = time.perf_counter()
-            self.tokens.store(self.name, st.segment.id, new_token, self.owner, conn=begin())
+                try:
+                    self.dispatch.run(events, ctx, st.token, parking, park, st.watch)
+                finally:
+                    st.idle_now()
+                if st.lost:  # given up on as stuck (or stolen) while the handlers ran
+                    raise ClaimLostError(f"{self.name} {st.segment}: the claim was given up")
+                started = st.handlers_done = time.perf_counter()
+                if traced is not None:
+                    commit = traced.commit(new_token.position)
+                self.tokens.store(self.name, st.segment.id, new_token, self.owner, conn=begin())
+        except BaseException as exc:
+            spans.ended(commit, exc)
+            raise
+        spans.ended(commit)
         self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
@@ -222,6 +257,7 @@ class SegmentWorker:
         """Record the failure (the segment is retried with back-off, on any node) and let the
         segment go."""
         text = describe(exc)
+        spans.failed(exc, text)
         if st.lost:  # already given up (stuck): a new claim may hold it now, leave it be
             log.error("%s %s failed after it was given up: %s", self.name, st.segment, text)
             return Outcome.LOST

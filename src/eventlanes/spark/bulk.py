@@ -37,6 +37,9 @@ from ..processing.claims import Heartbeat, claim_all, node_name, release_all
 from ..processing.context import Context
 from ..processing.dispatch import Dispatch
 from ..tokens import Token
+from ..tracing import spans
+from ..upcasting import Upcasters
+from ..upcasting.arrow import upcast_batch
 from .export import PREFIX, check_store, load_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session, partitions_of
@@ -82,14 +85,23 @@ class _Input:
         return self.df.select(*FIELDS)
 
 
-def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None, decl: Any = None) -> _Input:
+def _input(
+    spark: Any,
+    app: Any,
+    url: str,
+    n: int,
+    parquet: str | None,
+    decl: Any = None,
+    upcasters: Upcasters | None = None,
+) -> _Input:
     """The events up to the store's head, or exactly the files of a Parquet export.
     ``decl``: a declarative aggregation's declaration (the store's read takes only what its
-    plan reads, the declared properties typed)."""
+    plan reads, the declared properties typed); ``upcasters``: the processor's, applied on the
+    executors as the events are read (an export holds what is stored)."""
     from pyspark.sql import functions as F
 
     from ..processing.declarative import TYPES
-    from .source import SCHEMA, Declared, read_events
+    from .source import FIELDS, SCHEMA, Declared, read_events
 
     if parquet:  # the export's end: the live processor folds what came after it
         export = load_manifest(parquet, app.store)
@@ -102,15 +114,23 @@ def _input(spark: Any, app: Any, url: str, n: int, parquet: str | None, decl: An
         threading.Thread(target=_settle, args=(pending, check_store, parquet, export, app.store),
                          daemon=True, name="eventlanes-export-check").start()  # fmt: skip
         columns = export["columns"]
+        chained_types = export["chained_types"]
         schema = ", ".join([SCHEMA, *(f"`{PREFIX}{p}` {k}" for p, k in columns.items())])
         df = spark.read.schema(schema).parquet(*files).where(F.col("position") <= end)
+        count = df.count  # of the files' rows, as read (an upcaster neither adds nor drops)
+        if upcasters is not None:
+            # The export's typed columns hold the stored shapes: the data is parsed instead.
+            df = df.select(*FIELDS).mapInArrow(
+                lambda it: (upcast_batch(upcasters, b) for b in it), SCHEMA
+            )
+            columns, chained_types = {}, sorted({upcasters.current(t) for t in chained_types})
         # Spark's own row count of those files (a declarative plan counts them in its job).
-        return _Input(df, end, expected, df.count, columns, export["chained_types"], True, pending)
+        return _Input(df, end, expected, count, columns, chained_types, True, pending)
     end = app.store.head()
     shape = None
     if decl is not None:
         shape = Declared({p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types)))
-    df, counter = read_events(spark, url, 0, end, n, shape)
+    df, counter = read_events(spark, url, 0, end, n, shape, upcasters)
     return _Input(df, end, app.store.count(until=end), counter.total,
                   chained=counter.chained_types)  # fmt: skip
 
@@ -136,7 +156,14 @@ def functions_of(proc: Any) -> list[Callable[..., Any]]:
         handlers = proc.handlers
         found += [h for _, h in handlers._entries] + [h for _, h in handlers.batch_handlers]
         found.append(getattr(proc.policy, "_key", None))
+    if (upcasters := upcasters_of(proc)) is not None:
+        found += upcasters.functions()
     return [f for f in found if f is not None]
+
+
+def upcasters_of(proc: Any) -> Upcasters | None:
+    """The upcasters into the types ``proc`` handles (shipped with the job; None: none)."""
+    return proc.runtime.upcasters.into(proc.handled_types())
 
 
 def hold_every_segment(app: Any, proc: Any, owner: str, wait: bool) -> tuple[list, Heartbeat]:
@@ -170,7 +197,34 @@ def replay(
     archives: Iterable[str] = (),
 ) -> ReplayResult:
     """Replay ``name`` from the start on ``spark`` (any session: built by the user, by
-    ``spark-submit``, in a notebook) or on a new one for ``master``."""
+    ``spark-submit``, in a notebook) or on a new one for ``master``. With tracing on, the
+    replay is one span (``replay NAME``, child of the caller's), never one per event."""
+    tracer = spans.tracer()
+    args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives)
+    if tracer is None:
+        return _replay(*args)
+    proc = app.get(name)
+    base = spans.base_attributes(name, None, proc.guarantee.value, getattr(proc, "version", None))
+    extra = {spans.ENGINE: "spark", "eventlanes.parquet": parquet or ""}
+    with spans.batch(tracer, "replay", base, count=0, root=False, extra=extra) as span:
+        result = _replay(*args)
+        span.set_attributes({spans.MESSAGE_COUNT: result.events, spans.TOKEN: result.end,
+                             "eventlanes.keys": result.keys})  # fmt: skip
+        return result
+
+
+def _replay(
+    app: Any,
+    name: str,
+    spark: Any,
+    master: str | None,
+    parquet: str | None,
+    partitions: int | None,
+    wait: bool,
+    conf: dict[str, str] | None,
+    py_files: Iterable[str],
+    archives: Iterable[str],
+) -> ReplayResult:
     proc = app.get(name)
     if not isinstance(proc, Aggregation) and (
         proc.guarantee.value != "exactly-once" or proc.sources
@@ -185,12 +239,13 @@ def replay(
     url = url or executor_url(app.url, spark.sparkContext.master)
     n = partitions_of(spark, partitions)
     # Before any write: code and store reachable from an executor, or one clear error.
-    preflight(spark, functions_of(proc), url, head=app.store.head())
+    preflight(spark, functions_of(proc), url, head=app.store.head(), reads_store=not parquet)
     owner = f"spark-replay:{node_name()}"
     records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
     try:
-        source = _input(spark, app, url, n, parquet, getattr(proc, "declaration", None))
+        decl = getattr(proc, "declaration", None)
+        source = _input(spark, app, url, n, parquet, decl, upcasters_of(proc))
         try:
             if isinstance(proc, Aggregation):
                 events, keys = _aggregation(app, proc, source, n, owner, records)

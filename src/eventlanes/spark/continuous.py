@@ -33,6 +33,7 @@ from ..processing.weather import Backoff, is_transient
 from ..schema import require
 from ..signals import run_until_signal
 from ..tokens import Token
+from ..tracing import spans
 from .bulk import (
     check_read,
     collect_states,
@@ -40,6 +41,7 @@ from .bulk import (
     fold_stages,
     functions_of,
     save_states,
+    upcasters_of,
 )
 from .fold import spec_of
 from .session import get_session, partitions_of
@@ -131,16 +133,30 @@ class ContinuousAggregation:
 
     def run_batch(self) -> bool:
         """Fold the events after the stored token (at most ``max_rows``) onto the stored
-        states; write states and tokens in one transaction. False: nothing new."""
+        states; write states and tokens in one transaction. False: nothing new. With tracing
+        on, a micro-batch that folds events is one span (``process NAME``, engine spark)."""
         app, agg = self.app, self.agg
         current = {s.segment.id: s.token for s in app.tokens.status(agg.name)}
         after = min(t.position for t in current.values())
         head = app.store.head()
         if head <= after:
             return False
+        tracer = spans.tracer()
+        if tracer is None:
+            return self._fold(current, after, head, None)
+        base = spans.base_attributes(agg.name, None, agg.guarantee.value,
+                                     getattr(agg, "version", None))  # fmt: skip
+        with spans.batch(tracer, "process", base, count=0, extra={spans.ENGINE: "spark"}) as span:
+            return self._fold(current, after, head, span)
+
+    def _fold(self, current: dict[int, Token], after: int, head: int, span: Any) -> bool:
+        app, agg = self.app, self.agg
         end = min(head, after + self.max_rows) if self.max_rows else head
         expected = app.store.count(until=end) - app.store.count(until=after)
-        df, read = read_events(self.spark, self.url, after, end, self.n)
+        if span is not None:
+            span.set_attributes({spans.MESSAGE_COUNT: expected, spans.POSITION: after + 1,
+                                 spans.POSITION_LAST: end, spans.TOKEN: end})  # fmt: skip
+        df, read = read_events(self.spark, self.url, after, end, self.n, None, upcasters_of(agg))
         spec = spec_of(agg, app.store.events_table)
         folded = fold_aggregation(spec, df, self.n, StoredStates(self.url, agg.name))
         if spec.stages:

@@ -14,7 +14,13 @@ from itertools import chain
 from typing import Any
 
 from ..events import Event
-from ..processing.aggregation import Aggregation, Entry, check_output
+from ..processing.aggregation import (
+    Aggregation,
+    Entry,
+    check_fresh_state,
+    check_output,
+    returned_value,
+)
 from ..processing.chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
 from ..processing.states import encode, encode_state  # the local engine's: same stored text
 from .source import FIELDS, SCHEMA
@@ -54,6 +60,8 @@ class FoldSpec:
 
 
 def spec_of(agg: Aggregation, source: str) -> FoldSpec:
+    if not agg.stages:  # as the local engine refuses it when it starts
+        check_fresh_state("aggregation", agg.name, agg.initial_state)
     stages = [
         FoldSpec(s.name, s.key, s.initial, dict(s.folds.by_type), list(s.folds.any), source)
         for s in agg.stages
@@ -194,6 +202,8 @@ def fold_sorted(
                 _emit(spec, key, event, coords or (source, "", (pos,)), produced, out)
                 if len(out) >= 5000:
                     yield flush_rows()
+            elif produced is not None and produced is not entry.value:
+                returned_value(spec.name, key, event, fold, produced)  # as the local engine
     if current is not None:
         if dirty:
             entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
@@ -278,7 +288,9 @@ def fold_stage(
         event = output_event(NewEvent(raw["type"], raw["data"], raw["metadata"]), position,
                              source, coords[2])  # fmt: skip
         for fold in stage.folds(event.type):
-            fold(entry.value, event)
+            produced = fold(entry.value, event)
+            if produced is not None and produced is not entry.value:
+                returned_value(stage.name, key, event, fold, produced)  # as the local engine
         record(entry.offsets, coords)
     rows_out = [_state_row(stage.name, k, e) for k, e in entries.items()]
     if rows_out:

@@ -5,7 +5,8 @@ defines them. Modules the app loaded from its own directories (not from an insta
 environment) are zipped on the fly and added with ``addPyFile``; so is eventlanes itself when
 the executors cannot import it (it is pure Python). Third-party packages the executors lack
 cannot be shipped this way: a preflight job (one task) checks on an executor that its Python
-has pyarrow and pandas (PySpark's Arrow path), imports everything, compares eventlanes'
+has pyarrow and pandas (PySpark's Arrow path) and the store's ADBC driver (the range reads),
+imports everything, compares eventlanes'
 version with the driver's and opens the store read-only there; any failure stops the run at
 once with one line saying what is missing and how to ship it, instead of a Py4J trace after
 four task retries.
@@ -157,19 +158,20 @@ def ship(spark: Any, tops: list[str]) -> None:
 # cloudpickle sends a function by value when its module cannot be imported by name, so it is
 # compiled here into a module name that exists nowhere.
 _CHECK_SOURCE = """
-def check(_rows, modules, url):
+def check(_rows, modules, url, adbc):
     import importlib
     import sys
     result = {"missing": [], "store": None, "eventlanes": None, "python": sys.executable,
               "packages": []}
     # What Spark's Arrow path needs in the executors' Python (mapInArrow, Arrow batches),
-    # with the minimum versions PySpark itself requires.
-    for name in ("pyarrow", "pandas"):
+    # with the minimum versions PySpark itself requires; and the ADBC driver that reads the
+    # store into Arrow there (``adbc``: its module, None when executors read no store).
+    for name in ("pyarrow", "pandas", *([adbc] if adbc else [])):
         try:
             importlib.import_module(name)
         except Exception as exc:
-            result["packages"].append((name, f"{type(exc).__name__}: {exc}"))
-    if not result["packages"]:
+            result["packages"].append((name.split(".")[0], f"{type(exc).__name__}: {exc}"))
+    if not any(name in ("pyarrow", "pandas") for name, _ in result["packages"]):
         from pyspark.sql.pandas import utils
         for name, require in (("pandas", utils.require_minimum_pandas_version),
                               ("pyarrow", utils.require_minimum_pyarrow_version)):
@@ -211,11 +213,11 @@ def _check_function() -> Callable[..., Any]:
     return namespace["check"]
 
 
-def _run_check(spark: Any, modules: list[str], url: str | None) -> dict[str, Any]:
+def _run_check(spark: Any, modules: list[str], url: str | None, adbc: str | None) -> dict[str, Any]:
     check = _check_function()
     rdd = spark.sparkContext.parallelize([0], 1)
     try:
-        return rdd.mapPartitions(lambda rows: check(rows, modules, url)).collect()[0]
+        return rdd.mapPartitions(lambda rows: check(rows, modules, url, adbc)).collect()[0]
     except Exception as exc:
         raise SparkJobError(
             f"executors cannot run Python: {first_line(exc)}. The executors' Python is "
@@ -229,11 +231,17 @@ def preflight(
     functions: Iterable[Callable[..., Any]] = (),
     url: str | None = None,
     head: int | None = None,
+    reads_store: bool = True,
 ) -> None:
-    """Ship the app's modules, check on one executor that eventlanes and they import and that
-    the store opens read-only there (at a head not behind ``head``, the driver's view).
-    Raises a one-line error otherwise."""
+    """Ship the app's modules, check on one executor that eventlanes and they import, that
+    the store opens read-only there (at a head not behind ``head``, the driver's view) and,
+    when the executors read the store (``reads_store``; not a Parquet replay), that its
+    ADBC driver imports. Raises a one-line error otherwise."""
     functions = list(functions)
+    adbc = None
+    if url and reads_store:  # the module store.arrow.driver imports for this backend
+        sqlite = parse_url(url).backend == "sqlite"
+        adbc = "adbc_driver_sqlite.dbapi" if sqlite else "adbc_driver_postgresql.dbapi"
     modules = user_modules(functions)
     # Import on the executor exactly the modules that define the functions (a package's
     # submodule may import what the executors lack).
@@ -246,15 +254,18 @@ def preflight(
         modules_to_ship = modules
     ship(spark, modules_to_ship)
     checked = [*modules, *defining]
-    result = _run_check(spark, checked, url)
+    result = _run_check(spark, checked, url, adbc)
     if result["missing"] and result["missing"][0][0] == "eventlanes":
         ship(spark, ["eventlanes"])  # pure Python: the driver's own copy, same version
-        result = _run_check(spark, checked, url)
+        result = _run_check(spark, checked, url, adbc)
     if result["packages"]:
         lacking = ", ".join(f"{name} ({error})" for name, error in result["packages"])
+        needs = "pyarrow and pandas<3" + (
+            f", the store's reads {adbc.split('.')[0]}" if adbc else ""
+        )
         raise SparkJobError(
             f"the executors' Python ({result['python']}) lacks {lacking}: PySpark's Arrow "
-            "path needs pyarrow and pandas<3 there. Install them on every node (pip install "
+            f"path needs {needs} there. Install them on every node (pip install "
             "'eventlanes[spark]'), or ship an environment that has them: --archives "
             "env.tar.gz#environment with PYSPARK_PYTHON=./environment/bin/python"
         )

@@ -32,6 +32,9 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
+from ..upcasting import Upcasters
+from ..upcasting.arrow import upcast_batch
+
 SCHEMA = (
     "position long, stream_id string, version long, type string, data string, "
     "metadata string, recorded_at long, routing_hash long"
@@ -192,15 +195,22 @@ class Declared:
 
 
 def _read_ranges(
-    url: str, counter: Any, batches: Iterator[Any], shape: Declared | None = None
+    url: str,
+    counter: Any,
+    batches: Iterator[Any],
+    shape: Declared | None = None,
+    upcasters: Upcasters | None = None,
 ) -> Iterator[Any]:
+    # An upcaster is given the whole event: every column is read then.
+    columns = None if shape is None or upcasters is not None else shape.columns
     for batch in batches:
         for index, after, until in zip(*(c.to_pylist() for c in batch.columns), strict=True):
             rows = 0
             types: set[str] = set()
-            columns = None if shape is None else shape.columns
             for out in read_slice(url, Slice(after, until), columns):
                 rows += out.num_rows
+                if upcasters is not None:  # current shapes before anything reads the data
+                    out = upcast_batch(upcasters, out)
                 types |= chained(out)
                 yield out if shape is None else shape(out)
             counter.add({index: (rows, tuple(sorted(types)))})
@@ -213,10 +223,13 @@ def read_events(
     until: int,
     partitions: int,
     shape: Declared | None = None,
+    upcasters: Upcasters | None = None,
 ) -> tuple[Any, ReadCount]:
     """The events in positions ``(after, until]`` as a DataFrame of ``SCHEMA`` (or of
     ``shape.schema``: what a declarative plan reads), one range per partition, and the count
-    of rows the executors read (valid once the plan has run)."""
+    of rows the executors read (valid once the plan has run). ``upcasters``: applied on the
+    executors as each batch is read (old rows only, in Python), so the rest of the plan, native
+    expressions included, sees current shapes."""
     from pyspark.sql import functions as F
 
     ranges = _ranges(after, until, partitions)
@@ -230,7 +243,7 @@ def read_events(
         .cast("long").alias("until"),
     )  # fmt: skip
     schema = SCHEMA if shape is None else shape.schema
-    df = bounds.mapInArrow(lambda it: _read_ranges(url, counter, it, shape), schema)
+    df = bounds.mapInArrow(lambda it: _read_ranges(url, counter, it, shape, upcasters), schema)
     return df, ReadCount(counter, k)
 
 

@@ -12,6 +12,7 @@ from ..db import Database
 from ..errors import InvalidInputError, StoreConnectionError
 from ..events import Event, NewEvent, check_text, encode_fast, encode_object
 from ..hashing import stable_hash
+from ..tracing import propagation, spans
 
 SegmentSpec = Any  # an el.Segment or an (id, mask) pair
 
@@ -113,6 +114,9 @@ class EventStore(ABC):
         self.db = db
         self.events_table = db.table("events")
         self._checked_types: set[str] = set()  # event types already validated
+        #: appends under a sampled span record its context in the events' metadata, unless
+        #: the URL says ``trace=off`` (checked by parse_url)
+        self.trace_context = db.url.options.get("trace", "on").lower() == "on"
 
     # -- writing ---------------------------------------------------------------------------
     def append(
@@ -158,6 +162,18 @@ class EventStore(ABC):
                 encode_object(event.data, f"event #{i} ({event.type}) data")
                 encode_object(event.metadata, f"event #{i} ({event.type}) metadata")
                 raise
+        # After validation: the trace keys are added to the checked text (tracing/); with no
+        # sampled span this costs one context lookup.
+        if self.trace_context and propagation.sampled() is not None:
+            return spans.append(
+                stream_id, [e.metadata for e in events], encoded,
+                lambda: self._guarded_append(stream_id, encoded, expected_version, conn),
+            )  # fmt: skip
+        return self._guarded_append(stream_id, encoded, expected_version, conn)
+
+    def _guarded_append(
+        self, stream_id: str, encoded: list[EncodedEvent], expected_version: int | None, conn: Any
+    ) -> list[int]:
         with self.db.guard(f"append to stream {stream_id!r}"):
             return self._append(stream_id, stable_hash(stream_id), encoded, expected_version, conn)
 

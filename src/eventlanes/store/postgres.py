@@ -21,6 +21,7 @@ the reader belongs to an appender whose positions will all be above the L the re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -76,17 +77,30 @@ class _Notifier:
         self._wanted = threading.Event()
         self._pid = 0
         self._lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         if self._pid != os.getpid():  # first use in this process (or after a fork)
             with self._lock:
-                if self._pid != os.getpid():
+                if self._pid != os.getpid() and not self._closed:
                     self._wanted = threading.Event()
-                    threading.Thread(
+                    self._thread = threading.Thread(
                         target=self._run, name="eventlanes-notify", daemon=True
-                    ).start()
+                    )
+                    self._thread.start()
                     self._pid = os.getpid()
         self._wanted.set()
+
+    def close(self) -> None:
+        """End the thread and its connection (a store opened and closed again must not leave
+        them behind: a process that does so often would use up the server's connections)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread if self._pid == os.getpid() else None
+        self._wanted.set()
+        if thread is not None:
+            thread.join(timeout=5.0)
 
     def _run(self) -> None:
         wanted = self._wanted
@@ -94,6 +108,11 @@ class _Notifier:
         while True:
             wanted.wait()
             wanted.clear()
+            if self._closed:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                return
             try:
                 if conn is None or conn.closed:
                     conn = self.db.connect(autocommit=True)
@@ -120,6 +139,8 @@ class PostgresEventStore(EventStore):
         self.notify_channel = f"{t}_appended" if notify == "on" else None
         self._notify_sql = "SELECT pg_notify(%s, '')"
         self._notifier = _Notifier(db, self.notify_channel) if self.notify_channel else None
+        if self._notifier is not None:
+            db.on_close(self._notifier.close)
         self._horizon_sql = f"SELECT {t}_horizon()"
         self._micros = _micros_loader()
 
