@@ -165,8 +165,10 @@ def _run_console(example: Example, run: PageRun) -> None:
         if command.rstrip().endswith("&"):
             _start(example, run, command.rstrip()[:-1], expected, env)
             continue
-        done = subprocess.run(["bash", "-c", command], cwd=run.cwd, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=run.cwd, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180,
+        )  # fmt: skip
         where = f"{example.path}:{example.line}: $ {command}"
         if done.returncode != 0:
             raise AssertionError(f"{where}\nexited {done.returncode}:\n{done.stdout}")
@@ -233,7 +235,7 @@ def evaluate(example: Example) -> None:
     elif language not in NOT_CODE:
         raise AssertionError(
             f"{example.path}:{example.line}: a {language or 'plain'} block: nothing runs it; "
-            "use python or console, or say why not with <!-- skip: next \"reason\" -->"
+            'use python or console, or say why not with <!-- skip: next "reason" -->'
         )
     run.ran.append((example.line, language))
 

@@ -75,8 +75,8 @@ class Segment:
         return self.mask + 1
 
     def matches(self, routing_hash: int) -> bool:
-        """Whether an event with this routing hash belongs to the segment (``hash & mask == id``).
-        """
+        """Whether an event with this routing hash belongs to the segment
+        (``hash & mask == id``)."""
         return routing_hash & self.mask == self.id
 
     def split(self) -> tuple[Segment, Segment]:

@@ -16,19 +16,26 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 class _PrintPath(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(
+        self, parser: Any, namespace: Any, values: Any, option_string: str | None = None
+    ) -> None:
         print(__file__)
         parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Replay each named processor of the app (``module:app`` or ``path/file.py:app``)."""
-    parser = argparse.ArgumentParser(prog="eventlanes.spark.job", description=__doc__.split("\n")[0])
-    parser.add_argument("--print-path", nargs=0, action=_PrintPath,
-                        help="print this file's path (spark-submit's job argument) and exit")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="eventlanes.spark.job", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--print-path", nargs=0, action=_PrintPath,
+        help="print this file's path (spark-submit's job argument) and exit",
+    )  # fmt: skip
     parser.add_argument("app", help="the app: module:app or path/to/file.py:app")
     parser.add_argument("names", nargs="+", help="processors to replay")
     parser.add_argument("--parquet", help="replay a Parquet export (path or URI)")
