@@ -86,7 +86,7 @@ class App:
 
     @property
     def poll_interval(self) -> float | None:
-        """Seconds between looks for new events without notifications (None: the backend's default)."""
+        """Seconds between looks for new events when not notified (None: the default)."""
         return self.runtime.poll_interval
 
     @property
@@ -107,7 +107,7 @@ class App:
 
     @property
     def dead_letters(self) -> DeadLetterStore:
-        """The table of parked events (see :meth:`dead_letter_list` and the CLI's ``dead-letters``)."""
+        """The table of parked events (:meth:`dead_letter_list`, the CLI's ``dead-letters``)."""
         return self.runtime.dead_letters
 
     @property
