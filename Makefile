@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench docs docs-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,18 @@ lint: $(VENV)/.installed-dev
 test: lint
 	$(BIN)/pytest -q
 
+# The documentation site (docs/, Sphinx): strict (-W -n: a warning, a broken link or a missing
+# reference fails) and offline. tests/test_docs.py runs the same build in `make test`.
+DOCS_OUT ?= docs/_build/html
+docs: $(VENV)/.installed-dev
+	$(BIN)/sphinx-build -q -b html -W --keep-going -n docs $(DOCS_OUT)
+	@echo "built $(DOCS_OUT)/index.html"
+
+docs-serve: docs
+	$(BIN)/python -m http.server --directory $(DOCS_OUT) --bind 127.0.0.1 8000
+
 bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache
+	rm -rf $(VENV) demo-data .pytest_cache docs/_build build dist

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -101,28 +100,36 @@ def test_cli_replays_an_aggregation_and_a_projection(spark_cluster, tmp_path) ->
     )
 
 
-def readme_recipe() -> str:
-    """The shell block of the README's "Running on a Spark cluster" that calls spark-submit."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Running on a Spark cluster") :]
-    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
-    (recipe,) = [b for b in blocks if "spark-submit" in b]
-    return recipe
+def docs_recipe() -> str:
+    """The console block of docs/how-to/spark-cluster.md that calls spark-submit, as a script
+    (the README's recipe is the same block while the README still has it)."""
+    from tests.docs_examples import console_commands
+
+    text = (ROOT / "docs" / "how-to" / "spark-cluster.md").read_text()
+    blocks = re.findall(r"```console\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if "spark-submit" in b]
+    script = "\n".join(command for command, _ in console_commands(block))
+    readme = (ROOT / "README.md").read_text()
+    if "### Running on a Spark cluster" in readme:
+        section = readme[readme.index("### Running on a Spark cluster") :]
+        (old,) = [b for b in re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+                  if "spark-submit" in b]  # fmt: skip
+        assert old.strip() == script.strip(), "the README's spark-submit recipe is not the docs'"
+    return script
 
 
-def test_readme_spark_submit_recipe_replays_a_file_uri_export(spark_cluster, tmp_path) -> None:
-    """The README's recipe, run as written: eventlanes as a --py-files zip, a job that builds
-    its own session (getOrCreate), a Parquet export given as a file:// URI; the app's module
-    ships by itself."""
+def test_docs_spark_submit_recipe_replays_a_file_uri_export(spark_cluster, tmp_path) -> None:
+    """The docs' recipe, run as written: eventlanes as a --py-files zip, the job the wheel
+    ships (eventlanes.spark.job, its own session from getOrCreate), a Parquet export given as a
+    file:// URI; the app's module ships by itself."""
     url = f"sqlite:///{tmp_path}/events.db"
     fill(url, 10_000)
-    recipe = readme_recipe().replace("shop.app:app screws-per-robot", f"{APP} by_function")
+    recipe = docs_recipe().replace("shop:app revenue", f"{APP} by_function")
     recipe = recipe.replace('--master "$MASTER"', '--master "$MASTER" $CONF')
-    shutil.copy(ROOT / "tests" / "apps" / "spark_job.py", tmp_path / "spark_job.py")
     export = f"file://{tmp_path}/export"
     bin_dir = str(Path(sys.executable).parent)  # python, eventlanes and spark-submit
     env = spark_cluster.driver_env(
-        EVENTLANES_TEST_APP_URL=url, STORE=url, EXPORT=export, MASTER=spark_cluster.master,
+        EVENTLANES_TEST_APP_URL=url, SHOP_URL=url, EXPORT=export, MASTER=spark_cluster.master,
         CONF=" ".join(spark_cluster.cli_conf()), PYSPARK_DRIVER_PYTHON=sys.executable,
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     )  # fmt: skip

@@ -76,34 +76,43 @@ class App:
     # -- resources (opened by the runtime on first use) ----------------------------------------
     @property
     def url(self) -> str:
+        """The store's URL, as given."""
         return self.runtime.url
 
     @property
     def claim_timeout(self) -> float:
+        """Seconds a dead node's segments wait before another node takes them."""
         return self.runtime.claim_timeout
 
     @property
     def poll_interval(self) -> float | None:
+        """Seconds between looks for new events when not notified (None: the default)."""
         return self.runtime.poll_interval
 
     @property
     def store(self) -> EventStore:
+        """The event store (opened on first use)."""
         return self.runtime.store
 
     @property
     def db(self) -> Database:
+        """The store's database: ``app.db.table(name)``, ``query``, ``run_ddl``, ``transaction`` for
+        your own tables."""
         return self.runtime.db
 
     @property
     def tokens(self) -> TokenStore:
+        """The token store (by default in the store's own database)."""
         return self.runtime.tokens
 
     @property
     def dead_letters(self) -> DeadLetterStore:
+        """The table of parked events (:meth:`dead_letter_list`, the CLI's ``dead-letters``)."""
         return self.runtime.dead_letters
 
     @property
     def aggregate_states(self) -> StateTable:
+        """The table of aggregation states (``agg.get(key)`` reads one)."""
         return self.runtime.states
 
     def migrate(self) -> list[Migrated]:
@@ -229,6 +238,8 @@ class App:
         return sorted(found, key=lambda p: p.version)
 
     def get(self, name: str) -> Processor:
+        """The processor defined with this name (``orders@v2`` for a version); InvalidInputError
+        naming the defined ones otherwise."""
         try:
             return self.processors[name]
         except KeyError:
@@ -361,6 +372,7 @@ class App:
 
     @property
     def observer(self) -> Observer:
+        """The observer the runners report batches to (metrics implement it)."""
         return self.runtime.observer
 
     @property
@@ -370,6 +382,7 @@ class App:
 
     @property
     def running(self) -> bool:
+        """Whether processors or ingestors of this app run in this process."""
         return bool(self._runners or self._ingest_runners)
 
     def run(
@@ -501,17 +514,24 @@ class App:
         return admin.pause(self.runtime, self.get(name))
 
     def resume(self, name: str) -> bool:
+        """Resume a paused processor (or ingestor) on every node; True if this call resumed it."""
         if name in self.ingestors:
             return self.tokens.resume(name)
         return admin.resume(self.runtime, self.get(name))
 
     def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
+        """Ask the owner of segment ``segment_id`` to split it (done here when nobody holds it);
+        returns what was done."""
         return admin.steer(self.runtime, self.get(name), segment_id, "split", timeout)
 
     def merge(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
+        """Ask the owners of segment ``segment_id`` and its sibling to merge them; returns what was
+        done."""
         return admin.steer(self.runtime, self.get(name), segment_id, "merge", timeout)
 
     def release(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
+        """Ask the owner of segment ``segment_id`` to store its token and let it go; returns what
+        was done."""
         return admin.steer(self.runtime, self.get(name), segment_id, "release", timeout)
 
     def dead_letter_list(
@@ -537,6 +557,7 @@ class App:
     def discard_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
     ) -> int:
+        """Drop parked events (all, one key's, or one position's) for good; returns how many."""
         if name in self.ingestors:
             from .kafka import parking
 
@@ -617,6 +638,7 @@ class App:
         return lifecycle.table_name(self.runtime, name, base, defined)
 
     def close(self) -> None:
+        """Stop what still runs and close the app's stores and connections."""
         if self._runners or self._ingest_runners:
             self.stop()
         self.runtime.close()

@@ -328,22 +328,27 @@ class Event:
 
     @property
     def position(self) -> int:
+        """Its place in the store's global order (gap-free on SQLite; increasing on PostgreSQL)."""
         return self._position
 
     @property
     def stream_id(self) -> str:
+        """The stream it was appended to."""
         return self._stream_id
 
     @property
     def version(self) -> int:
+        """Its place in its stream, from 1."""
         return self._version
 
     @property
     def type(self) -> str:
+        """The event's type, as appended."""
         return self._type
 
     @property
     def routing_hash(self) -> int:
+        """``crc32`` of the stream id (unsigned 32-bit), stored so segment filters run in SQL."""
         return self._routing_hash
 
     @property
@@ -387,6 +392,7 @@ class Event:
 
     @property
     def recorded_at(self) -> datetime:
+        """When it was appended (UTC, timezone-aware)."""
         value = self._recorded_at
         if isinstance(value, int):
             # SQLite stores microseconds since the epoch (UTC).

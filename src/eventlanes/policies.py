@@ -34,12 +34,15 @@ class SequencingPolicy:
         self.routing = key if routing is None else routing
 
     def key(self, event: Event) -> str | None:
+        """The event's sequence key (None: it may run in parallel with anything)."""
         value = self._key(event)
         if value is None or value.__class__ is str:
             return value
         return key_text(value, f"sequencing policy {self.name}", event)
 
     def routing_hash(self, event: Event) -> int:
+        """The stable hash segments route the event by: the key's, or the stored stream hash (per
+        stream), or the position (no key)."""
         if self.by_stream:
             return event.routing_hash
         key = self.key(event)

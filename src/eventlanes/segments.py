@@ -75,27 +75,33 @@ class Segment:
         return self.mask + 1
 
     def matches(self, routing_hash: int) -> bool:
+        """Whether an event with this routing hash belongs to the segment
+        (``hash & mask == id``)."""
         return routing_hash & self.mask == self.id
 
     def split(self) -> tuple[Segment, Segment]:
+        """The two halves of the segment: ``id`` and ``id + mask + 1`` under the next mask."""
         if self.mask == MAX_MASK:
             raise ValueError(f"segment {self} cannot be split further")
         mask = self.mask * 2 + 1
         return Segment(self.id, mask), Segment(self.id + self.mask + 1, mask)
 
     def parent(self) -> Segment:
+        """The segment this one was split from (ValueError for the root, ``0/0``)."""
         if self.mask == 0:
             raise ValueError("the root segment has no parent")
         mask = self.mask >> 1
         return Segment(self.id & mask, mask)
 
     def sibling(self) -> Segment:
+        """The other half of this segment's parent."""
         if self.mask == 0:
             raise ValueError("the root segment has no sibling")
         top = (self.mask + 1) >> 1
         return Segment(self.id ^ top, self.mask)
 
     def merge(self, other: Segment) -> Segment:
+        """The parent of this segment and its sibling ``other`` (ValueError for anything else)."""
         if self.mask == 0 or other != self.sibling():
             raise ValueError(f"only siblings merge: {other} is not the sibling of {self}")
         return self.parent()

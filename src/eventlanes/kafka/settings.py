@@ -127,12 +127,16 @@ class Kafka:
 
     @property
     def bootstrap_servers(self) -> str:
+        """The brokers to connect to (``host:port,...``)."""
         return str(self.resolved()["bootstrap.servers"])
 
     def redacted(self) -> dict[str, Any]:
+        """The client options with secrets shown as ``***`` (for logs and status)."""
         return redact(self.resolved())
 
     def consumer_config(self) -> dict[str, Any]:
+        """The options of the consumers eventlanes makes (no group, no offset commits: tokens keep
+        the offsets)."""
         conf = self.resolved()
         conf.update({
             "group.id": "eventlanes",  # required by the client; no group is ever joined
@@ -150,6 +154,7 @@ class Kafka:
         return conf
 
     def producer_config(self) -> dict[str, Any]:
+        """The options of the producers eventlanes makes (idempotent, acks from all replicas)."""
         conf = self.resolved()
         # idempotence: retries neither reorder nor duplicate within a producer session
         conf.setdefault("enable.idempotence", True)

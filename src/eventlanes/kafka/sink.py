@@ -66,6 +66,7 @@ class KafkaSink:
         self.published = 0
 
     def producer(self) -> Any:
+        """The sink's producer, made on first use (one per process)."""
         with self._lock:
             if self._producer is None or self._pid != os.getpid():  # not across a fork
                 self._producer = client.producer(self.kafka)

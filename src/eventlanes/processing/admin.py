@@ -94,14 +94,17 @@ class ProcessorView:
 
     @property
     def position(self) -> int:
+        """The lowest position of its segments (where the processor as a whole stands)."""
         return min((s.position for s in self.segments), default=0)
 
     @property
     def caught_up(self) -> bool:
+        """Whether every segment has reached the head."""
         return all(s.caught_up for s in self.segments)
 
     @property
     def lag(self) -> int:
+        """The largest lag of its segments, in events (head minus position)."""
         return max((s.lag for s in self.segments), default=0)
 
 

@@ -133,6 +133,7 @@ class Stage:
         self.on = self.folds.on
 
     def get(self, key: str) -> Any:
+        """The stage's state of ``key`` as last written (None when there is none)."""
         return self.upstream.states.get(self.name, key)
 
 
@@ -254,6 +255,7 @@ class Aggregation(Processor):
 
     @property
     def states(self) -> StateTable:
+        """The table the states are written to."""
         return self.runtime.states
 
     def get(self, key: str) -> Any:

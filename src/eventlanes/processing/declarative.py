@@ -114,10 +114,14 @@ def sum(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) 
 
 
 def min(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
+    """The smallest value of a data property (``int``, ``float`` or ``str``) among the folded events
+    that have it."""
     return _op("min", field, type, where, (int, float, str))
 
 
 def max(field: str, type: Any = int, *, where: Mapping[str, Any] | None = None) -> Op:  # noqa: A001
+    """The largest value of a data property (``int``, ``float`` or ``str``) among the folded events
+    that have it."""
     return _op("max", field, type, where, (int, float, str))
 
 

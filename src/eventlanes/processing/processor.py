@@ -250,6 +250,8 @@ class Processor:
         return self.name, self.segments, self.initial, earlier, self._routes_as_versions
 
     def describe(self) -> dict[str, Any]:
+        """What the processor is, for start lines and status: name, guarantee, mode, segments,
+        policy, batch size and ``on_error``."""
         return {
             "name": self.name,
             "guarantee": self.guarantee.value,

@@ -94,6 +94,7 @@ class Republisher(Processor):
         return self.functions.types()
 
     def target(self) -> EventStore:
+        """The store the outputs are appended to (the app's own unless ``to_store``)."""
         if self.to_store is None:
             return self.runtime.store
         if isinstance(self.to_store, str):

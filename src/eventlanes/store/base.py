@@ -442,6 +442,7 @@ class EventStore(ABC):
             return self.db.query(sql, (until,))[0][0]
 
     def close(self) -> None:
+        """Close the store's connections (the store is also a context manager)."""
         self.db.close()
 
     def __enter__(self) -> EventStore:

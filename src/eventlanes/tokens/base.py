@@ -62,6 +62,7 @@ class SegmentStatus:
 
     @property
     def position(self) -> int:
+        """The segment's token position."""
         return self.token.position
 
 
@@ -112,6 +113,7 @@ class TokenStore(ABC):
 
     @property
     def timeout_ms(self) -> int:
+        """``claim_timeout`` in milliseconds (claims' deadlines are on the database's clock)."""
         return int(self.claim_timeout * 1000)
 
     # The public methods validate, then delegate to the backend's ``_`` methods.
@@ -272,6 +274,7 @@ class TokenStore(ABC):
         return self._set_paused(validate_processor_name(processor), False)
 
     def is_paused(self, processor: str) -> bool:
+        """Whether the processor is paused (nobody claims its segments)."""
         return self._is_paused(validate_processor_name(processor))
 
     def heartbeat(self, processor: str, node: str) -> None:
@@ -279,6 +282,7 @@ class TokenStore(ABC):
         self._heartbeat(validate_processor_name(processor), validate_owner(node), leave=False)
 
     def leave(self, processor: str, node: str) -> None:
+        """Forget node ``node`` of the processor's live nodes (a node stopping cleanly)."""
         self._heartbeat(validate_processor_name(processor), validate_owner(node), leave=True)
 
     def live_nodes(self, processor: str) -> list[str]:
@@ -299,6 +303,7 @@ class TokenStore(ABC):
         )
 
     def segments(self, processor: str) -> list[Segment]:
+        """The processor's segments as stored (its layout)."""
         return [s.segment for s in self.status(processor)]
 
     def status(self, processor: str) -> list[SegmentStatus]:
@@ -306,6 +311,7 @@ class TokenStore(ABC):
         return self._status(validate_processor_name(processor))
 
     def token(self, processor: str, segment_id: int) -> Token | None:
+        """The stored token of one segment (None when the segment does not exist)."""
         for s in self.status(processor):
             if s.segment.id == segment_id:
                 return s.token
@@ -337,7 +343,8 @@ class TokenStore(ABC):
         return bool(rows) and all(s.owner == RETIRED for s in rows)
 
     @abstractmethod
-    def processors(self) -> list[str]: ...
+    def processors(self) -> list[str]:
+        """The names of the processors that have token rows here."""
 
     @abstractmethod
     def _initialize(self, processor: str, segments: list[Segment], position: int) -> bool: ...
@@ -415,6 +422,7 @@ class TokenStore(ABC):
     def _retire(self, processor: str, owner: str, conn: Any) -> int: ...
 
     def close(self) -> None:  # noqa: B027 - optional for backends
+        """Close the connections this token store opened itself."""
         pass
 
 

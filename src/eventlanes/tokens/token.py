@@ -64,6 +64,7 @@ class Token:
         return Token(0)
 
     def with_source(self, name: str, token: Token) -> Token:
+        """This token with the token of extra source ``name`` replaced (multi-source processors)."""
         if not name:
             return replace(token, sources=self.sources)
         others = tuple((n, t) for n, t in self.sources if n != name) + ((name, token),)
@@ -89,6 +90,7 @@ class Token:
 
     @property
     def replaying(self) -> bool:
+        """Whether events up to a replay end are still to be flagged as replays."""
         return bool(self.replays)
 
     @property
@@ -118,6 +120,7 @@ class Token:
 
     @property
     def is_plain(self) -> bool:
+        """Whether the token is one position (no half of a merge ahead of it)."""
         return not self.ahead
 
     def advance(self, position: int) -> Token:
@@ -242,6 +245,8 @@ class Token:
 
     # -- persistence: ``position`` is a column; everything else is JSON detail ---------------
     def detail(self) -> str | None:
+        """The JSON stored beside the position (``token_detail``): parts ahead, replay ends,
+        sources; None for a plain position."""
         data: dict[str, Any] = {}
         if self.ahead:
             data["ahead"] = [list(a) for a in self.ahead]

@@ -193,7 +193,7 @@ class Upcasters:
     def events(self, events: Sequence[Event]) -> list[Event]:
         """``events`` with every one of an upcast type replaced by its current shape (the
         others, usually all of them, as they are; one C-level test when none is old). An
-        upcaster's failure becomes the event's data (:class:`UpcastFailed`)."""
+        upcaster's failure becomes the event's data (``UpcastFailed``)."""
         if self._sources.isdisjoint(types(events)):
             return events if isinstance(events, list) else list(events)
         sources = self._sources
@@ -201,7 +201,7 @@ class Upcasters:
 
     def upcast(self, event: Event) -> Event:
         """``event`` in its current shape; an upcaster's failure is carried as its data
-        (accessing ``data`` raises :class:`UpcastError` naming the event and the upcaster)."""
+        (accessing ``data`` raises :class:`~eventlanes.errors.UpcastError` naming the event and the upcaster)."""
         steps = self.chain(event._type)
         if not steps:
             return event
@@ -212,7 +212,7 @@ class Upcasters:
         return _moved(event, steps[-1].target, data)
 
     def upcast_strict(self, event: Event) -> Event:
-        """:meth:`upcast`, raising :class:`UpcastError` on a failure (bulk readers: a Spark
+        """:meth:`upcast`, raising :class:`~eventlanes.errors.UpcastError` on a failure (bulk readers: a Spark
         job fails naming the event; a fold in Arrow takes the row path)."""
         steps = self.chain(event._type)
         if not steps:

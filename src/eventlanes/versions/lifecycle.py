@@ -142,6 +142,7 @@ class RetirePlan:
     serving: int | None  # the version readers see
 
     def summary(self) -> str:
+        """One line saying what retiring drops: token rows, states, dead letters and tables."""
         what = [f"{self.segments} token row(s)", f"{self.states} aggregation state(s)",
                 f"{self.dead_letters} dead letter(s)"]  # fmt: skip
         tables = f"tables {', '.join(self.tables)}" if self.tables else "no tables"
