@@ -201,7 +201,8 @@ class Upcasters:
 
     def upcast(self, event: Event) -> Event:
         """``event`` in its current shape; an upcaster's failure is carried as its data
-        (accessing ``data`` raises :class:`~eventlanes.errors.UpcastError` naming the event and the upcaster)."""
+        (accessing ``data`` raises :class:`~eventlanes.errors.UpcastError` naming the event and
+        the upcaster)."""
         steps = self.chain(event._type)
         if not steps:
             return event
@@ -212,8 +213,8 @@ class Upcasters:
         return _moved(event, steps[-1].target, data)
 
     def upcast_strict(self, event: Event) -> Event:
-        """:meth:`upcast`, raising :class:`~eventlanes.errors.UpcastError` on a failure (bulk readers: a Spark
-        job fails naming the event; a fold in Arrow takes the row path)."""
+        """:meth:`upcast`, raising :class:`~eventlanes.errors.UpcastError` on a failure (bulk
+        readers: a Spark job fails naming the event; a fold in Arrow takes the row path)."""
         steps = self.chain(event._type)
         if not steps:
             return event
