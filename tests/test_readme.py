@@ -38,3 +38,13 @@ def test_readme_example_runs_and_prints_what_it_shows(backend: str, request) -> 
         with contextlib.redirect_stdout(printed):
             exec(compile(block, str(README), "exec"), {"__name__": "readme"})
         check_output(f"README.md python block {n} ({backend})", expected, printed.getvalue())
+
+
+def test_readme_links_point_at_files_that_exist() -> None:
+    """The front page's links into the site (and its picture) are relative paths, so they work
+    on GitHub and in the sdist: each names a file of the repository."""
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    relative = [t for t in targets if "://" not in t]
+    assert len(relative) >= 10, "the README links into the site"
+    missing = [t for t in relative if not (README.parent / t).is_file()]
+    assert not missing, f"README links to files that do not exist: {missing}"
