@@ -18,7 +18,7 @@ from eventlanes.db.placeholders import for_psycopg, scan, translated
 from tests.conftest import _unique_prefix
 from tests.processing_helpers import context_in
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PROCESSORS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "processors.md"
 
 SAME = [  # no ? placeholder: psycopg gets the statement as written
     "SELECT 1",
@@ -128,18 +128,16 @@ def test_postgresql_operators_with_question_marks_stay_operators(pg_url: str) ->
     app.close()
 
 
-def _readme_block(heading: str) -> str:
-    text = README.read_text()
-    section = text[text.index(f"\n{heading}\n") :]
-    found = re.search(r"```python\n(.*?)```", section, flags=re.S)
+def _first_python_block(page: Path) -> str:
+    found = re.search(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     assert found is not None
     return found.group(1)
 
 
-def test_the_readme_processors_block_runs_unchanged_on_postgresql(pg_url: str) -> None:
+def test_the_docs_processors_block_runs_unchanged_on_postgresql(pg_url: str) -> None:
     """Before: "the query has 0 placeholders but 2 parameters were passed", retried forever.
     Only the URL is changed."""
-    block = _readme_block("## Processors")
+    block = _first_python_block(PROCESSORS_PAGE)
     sqlite_url = 'f"sqlite:///{tempfile.mkdtemp()}/shop.db"'
     assert sqlite_url in block
     with _fresh_database(pg_url) as url:  # the block's table has no prefix: a database of its own
@@ -147,7 +145,8 @@ def test_the_readme_processors_block_runs_unchanged_on_postgresql(pg_url: str) -
         scope: dict = {"__name__": "readme"}
         try:
             with contextlib.redirect_stdout(out):
-                exec(compile(block.replace(sqlite_url, repr(url)), str(README), "exec"), scope)
+                code = compile(block.replace(sqlite_url, repr(url)), str(PROCESSORS_PAGE), "exec")
+                exec(code, scope)
         finally:
             if "app" in scope:
                 scope["app"].close()

@@ -446,13 +446,12 @@ def test_run_refuses_an_unknown_exporter_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_readme_tracing_example_runs(tmp_path: Path) -> None:
-    """The README's set-up example, in a process of its own (one tracer provider per process),
-    exporting over OTLP/HTTP to a receiver here."""
+    """The set-up example of docs/how-to/tracing.md, in a process of its own (one tracer
+    provider per process), exporting over OTLP/HTTP to a receiver here."""
     import re
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Tracing") :]
-    block = re.search(r"```py\n(.*?)```", section, flags=re.S)
+    page = (ROOT / "docs" / "how-to" / "tracing.md").read_text()
+    block = re.search(r"```py\n(.*?)```", page, flags=re.S)
     assert block is not None
     script = tmp_path / "readme_tracing.py"
     script.write_text(block.group(1))
