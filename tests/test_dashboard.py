@@ -7,7 +7,7 @@ dialogs (never window.prompt/confirm) that need the operator token; relative URL
 behind a reverse proxy under a path prefix; a page that fits a phone.
 
 EVENTLANES_DASHBOARD_SCREENSHOTS=DIR writes dashboard.png (1400 px) and dashboard-phone.png
-(390 px) there: the README's are made with DIR=docs.
+(390 px) there: the docs' (how-to/dashboard.md) are made with DIR=docs.
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ def test_dashboard_health_history_and_actions_in_dialogs(world, tmp_path: Path) 
         expect(orders.locator(".eta")).to_contain_text("caught up")
 
         page.wait_for_timeout(1500)  # a little history in the charts
-        if SCREENSHOTS:  # the README's pictures: half a minute of a load that rises and falls
+        if SCREENSHOTS:  # the docs' pictures: half a minute of a load that rises and falls
             for step in range(60):
                 burst = round(2 + 14 * math.sin(step / 59 * math.pi))
                 for i in range(burst):

@@ -64,12 +64,10 @@ def as_role(pg_url: str, role: str, prefix: str) -> str:
 def grant_dml(pg_url: str, role: str) -> None:
     """The grants of docs/how-to/postgresql.md (Roles and migrations), run by the owner as
     written there: the DML privileges on the tables there are and on those the owner creates
-    later. The README shows the same block while it still has it."""
+    later."""
     page = (ROOT / "docs" / "how-to" / "postgresql.md").read_text()
     block = re.search(r"```sql\n(.*?)```", page, flags=re.S)
     assert block is not None, "docs/how-to/postgresql.md has no sql block"
-    readme = re.search(r"```sql\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    assert readme is None or readme.group(1) == block.group(1), "the README's grants differ"
     statements = [line.strip() for line in block.group(1).splitlines() if line.strip()]
     assert statements and all(s.endswith(" TO app;") for s in statements)
     admin(pg_url, *(s.replace(" TO app;", f" TO {role}") for s in statements))

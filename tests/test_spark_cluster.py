@@ -101,20 +101,13 @@ def test_cli_replays_an_aggregation_and_a_projection(spark_cluster, tmp_path) ->
 
 
 def docs_recipe() -> str:
-    """The console block of docs/how-to/spark-cluster.md that calls spark-submit, as a script
-    (the README's recipe is the same block while the README still has it)."""
+    """The console block of docs/how-to/spark-cluster.md that calls spark-submit, as a script."""
     from tests.docs_examples import console_commands
 
     text = (ROOT / "docs" / "how-to" / "spark-cluster.md").read_text()
     blocks = re.findall(r"```console\n(.*?)```", text, flags=re.S)
     (block,) = [b for b in blocks if "spark-submit" in b]
     script = "\n".join(command for command, _ in console_commands(block))
-    readme = (ROOT / "README.md").read_text()
-    if "### Running on a Spark cluster" in readme:
-        section = readme[readme.index("### Running on a Spark cluster") :]
-        (old,) = [b for b in re.findall(r"```sh\n(.*?)```", section, flags=re.S)
-                  if "spark-submit" in b]  # fmt: skip
-        assert old.strip() == script.strip(), "the README's spark-submit recipe is not the docs'"
     return script
 
 
