@@ -1,5 +1,6 @@
-"""Plays the autoscaler an operator runs beside eventlanes (KEDA or an HPA: see docs/how-to/dashboard.md,
-"Scale on lag"), with real worker processes: `eventlanes run APP --metrics-port P`.
+"""Plays the autoscaler an operator runs beside eventlanes (KEDA or an HPA: see
+docs/how-to/dashboard.md, "Scale on lag"), with real worker processes:
+`eventlanes run APP --metrics-port P`.
 
 It reads ``eventlanes_lag_events`` from a worker's metrics endpoint, as Prometheus would, and
 takes the largest segment lag of the processor (``max(eventlanes_lag_events{processor=...})``:

@@ -41,7 +41,7 @@ def test_caught_up_waits_for_every_source_of_a_processor(store_url: str, tmp_pat
     assert seen == len(set(handled)) == 30
 
 
-# -- the way a team tests its own processors (docs/how-to/testing.md) ----------------------------------
+# -- the way a team tests its own processors (docs/how-to/testing.md) ------------------------------
 @pytest.fixture
 def shop(eventlanes_url: str):
     """The team's app on a fresh store: SQLite and PostgreSQL (the plugin's fixture)."""
@@ -112,7 +112,7 @@ def test_parked_events_fail_the_run_unless_expected(tmp_path) -> None:
 
 
 def test_the_plugin_in_a_project_of_its_own(tmp_path) -> None:
-    """A project that loads the plugin from its conftest, as docs/how-to/testing.md says: its test runs on
+    """A project that loads the plugin from its conftest, as the docs say: its test runs on
     the backends asked for; an unknown backend is a usage error naming it."""
     import subprocess
     import sys
