@@ -13,16 +13,18 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from .db import Database
 from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
 from .events import Event
-from .kafka.ingestor import Ingestor
+from .kafka.ingestor import Ingestor, OnBad
+from .kafka.records import DEFAULT_MAX_BYTES, Record
 from .kafka.settings import Kafka
 from .names import split_version, validate_base_name, validate_processor_name
 from .notify import Wakeup, wakeup_for
 from .observe import Observer
+from .policies import KeyFunction, SequencingPolicy
 from .processing import admin
 from .processing.admin import ProcessorView
 from .processing.aggregation import Aggregation
@@ -30,16 +32,19 @@ from .processing.balance import Balancer, balance
 from .processing.claims import node_name
 from .processing.context import check_table_name
 from .processing.dead_letters import DeadLetter, DeadLetterStore
+from .processing.declarative import Op
 from .processing.dispatch import describe_crash
 from .processing.processor import Processor
 from .processing.republisher import Republisher
 from .processing.runner import ProcessorRunner, unless_crashed
 from .processing.runtime import Runtime
+from .processing.sources import OrderKey
 from .processing.states import StateTable
 from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
+from .tokens.base import Initial
 from .upcasting import Upcasters
 from .versions import lifecycle
 
@@ -127,29 +132,169 @@ class App:
         return self.runtime.source_store(target)
 
     # -- definition ----------------------------------------------------------------------------
-    def processor(self, name: str, **options: Any) -> Processor:
+    def processor(
+        self,
+        name: str,
+        *,
+        guarantee: str = "exactly-once",
+        segments: int = 1,
+        policy: SequencingPolicy | KeyFunction | None = None,
+        batch_size: int = 500,
+        mode: str = "pooled",
+        max_segments: int | None = None,
+        workers: int | None = None,
+        on_error: str = "retry",
+        initial: Initial = "tail",
+        sources: dict[str, Any] | None = None,
+        order: OrderKey | None = None,
+        lanes: int = 1,
+        handler_timeout: float = 30.0,
+        lane_window: int | None = None,
+        pipeline: bool = False,
+        version: int = 1,
+        tables: list[str] | tuple[str, ...] = (),
+    ) -> Processor:
         """Define a processor; see :class:`eventlanes.processing.processor.Processor`.
         ``guarantee="exactly-once"`` (default: handlers' writes commit with the token) or
         ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O).
         ``version=N``: a new version of processor ``name``, beside the earlier ones, with
         tokens and tables of its own (``eventlanes.versions``); ``tables=[...]``: the tables
-        its handlers build (``ctx.table`` names)."""
-        return self._add(Processor(self.runtime, name, **options))
+        its handlers build (``ctx.table`` names).
 
-    def aggregation(self, name: str, **options: Any) -> Aggregation:
-        """An exactly-once aggregation (see ``eventlanes.processing.aggregation``)."""
-        return self._add(Aggregation(self.runtime, name, **options))
+        ``segments``: the parts its events are split into, each in order (split and merged
+        later by ``balance``); ``policy``: what is kept in order, an ``el.per_stream()``-like
+        policy or ``event -> key`` (default: per stream); ``batch_size``: events per segment
+        transaction at most; ``mode``: ``"pooled"`` (one reader per process) or
+        ``"tracking"`` (one reader per segment); ``max_segments``: at most this many
+        segments per process; ``workers``: the pooled mode's handler threads (default: one
+        per segment); ``on_error``: ``"retry"`` the batch or ``"dead_letter"`` the failed
+        event and the later ones of its key; ``initial``: where a new processor starts,
+        ``"tail"`` (the first event), ``"head"``, a position or a time; ``sources``: other
+        stores it also reads, ``{name: URL or store}``; ``order``: ``event -> key`` merging
+        them (default: oldest first); ``lanes``: handler calls in flight per segment
+        (at-least-once); ``handler_timeout``: seconds a handler call may take;
+        ``lane_window``: events in flight in a segment's lanes (default 1000);
+        ``pipeline``: PostgreSQL pipeline mode for exactly-once batches."""
+        return self._add(
+            Processor(
+                self.runtime, name, guarantee=guarantee, segments=segments, policy=policy,
+                batch_size=batch_size, mode=mode, max_segments=max_segments, workers=workers,
+                on_error=on_error, initial=initial, sources=sources, order=order, lanes=lanes,
+                handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
+                version=version, tables=tables,
+            )
+        )  # fmt: skip
 
-    def republisher(self, name: str, **options: Any) -> Republisher:
+    def aggregation(
+        self,
+        name: str,
+        *,
+        key: Callable[[Event], Any] | str,
+        initial: Callable[[], Any] | None = None,
+        persist_every: float = 1.0,
+        fields: dict[str, Op] | None = None,
+        on: str | list[str] | None = None,
+        pushdown: bool = True,
+        publish: Any = None,
+        segments: int = 1,
+        batch_size: int = 500,
+        mode: str = "pooled",
+        max_segments: int | None = None,
+        workers: int | None = None,
+        on_error: str = "retry",
+        sources: dict[str, Any] | None = None,
+        order: OrderKey | None = None,
+        lanes: int = 1,
+        handler_timeout: float = 30.0,
+        lane_window: int | None = None,
+        pipeline: bool = False,
+        version: int = 1,
+        tables: list[str] | tuple[str, ...] = (),
+    ) -> Aggregation:
+        """An exactly-once aggregation (see ``eventlanes.processing.aggregation``): states by
+        ``key`` (``event -> key``, or the name of a data property), each made by ``initial()``
+        and updated by the folds of ``@agg.on(type)``, written every ``persist_every``
+        seconds; or declared: ``fields={"n": el.count(), ...}`` over the events of types
+        ``on``, folded inside SQLite where exact unless ``pushdown=False``; ``publish``: an
+        :class:`eventlanes.kafka.KafkaSink` each written state is published to first. The
+        other options are the processor's (:meth:`processor`); it routes by its key (no
+        ``policy``) and its guarantee is ``"aggregation"`` (no ``guarantee``)."""
+        return self._add(
+            Aggregation(
+                self.runtime, name, key=key, initial=initial, persist_every=persist_every,
+                fields=fields, on=on, pushdown=pushdown, publish=publish, segments=segments,
+                batch_size=batch_size, mode=mode, max_segments=max_segments, workers=workers,
+                on_error=on_error, sources=sources, order=order, lanes=lanes,
+                handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
+                version=version, tables=tables,
+            )
+        )  # fmt: skip
+
+    def republisher(
+        self,
+        name: str,
+        *,
+        to_stream: str | Callable[[Event], str],
+        to_store: str | EventStore | None = None,
+        segments: int = 1,
+        policy: SequencingPolicy | KeyFunction | None = None,
+        batch_size: int = 500,
+        mode: str = "pooled",
+        max_segments: int | None = None,
+        workers: int | None = None,
+        on_error: str = "retry",
+        initial: Initial = "tail",
+        sources: dict[str, Any] | None = None,
+        order: OrderKey | None = None,
+        lanes: int = 1,
+        handler_timeout: float = 30.0,
+        lane_window: int | None = None,
+        pipeline: bool = False,
+        version: int = 1,
+        tables: list[str] | tuple[str, ...] = (),
+    ) -> Republisher:
         """A processor appending derived events with their source chain; see
-        :class:`eventlanes.processing.republisher.Republisher`."""
-        return self._add(Republisher(self.runtime, name, **options))
+        :class:`eventlanes.processing.republisher.Republisher`. ``to_stream``: the stream
+        they are appended to, a name or ``event -> name``; ``to_store``: another store (URL or
+        store) to append to (default: the app's). The other options are the processor's
+        (:meth:`processor`); its guarantee is ``"at-least-once"`` (no ``guarantee``)."""
+        return self._add(
+            Republisher(
+                self.runtime, name, to_stream=to_stream, to_store=to_store, segments=segments,
+                policy=policy, batch_size=batch_size, mode=mode, max_segments=max_segments,
+                workers=workers, on_error=on_error, initial=initial, sources=sources,
+                order=order, lanes=lanes, handler_timeout=handler_timeout,
+                lane_window=lane_window, pipeline=pipeline, version=version, tables=tables,
+            )
+        )  # fmt: skip
 
-    def ingest(self, name: str, kafka: Kafka, *, topic: str, **options: Any) -> Ingestor:
+    def ingest(
+        self,
+        name: str,
+        kafka: Kafka,
+        *,
+        topic: str,
+        stream: Callable[[Record], str] | None = None,
+        type: str | Callable[[Record], str] | None = None,  # noqa: A002 - the user's word
+        decode: Callable[[bytes | None], Any] | None = None,
+        on_bad: OnBad = "stop",
+        initial: Literal["earliest", "latest"] = "earliest",
+        batch_size: int = 2000,
+        max_record_bytes: int = DEFAULT_MAX_BYTES,
+        max_partitions: int | None = None,
+    ) -> Ingestor:
         """An ingestor appending the records of a Kafka ``topic`` to the store, exactly once
-        (see :class:`eventlanes.kafka.Ingestor`); ``run`` starts it like a processor. Its name
-        shares the token table with the processors' names."""
-        ingestor = Ingestor(self.runtime, name, kafka, topic=topic, **options)
+        (see :class:`eventlanes.kafka.Ingestor`, which describes its options: ``stream``,
+        ``type`` and ``decode`` make a record an event, ``on_bad`` says what a bad record
+        does, ``initial`` where a new partition starts, ``batch_size`` the records per
+        transaction, ``max_record_bytes`` the largest record, ``max_partitions`` the
+        partitions per process); ``run`` starts it like a processor. Its name shares the
+        token table with the processors' names."""
+        ingestor = Ingestor(
+            self.runtime, name, kafka, topic=topic, stream=stream, type=type, decode=decode,
+            on_bad=on_bad, initial=initial, batch_size=batch_size,
+            max_record_bytes=max_record_bytes, max_partitions=max_partitions,
+        )  # fmt: skip
         if name in self.processors or name in self.ingestors:
             raise InvalidInputError(f"{name!r} is already defined in this app")
         self.ingestors[name] = ingestor
@@ -163,18 +308,35 @@ class App:
         on: str | list[str] | None = None,
         key: Any = None,
         value: Any = None,
-        **options: Any,
+        guarantee: str = "exactly-once",
+        segments: int = 1,
+        policy: SequencingPolicy | KeyFunction | None = None,
+        batch_size: int = 500,
+        mode: str = "pooled",
+        max_segments: int | None = None,
+        workers: int | None = None,
+        on_error: str = "retry",
+        initial: Initial = "tail",
+        sources: dict[str, Any] | None = None,
+        order: OrderKey | None = None,
+        lanes: int = 1,
+        handler_timeout: float = 30.0,
+        lane_window: int | None = None,
+        pipeline: bool = False,
+        version: int = 1,
+        tables: list[str] | tuple[str, ...] = (),
     ) -> Processor:
         """A processor publishing events (of types ``on``; all by default) to a Kafka topic:
         ``sink`` is an :class:`eventlanes.kafka.KafkaSink`; record key ``key(event)`` (default:
         the stream id), value ``value(event)`` (default: the event's data), the event type
         in the ``type`` header and its source chain in ``el-source-chain``. Each segment
-        batch is published and acknowledged before its token commits (at least once)."""
+        batch is published and acknowledged before its token commits (at least once). The
+        other options are the processor's (:meth:`processor`)."""
         from .kafka.sink import KafkaSink, event_records
 
         if not isinstance(sink, KafkaSink):
             raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
-        if options.get("version", 1) != 1:  # as republishers: it would run on history again
+        if version != 1:  # as republishers: it would run on history again
             raise InvalidInputError(
                 f"publisher {name!r}: a second version of a publisher would publish all of "
                 "history again (what version 1 handled is a replay it publishes): define a "
@@ -184,7 +346,13 @@ class App:
             if fn is not None and not callable(fn):
                 raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
         types = [on] if isinstance(on, str) else list(on or [])
-        proc = self.processor(name, **options)
+        proc = self.processor(
+            name, guarantee=guarantee, segments=segments, policy=policy, batch_size=batch_size,
+            mode=mode, max_segments=max_segments, workers=workers, on_error=on_error,
+            initial=initial, sources=sources, order=order, lanes=lanes,
+            handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
+            version=version, tables=tables,
+        )  # fmt: skip
         runtime = self.runtime
 
         @proc.on_batch(*types)
@@ -390,11 +558,17 @@ class App:
         processors: list[str] | None = None,
         *,
         grace: float = 30.0,
-        **options: Any,
+        node_index: int | None = None,
+        nodes: int | None = None,
+        balance: bool = False,
+        observer: Observer | None = None,
+        metrics_port: int | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly
         within ``grace`` seconds; a runner that crashed stops the rest and
-        :class:`ProcessorCrashedError` is raised (the crash chained as its cause)."""
+        :class:`ProcessorCrashedError` is raised (the crash chained as its cause). The other
+        options are :meth:`start`'s."""
         if self._runners or self._ingest_runners:
             raise RuntimeError("this app is already running")
         self._stop.clear()
@@ -402,7 +576,15 @@ class App:
             run_until_signal(
                 self._stop,
                 lambda: any(r.stopping.is_set() for r in [*self._runners, *self._ingest_runners]),
-                start=lambda: self.start(processors, **options),
+                start=lambda: self.start(
+                    processors,
+                    node_index=node_index,
+                    nodes=nodes,
+                    balance=balance,
+                    observer=observer,
+                    metrics_port=metrics_port,
+                    on_ready=on_ready,
+                ),
             )
         finally:
             self.stop(grace)  # also what a start that failed half-way had started
