@@ -4,11 +4,11 @@ from the pyspark package, small memory, killed at the end.
 The executors run a Python that cannot import eventlanes nor the tests' apps: a plain venv
 (``--without-pip``, made in well under a second) whose only extra path is a folder of links to
 the packages PySpark's Python workers need (pyarrow, pandas<3 with numpy, dateutil, pytz,
-tzdata, orjson, and the ADBC drivers: what ``eventlanes[spark]`` installs). A copy of those
-packages would take seconds and hundreds of MB; a venv with the driver's site-packages would
-see the driver's editable eventlanes install. The Worker puts that venv first on PATH, so
-executors run it as ``python3``, as a cluster node's ``python3`` would be found. Whatever
-eventlanes and the app need must reach them through Spark.
+tzdata, orjson, the ADBC drivers and opentelemetry-api: what ``eventlanes[spark]``
+installs). A copy of those packages would take seconds and hundreds of MB; a venv with the
+driver's site-packages would see the driver's editable eventlanes install. The Worker puts
+that venv first on PATH, so executors run it as ``python3``, as a cluster node's ``python3``
+would be found. Whatever eventlanes and the app need must reach them through Spark.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ EXECUTOR_PACKAGES = [
     "adbc_driver_manager",
     "adbc_driver_sqlite",
     "adbc_driver_postgresql",
+    # opentelemetry-api, a dependency of eventlanes itself (its tracing imports it), and its
+    # one dependency
+    "opentelemetry",
+    "typing_extensions",
 ]
 
 
@@ -66,7 +70,14 @@ def executor_python(root: Path, name: str = "executor-venv", extra: tuple[str, .
     deps.mkdir()
     for package_name in (*EXECUTOR_PACKAGES, *extra):
         spec = importlib.util.find_spec(package_name)
-        assert spec is not None and spec.origin, f"{package_name} is not installed"
+        assert spec is not None, f"{package_name} is not installed"
+        if spec.origin is None:  # a namespace package (opentelemetry): its one folder here
+            (location,) = spec.submodule_search_locations or []
+            (deps / package_name).symlink_to(location)
+            continue
+        if not spec.origin.endswith("__init__.py"):  # a single module (typing_extensions.py)
+            (deps / Path(spec.origin).name).symlink_to(spec.origin)
+            continue
         package = Path(spec.origin).parent
         (deps / package_name).symlink_to(package)
         libs = package.with_name(f"{package_name}.libs")  # vendored shared libraries of some wheels
