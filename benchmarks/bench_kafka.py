@@ -109,8 +109,7 @@ def _plain(url: str, kafka: el.Kafka, topic: str, n: int) -> float:
                             runs[-1][1].append(event)
                         else:
                             runs.append((stream, [event]))
-                    for stream, events in runs:
-                        store.append(stream, events, conn=conn)
+                    store.append_runs(runs, conn=conn)  # the fastest plain append
                     done += len(ms)
         seconds = time.perf_counter() - start
     finally:

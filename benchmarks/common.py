@@ -14,6 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from eventlanes.cli import print_table as whole
+
 console = Console()
 DATA = Path(__file__).resolve().parent.parent / "bench-data"
 
@@ -63,7 +65,9 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*[_cell(v) for v in row])
-    console.print(table)
+    # As the CLI prints its tables: whole when the output is a file or a pipe (a benchmark's
+    # log), not folded to 80 columns.
+    whole(table)
 
 
 def _cell(value: Any) -> str:

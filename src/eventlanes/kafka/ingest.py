@@ -6,7 +6,7 @@ token rows, at the earliest offset unless ``initial="latest"``), claims its fair
 the token store (heartbeat, timeout, steal, hold-off: as segments), checks each newly claimed
 partition against the broker, and records the watermarks it fetched; (2) reads what the
 broker has for its partitions, from each partition's token; (3) appends it: per partition in
-offset order, runs of one stream in one ``append``, all in one transaction with the
+offset order, runs of one stream each (``append_runs``), all in one transaction with the
 partitions' tokens (the next offset), fenced by their claims. A crash anywhere rolls back
 both or neither: nothing lost, nothing doubled.
 
@@ -243,8 +243,8 @@ class IngestRunner:
                     else:
                         runs.append((stream, [event]))
                     nxt = record.offset + 1
-                for stream, events in runs:
-                    rt.store.append(stream, events, conn=conn)
+                if runs:
+                    rt.store.append_runs(runs, conn=conn)
                 if nxt != self.claimed[p].next:
                     self.tokens.store(self.name, p, Token(nxt), self.owner, conn=conn)
                     advanced[p] = nxt

@@ -133,6 +133,31 @@ class EventStore(ABC):
         N, ``None`` accepts any. A mismatch raises :class:`ConcurrencyError` and writes nothing.
         ``conn``: an open transaction of the caller's (from the same database) to append in.
         """
+        encoded = self._encoded(stream_id, events, expected_version)
+        # After validation: the trace keys are added to the checked text (tracing/); with no
+        # sampled span this costs one context lookup.
+        if self.trace_context and propagation.sampled() is not None:
+            listed = [events] if isinstance(events, NewEvent) else events
+            return spans.append(
+                stream_id, [e.metadata for e in listed], encoded,
+                lambda: self._guarded_append(stream_id, encoded, expected_version, conn),
+            )  # fmt: skip
+        return self._guarded_append(stream_id, encoded, expected_version, conn)
+
+    def append_runs(self, runs: Sequence[tuple[str, Sequence[NewEvent]]], *, conn: Any) -> int:
+        """Append each ``(stream_id, events)`` run, in order, in the caller's open transaction
+        ``conn`` (any expected version); return how many events were appended.
+
+        What a Kafka ingest appends: a topic of many keys is a run per record. Every run is
+        checked before any is sent; PostgreSQL then sends them together and waits once, where
+        one ``append`` per run waits for each (the positions are not returned for that).
+        """
+        return sum(len(self.append(stream_id, events, conn=conn)) for stream_id, events in runs)
+
+    def _encoded(
+        self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None = None
+    ) -> list[EncodedEvent]:
+        """``events`` checked and encoded for ``stream_id``, or a clear error (nothing sent)."""
         if not self.db.create:
             raise StoreConnectionError(
                 f"cannot append to stream {stream_id!r}: store {self.db.url.redacted!r} was "
@@ -162,14 +187,7 @@ class EventStore(ABC):
                 encode_object(event.data, f"event #{i} ({event.type}) data")
                 encode_object(event.metadata, f"event #{i} ({event.type}) metadata")
                 raise
-        # After validation: the trace keys are added to the checked text (tracing/); with no
-        # sampled span this costs one context lookup.
-        if self.trace_context and propagation.sampled() is not None:
-            return spans.append(
-                stream_id, [e.metadata for e in events], encoded,
-                lambda: self._guarded_append(stream_id, encoded, expected_version, conn),
-            )  # fmt: skip
-        return self._guarded_append(stream_id, encoded, expected_version, conn)
+        return encoded
 
     def _guarded_append(
         self, stream_id: str, encoded: list[EncodedEvent], expected_version: int | None, conn: Any

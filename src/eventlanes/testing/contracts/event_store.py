@@ -162,6 +162,29 @@ class EventStoreContract(ABC):
         assert [e.type for e in store.read()] == ["A"]
         assert db.query(f"SELECT n FROM {side}") == [(1,)]
 
+    def test_append_runs_appends_each_run_in_order_in_the_callers_transaction(
+        self, store: EventStore
+    ) -> None:
+        store.append("a", [E("A0")])
+        runs = [("a", [E("A1"), E("A2")]), ("b", [E("B1")]), ("a", [E("A3")]), ("c", [E("C1")])]
+        with store.db.transaction(pipeline=True) as conn:
+            assert store.append_runs(runs, conn=conn) == 5
+        assert [(e.position, e.stream_id, e.version, e.type) for e in store.read()] == [
+            (1, "a", 1, "A0"), (2, "a", 2, "A1"), (3, "a", 3, "A2"), (4, "b", 1, "B1"),
+            (5, "a", 4, "A3"), (6, "c", 1, "C1"),
+        ]  # fmt: skip
+        # A bad event in a later run: refused before anything is sent, the caller's
+        # transaction rolls back whole.
+        bad = [("d", [E("D1")]), ("e", [E("E1", {1: "x"})])]  # type: ignore[dict-item]
+        refused = pytest.raises(InvalidInputError, match=r"event #0 \(E1\) data: key 1")
+        with refused, store.db.transaction(pipeline=True) as conn:
+            store.append_runs(bad, conn=conn)
+        with pytest.raises(RuntimeError), store.db.transaction(pipeline=True) as conn:
+            store.append_runs([("f", [E("F1")]), ("g", [E("G1")])], conn=conn)
+            raise RuntimeError("the caller failed after the runs were sent")
+        assert store.head() == 6
+        assert [store.stream_version(s) for s in "defg"] == [0, 0, 0, 0]
+
     # -- bad input: refused before anything is written ---------------------------------------
     @pytest.mark.parametrize(
         "stream_id, events, expected_version, match",
