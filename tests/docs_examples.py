@@ -156,6 +156,8 @@ def _console_env(run: PageRun) -> dict[str, str]:
         else:
             env[key] = value
     env.pop("COLUMNS", None)
+    # A page's own `python -m pytest` prints what a user's would, not the suite's options.
+    env.pop("PYTEST_ADDOPTS", None)
     return env
 
 
