@@ -177,44 +177,32 @@ class PostgresEventStore(EventStore):
                 self._notifier.poke()
             return positions
         except psycopg.Error as exc:
-            self._raise_conflict(exc, stream_id, expected_version)
+            if exc.sqlstate == VERSION_CONFLICT:
+                actual = int(exc.diag.message_primary or -1)
+                raise ConcurrencyError(stream_id, expected_version or 0, actual) from None
+            if exc.sqlstate == "23505":  # unique (stream_id, version): lost a race
+                raise ConcurrencyError(
+                    stream_id, expected_version or 0, self._stream_version(stream_id)
+                ) from None
             raise  # the caller's guard names the operation
-
-    def _raise_conflict(self, exc: Any, stream_id: str, expected_version: int | None) -> None:
-        """A version conflict or a lost race as ConcurrencyError; other errors return."""
-        if exc.sqlstate == VERSION_CONFLICT:
-            actual = int(exc.diag.message_primary or -1)
-            raise ConcurrencyError(stream_id, expected_version or 0, actual) from None
-        if exc.sqlstate == "23505":  # unique (stream_id, version): lost a race
-            raise ConcurrencyError(
-                stream_id, expected_version or 0, self._stream_version(stream_id)
-            ) from None
 
     def append_runs(self, runs: Sequence[tuple[str, Sequence[NewEvent]]], *, conn: Any) -> int:
         if self.trace_context and propagation.sampled() is not None:
             return super().append_runs(runs, conn=conn)  # each append in a span of its own
-        import psycopg
-
         checked = [(stream_id, self._encoded(stream_id, events)) for stream_id, events in runs]
-        sent: list[tuple[str, Any]] = []
-        waiting = ""  # the run whose result is awaited: the one a conflict names
+        # Any expected version: no conflict to report (appends to one stream wait for each
+        # other's commit on the function's stream lock). Every append goes out before the
+        # first result is awaited (in pipeline mode one round trip for all), then one NOTIFY.
         with self.db.guard(f"append {len(checked)} run(s) of events"):
-            try:
-                # Every statement goes out before the first result is waited for: in pipeline
-                # mode that is one round trip for the lot, as the one NOTIFY at the end shows.
-                for stream_id, encoded in checked:
-                    params = (stream_id, None, stable_hash(stream_id), [e[0] for e in encoded],
-                              [e[1] for e in encoded], [e[2] for e in encoded])  # fmt: skip
-                    sent.append((stream_id, conn.execute(self._append_sql, params)))
-                if self.notify_channel and sent:  # delivered when the caller commits
-                    conn.execute(self._notify_sql, (self.notify_channel,))
-                appended = 0
-                for waiting, cur in sent:  # noqa: B007 - named by an error
-                    appended += len(cur.fetchone()[0])
-                return appended
-            except psycopg.Error as exc:
-                self._raise_conflict(exc, waiting, None)
-                raise
+            sent = [
+                conn.execute(self._append_sql, (stream_id, None, stable_hash(stream_id),
+                             [e[0] for e in encoded], [e[1] for e in encoded],
+                             [e[2] for e in encoded]))
+                for stream_id, encoded in checked
+            ]  # fmt: skip
+            if self.notify_channel and sent:  # delivered when the caller commits
+                conn.execute(self._notify_sql, (self.notify_channel,))
+            return sum(len(cur.fetchone()[0]) for cur in sent)
 
     def horizon(self) -> int:
         """Highest position below which every transaction has finished."""
