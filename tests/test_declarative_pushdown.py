@@ -224,14 +224,8 @@ def run_until_settled(app: el.App, timeout: float = 10.0) -> None:
 
 def run_until_failed(app: el.App) -> None:
     """Run until both aggregations recorded their failure."""
-    app.start(NAMES)
-    try:
-        deadline = time.monotonic() + 30
-        while not all(errors(app, n) for n in NAMES):
-            assert time.monotonic() < deadline, "no failure recorded"
-            time.sleep(0.05)
-    finally:
-        app.stop()
+    run_until_settled(app, timeout=30)
+    assert all(errors(app, n) for n in NAMES), "no failure recorded"
 
 
 @pytest.mark.parametrize(
