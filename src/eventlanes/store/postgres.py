@@ -124,6 +124,14 @@ class _Notifier:
                 time.sleep(0.5)
 
 
+def _append_params(
+    stream_id: str, expected_version: int | None, routing_hash: int, events: list[EncodedEvent]
+) -> tuple[Any, ...]:
+    """The append function's arguments: the events as arrays of types, data and metadata."""
+    return (stream_id, expected_version, routing_hash, [e[0] for e in events],
+            [e[1] for e in events], [e[2] for e in events])  # fmt: skip
+
+
 class PostgresEventStore(EventStore):
     columns_sql = _COLUMNS
 
@@ -156,14 +164,7 @@ class PostgresEventStore(EventStore):
     ) -> list[int]:
         import psycopg
 
-        params = (
-            stream_id,
-            expected_version,
-            routing_hash,
-            [e[0] for e in events],
-            [e[1] for e in events],
-            [e[2] for e in events],
-        )
+        params = _append_params(stream_id, expected_version, routing_hash, events)
         try:
             if conn is not None:
                 positions = conn.execute(self._append_sql, params).fetchone()[0]
@@ -195,11 +196,12 @@ class PostgresEventStore(EventStore):
         # first result is awaited (in pipeline mode one round trip for all), then one NOTIFY.
         with self.db.guard(f"append {len(checked)} run(s) of events"):
             sent = [
-                conn.execute(self._append_sql, (stream_id, None, stable_hash(stream_id),
-                             [e[0] for e in encoded], [e[1] for e in encoded],
-                             [e[2] for e in encoded]))
+                conn.execute(
+                    self._append_sql,
+                    _append_params(stream_id, None, stable_hash(stream_id), encoded),
+                )
                 for stream_id, encoded in checked
-            ]  # fmt: skip
+            ]
             if self.notify_channel and sent:  # delivered when the caller commits
                 conn.execute(self._notify_sql, (self.notify_channel,))
             return sum(len(cur.fetchone()[0]) for cur in sent)
