@@ -334,3 +334,153 @@ def test_declared_replay_from_the_store_equals_the_python_fold(spark, store_url:
     el.spark.replay(app, "declared", spark=spark)
     assert stored(app, "declared") == stored(app, "python")
     del FIELDS, by_hand
+
+
+# -- Spark: the executors fold what they read (declarative, no source chains) ---------------
+NO_CHAIN_FIELDS = {
+    "events": el.count(),
+    "ok": el.count(where={"status": "ok"}),
+    "with_v": el.count("v"),
+    "n": el.sum("n"),
+    "n_ok": el.sum("n", where={"status": "ok", "big": False}),
+    "lo": el.min("v"),
+    "hi": el.max("v"),
+    "first_s": el.first("s"),
+    "last_s": el.last("s"),
+    "first_big": el.first("big", bool),
+    "hi_t": el.max("t", float),
+}
+
+
+def no_chain_events(rng: random.Random, count: int) -> list[el.NewEvent]:
+    out = []
+    for i in range(count):
+        data: dict[str, Any] = {"robot": f"r{int(rng.paretovariate(1.2)) % 60}",
+                                "n": rng.randrange(-5, 50),
+                                "status": rng.choice(["ok", "ok", "failed"]),
+                                "big": rng.random() < 0.3}  # fmt: skip
+        if rng.random() < 0.8:
+            data["v"] = rng.randrange(-1000, 1000)
+        if rng.random() < 0.7:
+            data["s"] = rng.choice(["a", "b", "ü", 'q"uote', "漢字"])
+        if rng.random() < 0.5:
+            data["t"] = rng.choice([rng.random() * 100, rng.randrange(100)])
+        meta = {"user": "u"} if i % 7 == 0 else {}  # metadata without a chain: folded too
+        out.append(E("Fastened" if rng.random() > 0.05 else "Other", data, meta))
+    return out
+
+
+def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) -> None:
+    """The partials folded on the executors (in C), merged by Spark, give exactly the states
+    of Spark folding every event, and of the Python fold; batches the C reader does not take
+    (a deep value) are sent as events and merged with the rest."""
+    from eventlanes.processing.declarative import TYPES
+    from eventlanes.spark.declarative import declared_states
+    from eventlanes.spark.source import Declared, read_events
+
+    app = el.App(store_url, claim_timeout=5)
+    agg = app.aggregation("declared", key="robot", on="Fastened", fields=NO_CHAIN_FIELDS)
+    python = app.aggregation(
+        "python", key="robot", initial=lambda: {f: op.initial for f, op in NO_CHAIN_FIELDS.items()}
+    )
+    python.on("Fastened")(lambda state, event: fold_by_hand(state, event.data))
+    rng = random.Random(11)
+    for i in range(30):
+        app.store.append(f"cell-{i}", no_chain_events(rng, 80))
+    deep = {"robot": "r1", "n": 1, "status": "ok", "big": False,
+            "nest": json.loads("[" * 450 + "]" * 450)}  # fmt: skip
+    app.store.append("deep", [E("Fastened", deep)])
+    decl = agg.declaration
+    assert decl is not None
+    kinds = {p: TYPES[t] for p, t in decl.columns.items()}
+    fields = tuple((op.kind, op.field, op.where) for op in decl.fields.values())
+    head = app.store.head()
+    url, table = app.url, app.store.events_table
+    want, read = declared_states(decl, read_events(spark, url, 0, head, 4,
+                                                   Declared(kinds, ("Fastened",)))[0], table, None,
+                                 [])  # fmt: skip
+    assert read == head
+    for partitions in (1, 8):
+        shape = Declared(kinds, ("Fastened",), fields, decl.key)
+        df, counter = read_events(spark, url, 0, head, partitions, shape)
+        got, read = declared_states(decl, df, table, None, [])
+        assert read == head and counter.total() == head
+        assert got == want
+    run_until_caught_up_names(app, ["python"])
+    el.spark.replay(app, "declared", spark=spark)
+    assert states_of(app, "declared") == states_of(app, "python")
+
+
+def fold_by_hand(state: dict, d: dict) -> None:
+    ok = d.get("status") == "ok"
+    state["events"] += 1
+    state["ok"] += ok
+    state["n"] += d["n"]
+    if ok and d.get("big") is False:
+        state["n_ok"] += d["n"]
+    v = d.get("v")
+    if v is not None:
+        state["with_v"] += 1
+        state["lo"] = v if state["lo"] is None else min(state["lo"], v)
+        state["hi"] = v if state["hi"] is None else max(state["hi"], v)
+    s = d.get("s")
+    if s is not None:
+        state["first_s"] = s if state["first_s"] is None else state["first_s"]
+        state["last_s"] = s
+    if state["first_big"] is None:
+        state["first_big"] = d["big"]
+    t = d.get("t")
+    if t is not None:
+        state["hi_t"] = float(t) if state["hi_t"] is None else max(state["hi_t"], float(t))
+
+
+def run_until_caught_up_names(app: el.App, names: list[str]) -> None:
+    from tests.processing_helpers import run_until_caught_up
+
+    run_until_caught_up(app, 120, names)
+
+
+def states_of(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
+    t = app.db.table("aggregates")
+    rows = app.db.query(
+        app.db.sql(f"SELECT key, value, offsets, dropped FROM {t} WHERE aggregation = ?"), (name,)
+    )
+    return {k: (json.loads(v), json.loads(o), d) for k, v, o, d in rows}
+
+
+def test_executor_folds_send_what_they_cannot_fold_as_events() -> None:
+    """Per chunk: a row per key and one counting the other types; a batch with a value of
+    another type or a missing key goes as events (Spark raises naming the event); a chunk
+    whose sum may pass 64 bits goes as events too. Every event read is counted once."""
+    from eventlanes.spark.source import Declared
+
+    def batch(rows: list[tuple[int, str, dict]]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({
+            "position": pa.array([r[0] for r in rows], pa.int64()),
+            "type": [r[1] for r in rows], "data": [json.dumps(r[2]) for r in rows],
+            "metadata": ["{}"] * len(rows)})  # fmt: skip
+
+    shape = Declared({"k": "string", "v": "long"}, ("T",), (("sum", "v", ()), ("count", None, ())),
+                     "k")  # fmt: skip
+    good = batch([(1, "T", {"k": "a", "v": 1}), (2, "U", {}), (3, "T", {"k": "a", "v": 2}),
+                  (4, "T", {"k": "b", "v": 5})])  # fmt: skip
+    wrong = batch([(5, "T", {"k": "a", "v": "7"})])
+    keyless = batch([(6, "T", {"v": 1})])
+    huge = batch([(7, "T", {"k": "c", "v": 2**62}), (8, "T", {"k": "c", "v": 2**62})])
+    out = list(shape.batches(iter([good, wrong, keyless])))
+    rows = [r for b in out for r in b.to_pylist()]
+    partial = [r for r in rows if r["events"] is not None]
+    events = [r for r in rows if r["events"] is None]
+    assert sorted(r["position"] for r in events) == [5, 6]  # as read, for Spark to raise
+    assert sum(r["events"] for r in partial) + len(events) == 6
+    by_key = {r["data_k"]: r for r in partial if r["type"] == "T"}
+    assert (by_key["a"]["f0"], by_key["a"]["f1"], by_key["a"]["position"]) == (3, 2, 3)
+    assert (by_key["b"]["f0"], by_key["b"]["events"]) == (5, 1)
+    assert [r["events"] for r in partial if r["type"] == ""] == [1]  # the "U" event
+    rows = [r for b in shape.batches(iter([good, huge])) for r in b.to_pylist()]
+    assert [r["position"] for r in rows] == [1, 2, 3, 4, 7, 8]  # the chunk, as events
+    assert all(r["events"] is None for r in rows)
+    # Chunks: every batch folded on its own when a chunk is one row.
+    small = Declared(shape.kinds, shape.folded, shape.fields, "k", chunk_rows=1)
+    rows = [r for b in small.batches(iter([good, good])) for r in b.to_pylist()]
+    assert [r["data_k"] for r in rows if r["type"] == "T"] == ["a", "b", "a", "b"]

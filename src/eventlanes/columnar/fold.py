@@ -30,7 +30,6 @@ def groups(
     """The partials of ``table`` (columns ``position``, ``data``, ``metadata``: the events
     folded, in position order) per key (the string property ``key``), or None when not
     exact. ``kinds``: every property read (``key`` included) -> its Spark type name."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     from .json import declared
@@ -46,15 +45,40 @@ def groups(
     keys = found[key]
     if keys.null_count:  # the row path names the event without a key
         return None
-    columns: dict[str, Any] = {"k": keys, "p": table.column("position").combine_chunks()}
+    result = partials(keys, table.column("position").combine_chunks(), found, fields)
+    if result is None:
+        return None
+    located = [4 + j for j, (kind, _, _) in enumerate(fields) if kind in ("first", "last")]
+    out = [result.column(c).to_pylist() for c in ["key", "events", "first", "last"]]
+    out += [result.column(f"f{j}").to_pylist() for j in range(len(fields))]
+    rows = [list(row) for row in zip(*out, strict=True)]
+    for row in rows:
+        for i in located:
+            if row[i] is not None:
+                row[i] = (None, row[i])  # the merge takes the value (ranges come in order)
+    return rows
+
+
+def partials(keys: Any, positions: Any, found: dict[str, Any], fields: list[Field]) -> Any:
+    """Per key (``keys``: a string array without nulls), over events in position order: a
+    table of ``key``, ``events``, ``first`` and ``last`` position, ``f<j>`` the partial of
+    field j and, for first/last fields, ``at<j>`` the position of that value; or None when
+    not exact (a sum that may pass 64 bits, an aggregate pyarrow lacks for a type).
+    ``found``: the properties read, as :func:`.json.declared` gives them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(keys)
+    columns: dict[str, Any] = {"k": keys, "p": positions}
     aggregates: list[tuple[Any, ...]] = [([], "count_all"), ("p", "min"), ("p", "max")]
-    located = []
+    names = ["key", "events", "first", "last"]
     for j, (kind, prop, where) in enumerate(fields):
         cond = None
         for name, value in where:
             test = pc.fill_null(pc.equal(found[name], pa.scalar(value, found[name].type)), False)
             cond = test if cond is None else pc.and_(cond, test)
         name = f"f{j}"
+        names.append(name)
         if prop is None:  # count() of events (that match)
             columns[name] = pc.cast(cond, pa.int64()) if cond is not None else pa.repeat(1, n)
             aggregates.append((name, "sum"))
@@ -68,18 +92,20 @@ def groups(
                 return None
         columns[name] = values
         aggregates.append((name, _AGGREGATE[kind]))
-        if kind in ("first", "last"):
-            located.append(4 + j)
-    result = (
-        pa.table(columns)
-        .group_by("k", use_threads=False)  # in order: first and last need it
-        .aggregate(aggregates)
-    )
-    out = [result.column(c).to_pylist() for c in ["k", "count_all", "p_min", "p_max"]]
-    out += [result.column(f"f{j}_{agg[1]}").to_pylist() for j, agg in enumerate(aggregates[3:])]
-    rows = [list(row) for row in zip(*out, strict=True)]
-    for row in rows:
-        for i in located:
-            if row[i] is not None:
-                row[i] = (None, row[i])  # the merge takes the value (ranges come in order)
-    return rows
+        if kind in ("first", "last"):  # where that value is: merges need not come in order
+            columns[f"a{j}"] = pc.if_else(pc.is_valid(values), positions,
+                                          pa.scalar(None, pa.int64()))  # fmt: skip
+            aggregates.append((f"a{j}", "min" if kind == "first" else "max"))
+            names.append(f"at{j}")
+    try:
+        result = (
+            pa.table(columns)
+            .group_by("k", use_threads=False)  # in order: first and last need it
+            .aggregate(aggregates)
+        )
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    # aggregate() names its outputs "<column>_<function>", in the order asked, then the key
+    ordered = [result.column("k")]
+    ordered += [result.column(f"{c}_{f}" if c else f) for c, f in aggregates]
+    return pa.Table.from_arrays(ordered, names=names)

@@ -71,6 +71,8 @@ class _Input:
     pending: Future[None] | None = None  # the store's check of an export, run meanwhile
     #: the store's read: the event types with chained events it read (once the plan has run)
     chained: Callable[[], set[str] | None] | None = None
+    #: the store's read of events alone, where ``df`` holds the executors' partial folds
+    events_df: Any = None
 
     def verify(self) -> None:
         """Before anything is written: the store's check of the export passed (or raise)."""
@@ -127,12 +129,17 @@ def _input(
         # Spark's own row count of those files (a declarative plan counts them in its job).
         return _Input(df, end, expected, count, columns, chained_types, True, pending)
     end = app.store.head()
-    shape = None
-    if decl is not None:
-        shape = Declared({p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types)))
-    df, counter = read_events(spark, url, 0, end, n, shape, upcasters)
+    if decl is None:
+        df, counter = read_events(spark, url, 0, end, n, None, upcasters)
+        return _Input(df, end, app.store.count(until=end), counter.total)
+    kinds, types = {p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types))
+    fields = tuple((op.kind, op.field, op.where) for op in decl.fields.values())
+    # Folded on the executors as read; the events alone for the plan with source chains.
+    df, counter = read_events(spark, url, 0, end, n, Declared(kinds, types, fields, decl.key),
+                              upcasters)  # fmt: skip
+    events, _ = read_events(spark, url, 0, end, n, Declared(kinds, types), upcasters)
     return _Input(df, end, app.store.count(until=end), counter.total,
-                  chained=counter.chained_types)  # fmt: skip
+                  chained=counter.chained_types, events_df=events)  # fmt: skip
 
 
 def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
@@ -371,7 +378,8 @@ def _aggregation(
             seen = source.chained()
             if seen is None or decl.types & seen:
                 again = None if seen is None else sorted(seen)
-                declared, read = declared_states(decl, source.df, table, source.columns, again)
+                df = source.df if source.events_df is None else source.events_df
+                declared, read = declared_states(decl, df, table, source.columns, again)
         states = {agg.name: declared}
         # From an export, the plan's own count is Spark's count of the files' rows (no second
         # job); from the store, the ranges' counts must agree with it too.

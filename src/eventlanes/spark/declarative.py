@@ -17,6 +17,7 @@ engine's shape (``{source: [partition, path]}``) and the inputs dropped.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import FieldTypeError
@@ -28,6 +29,7 @@ CHAIN_SCHEMA = (
 )
 STATES = "key string, value string, offsets string, dropped long, rows long"
 FIELD_ERROR = "[eventlanes field type] "  # marks our type errors in Spark's exception text
+_PARTIAL = re.compile(r"f\d+|at\d+|events")  # the columns of partial folds (source.Declared)
 
 
 def _json(col: Any) -> Any:
@@ -77,8 +79,10 @@ def _rows(
     source: str,
     columns: dict[str, str] | None = None,
     chains: bool = True,
+    keep: tuple[str, ...] = (),
 ) -> Any:
-    """key, position, src, part, path, chained and the typed properties (``c_<name>``).
+    """key, position, src, part, path, chained, the typed properties (``c_<name>``) and the
+    columns ``keep`` as they are.
 
     Every row read stays (``ok``: of a folded type; the others have a null key) so that the
     plan counts the rows it read. ``columns``: the export's typed columns (property -> Spark
@@ -106,7 +110,8 @@ def _rows(
     typed = [F.col(PREFIX + p) for p in columns if p in values]
     if flagged:
         typed = [F.col("typed"), *(F.col(PREFIX + p) for p in parse)]
-    first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed]
+    first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed,
+             *keep]  # fmt: skip
     if parse:  # one parse per event, however many properties it gives
         schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in parse.items())
         unread = ok & ~F.col("typed") if flagged else ok
@@ -119,7 +124,7 @@ def _rows(
         else:
             values.update({p: F.col("d").getField(p) for p in parse})
     given = [F.when(F.col("ok"), v).alias(f"v_{p}") for p, v in values.items()]
-    parsed = df.select(*first).select("position", "ok", "chain", *given)
+    parsed = df.select(*first).select("position", "ok", "chain", *given, *keep)
     root = F.col("chain").getItem(0)
     chained = F.coalesce(F.size("chain") > 0, F.lit(False))
     bad = f"aggregation {decl.name!r}: malformed source_chain in event "
@@ -156,7 +161,7 @@ def _rows(
         .alias("path"),
     ]
     cols += [F.col(f"v_{p}").alias(f"c_{p}") for p in decl.columns if p != decl.key]
-    return parsed.select(*cols)
+    return parsed.select(*cols, *keep)
 
 
 def _column(decl: Declaration, prop: str) -> Any:
@@ -165,17 +170,53 @@ def _column(decl: Declaration, prop: str) -> Any:
     return F.col("key") if prop == decl.key else F.col(f"c_{prop}")
 
 
-def _aggregates(decl: Declaration) -> list[Any]:
-    """One aggregate per state field, over accepted rows (the Python fold's meaning)."""
+def _condition(decl: Declaration, op: Op) -> Any:
     from pyspark.sql import functions as F
 
-    out = []
-    for name, op in decl.fields.items():
-        cond = F.lit(True)
-        for prop, value in op.where:
-            cond = cond & (_column(decl, prop) == F.lit(value))
-        out.append(_aggregate(decl, op, cond).alias(name))
-    return out
+    cond = F.lit(True)
+    for prop, value in op.where:
+        cond = cond & (_column(decl, prop) == F.lit(value))
+    return cond
+
+
+def _aggregates(decl: Declaration) -> list[Any]:
+    """One aggregate per state field, over accepted rows (the Python fold's meaning)."""
+    return [_aggregate(decl, op, _condition(decl, op)).alias(n) for n, op in decl.fields.items()]
+
+
+def _merged(decl: Declaration, rows: Any) -> Any:
+    """Per key: the aggregates, last position and rows of ``rows`` that are events (``events``
+    null) or the executors' partials of a key's events (see ``source.Declared.partials``),
+    merged as Spark merges its own partial aggregates."""
+    from pyspark.sql import functions as F
+
+    event = F.col("events").isNull()
+    parts, merges = [], []
+    for j, (name, op) in enumerate(decl.fields.items()):
+        cond = _condition(decl, op)
+        if op.kind == "count":  # an event's own partial: 1 or 0
+            counted = cond if op.field is None else cond & _column(decl, op.field).isNotNull()
+            own = F.when(counted, F.lit(1)).otherwise(F.lit(0)).cast("long")
+        else:
+            own = F.when(cond, _column(decl, op.field or ""))
+        part = F.when(event, own).otherwise(F.col(f"f{j}"))
+        parts.append(part.alias(f"p{j}"))
+        p, a = F.col(f"p{j}"), F.col(f"a{j}")
+        if op.kind in ("first", "last"):
+            at = F.when(own.isNotNull(), F.col("position"))
+            parts.append(F.when(event, at).otherwise(F.col(f"at{j}")).alias(f"a{j}"))
+            merge = F.min_by(p, a) if op.kind == "first" else F.max_by(p, a)
+        elif op.kind in ("count", "sum"):
+            merge = F.coalesce(F.sum(p), F.lit(0).cast("long"))
+        else:
+            merge = F.min(p) if op.kind == "min" else F.max(p)
+        merges.append(merge.alias(name))
+    events = F.when(event, F.lit(1).cast("long")).otherwise(F.col("events"))
+    return (
+        rows.select("key", "position", events.alias("n"), *parts)
+        .groupBy("key")
+        .agg(*merges, F.max("position").alias("last"), F.sum("n").alias("rows"))
+    )
 
 
 def _aggregate(decl: Declaration, op: Op, cond: Any) -> Any:
@@ -224,12 +265,19 @@ def plan(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rows = _rows(decl, df, source, columns, chains=chained_keys is not None)
+    folded = "events" in df.columns  # the executors folded what they could (no chains)
+    if folded and chained_keys is not None:
+        raise ValueError("a plan with source chains reads events, not partial folds")
+    keep = tuple(c for c in df.columns if folded and _PARTIAL.fullmatch(c))
+    rows = _rows(decl, df, source, columns, chains=chained_keys is not None, keep=keep)
     simple = rows if chained_keys is None else rows.join(chained_keys, "key", "left_anti")
     # Rows of other types form the null key's group: counted, not a state.
-    plain = simple.groupBy("key").agg(
-        *_aggregates(decl), F.max("position").alias("last"), F.count(F.lit(1)).alias("rows")
-    )
+    if folded:
+        plain = _merged(decl, simple)
+    else:
+        plain = simple.groupBy("key").agg(
+            *_aggregates(decl), F.max("position").alias("last"), F.count(F.lit(1)).alias("rows")
+        )
     own = F.concat(F.lit("{"), _offset_entry(F.lit(source), F.lit(""), F.array("last")), F.lit("}"))
     result = plain.select("key", _value(decl).alias("value"), own.alias("offsets"),
                           F.lit(0).cast("long").alias("dropped"), "rows")  # fmt: skip

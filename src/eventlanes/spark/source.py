@@ -32,6 +32,7 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
+from ..columnar.fold import Field
 from ..upcasting import Upcasters
 from ..upcasting.arrow import upcast_batch
 
@@ -147,16 +148,49 @@ class Declared:
     properties as typed columns (``data_<name>``: parsed in C where exact, see
     :mod:`eventlanes.columnar.json`; ``typed`` says so per row, else ``data`` is kept for
     Spark's parser) and metadata only where it mentions a source chain. Rows of every type
-    stay (the plan counts what it read); other types carry no data."""
+    stay (the plan counts what it read); other types carry no data.
+
+    ``fields`` (the declaration's ``(kind, property, where)`` per state field, and ``key``):
+    the executors fold what they read first (see :meth:`partials`), and rows carry partials
+    (``events`` not null) or are events as above (``events`` null) that Spark folds itself."""
 
     kinds: dict[str, str]  # property -> Spark type, as declared
     folded: tuple[str, ...]  # the event types folded
+    fields: tuple[Field, ...] = ()
+    key: str = ""
+    #: events folded by the executors at a time, at most (and their texts' bytes): the
+    #: memory a task holds, and how few rows go on to Spark's shuffle
+    chunk_rows: int = 1_000_000
+    chunk_bytes: int = 64 << 20
     columns = ["position", "type", "data", "metadata"]  # what it reads of the store
 
     @property
     def schema(self) -> str:
         typed = ", ".join(f"`{PREFIX}{p}` {k}" for p, k in self.kinds.items())
-        return "position long, type string, data string, metadata string, typed boolean, " + typed
+        out = "position long, type string, data string, metadata string, typed boolean, " + typed
+        for j, (kind, prop, _) in enumerate(self.fields):
+            out += f", f{j} {'long' if kind == 'count' else self.kinds[prop or '']}"
+            out += f", at{j} long" if kind in ("first", "last") else ""
+        return out + (", events long" if self.fields else "")
+
+    def _extra(self, n: int) -> list[Any]:
+        """The partial columns of event rows: all null."""
+        import pyarrow as pa
+
+        return [pa.nulls(n, f.type) for f in self._partial_schema()] if self.fields else []
+
+    def _partial_schema(self) -> list[Any]:
+        import pyarrow as pa
+
+        from ..columnar.json import ARROW
+
+        out = []
+        for j, (kind, prop, _) in enumerate(self.fields):
+            spark = "long" if kind == "count" else self.kinds[prop or ""]
+            out.append(pa.field(f"f{j}", getattr(pa, ARROW[spark])()))
+            if kind in ("first", "last"):
+                out.append(pa.field(f"at{j}", pa.int64()))
+        return [*out, pa.field("events", pa.int64())]
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -188,10 +222,96 @@ class Declared:
                           pa.scalar(None, pa.string()))  # fmt: skip
         flag = pa.array([found is not None] * n, pa.bool_())
         return pa.RecordBatch.from_arrays(
-            [batch.column("position"), batch.column("type"), data, meta, flag, *arrays],
-            names=["position", "type", "data", "metadata", "typed",
-                   *(PREFIX + p for p in self.kinds)],
+            [batch.column("position"), batch.column("type"), data, meta, flag, *arrays,
+             *self._extra(n)],
+            schema=self._arrow_schema(),
         )  # fmt: skip
+
+    def _arrow_schema(self) -> Any:
+        import pyarrow as pa
+
+        from ..columnar.json import ARROW
+
+        base = [pa.field("position", pa.int64()), pa.field("type", pa.string()),
+                pa.field("data", pa.string()), pa.field("metadata", pa.string()),
+                pa.field("typed", pa.bool_())]  # fmt: skip
+        base += [pa.field(PREFIX + p, getattr(pa, ARROW[k])()) for p, k in self.kinds.items()]
+        return pa.schema(base + (self._partial_schema() if self.fields else []))
+
+    def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The rows of a range's batches (in position order), as the plan reads them."""
+        if not self.fields:
+            yield from map(self, batches)
+            return
+        yield from self.partials(batches)
+
+    def partials(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Each chunk of batches folded per key in C (:func:`eventlanes.columnar.fold.partials`):
+        one row per key and one for the events of other types (a null key: only counted).
+        A batch whose folded events cannot be read exactly (a value of another type, a key
+        missing, JSON read differently) goes to Spark as events, as do a chunk's events when
+        their fold is not exact: Spark then raises what it must, naming the event."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from ..columnar.json import declared
+
+        folded = pa.array(self.folded, pa.string())
+        held: list[tuple[Any, Any, dict[str, Any], int]] = []  # batch, positions, found, others
+        rows = size = 0
+        for batch in batches:
+            ok = pc.is_in(batch.column("type"), value_set=folded)
+            texts = batch.column("data").filter(ok)
+            found = declared(texts, self.kinds) if len(texts) else {}
+            if found is None or (found and found[self.key].null_count):
+                yield self(batch)
+                continue
+            positions = batch.column("position").filter(ok)
+            held.append((batch, positions, found, batch.num_rows - len(positions)))
+            rows, size = rows + batch.num_rows, size + batch.column("data").nbytes
+            if rows >= self.chunk_rows or size >= self.chunk_bytes:
+                yield from self._fold(held)
+                held, rows, size = [], 0, 0
+        if held:
+            yield from self._fold(held)
+
+    def _fold(self, held: list[tuple[Any, Any, dict[str, Any], int]]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from ..columnar.fold import partials
+
+        kept = [(p, f) for _, p, f, _ in held if len(p)]
+        table = None
+        if kept:
+            found = {prop: pa.concat_arrays([f[prop] for _, f in kept]) for prop in self.kinds}
+            positions = pa.concat_arrays([p for p, _ in kept])
+            table = partials(found[self.key], positions, found, list(self.fields))
+            if table is None:  # not exact: Spark folds these events
+                yield from (self(batch) for batch, _, _, _ in held)
+                return
+        others = sum(o for _, _, _, o in held)
+        if table is not None and table.num_rows:
+            k = table.num_rows
+            given = {"position": table.column("last"), PREFIX + self.key: table.column("key"),
+                     "events": table.column("events"), "type": pa.repeat(self.folded[0], k),
+                     "typed": pa.repeat(True, k)}  # fmt: skip
+            given |= {f.name: table.column(f.name) for f in self._partial_schema()}
+            yield self._rows(given, k)
+        if others:  # type "": not folded, so the plan only counts them
+            yield self._rows({"type": pa.array([""]), "typed": pa.array([True]),
+                              "events": pa.array([others], pa.int64())}, 1)  # fmt: skip
+
+    def _rows(self, given: dict[str, Any], n: int) -> Any:
+        import pyarrow as pa
+
+        schema = self._arrow_schema()
+        columns = []
+        for f in schema:
+            col = given.get(f.name)
+            if isinstance(col, pa.ChunkedArray):
+                col = col.combine_chunks()
+            columns.append(pa.nulls(n, f.type) if col is None else col.cast(f.type))
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _read_ranges(
@@ -205,15 +325,25 @@ def _read_ranges(
     columns = None if shape is None or upcasters is not None else shape.columns
     for batch in batches:
         for index, after, until in zip(*(c.to_pylist() for c in batch.columns), strict=True):
-            rows = 0
-            types: set[str] = set()
-            for out in read_slice(url, Slice(after, until), columns):
-                rows += out.num_rows
-                if upcasters is not None:  # current shapes before anything reads the data
-                    out = upcast_batch(upcasters, out)
-                types |= chained(out)
-                yield out if shape is None else shape(out)
-            counter.add({index: (rows, tuple(sorted(types)))})
+            tally = _Tally()
+            read = tally.count(read_slice(url, Slice(after, until), columns), upcasters)
+            yield from read if shape is None else shape.batches(read)
+            counter.add({index: (tally.rows, tuple(sorted(tally.types)))})
+
+
+class _Tally:
+    """What a range's read gave: rows, and the types with chained events (as read)."""
+
+    def __init__(self) -> None:
+        self.rows, self.types = 0, set[str]()
+
+    def count(self, batches: Iterator[Any], upcasters: Upcasters | None) -> Iterator[Any]:
+        for out in batches:
+            self.rows += out.num_rows
+            if upcasters is not None:  # current shapes before anything reads the data
+                out = upcast_batch(upcasters, out)
+            self.types |= chained(out)
+            yield out
 
 
 def read_events(
