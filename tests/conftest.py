@@ -26,6 +26,19 @@ BACKENDS = ["sqlite", "postgres"]
 _counter = itertools.count()
 
 
+#: Fixtures one test session starts once (a JVM, a cluster, a broker): under pytest-xdist
+#: (``make test`` runs ``-n 3 --dist loadgroup``) every test using one runs in the same worker,
+#: so the run still starts each once. Other tests spread over the workers, each of which has
+#: its own PostgreSQL server.
+SHARED_ONCE = ("spark", "spark_cluster", "kafka_broker")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if set(getattr(item, "fixturenames", ())) & set(SHARED_ONCE):
+            item.add_marker(pytest.mark.xdist_group("shared-once"))
+
+
 @pytest.fixture(scope="session")
 def pg_url(eventlanes_postgres_url: str) -> str:
     """One PostgreSQL server per session (fsync off: the tests kill processes, not machines)."""

@@ -484,3 +484,57 @@ def test_executor_folds_send_what_they_cannot_fold_as_events() -> None:
     small = Declared(shape.kinds, shape.folded, shape.fields, "k", chunk_rows=1)
     rows = [r for b in small.batches(iter([good, good])) for r in b.to_pylist()]
     assert [r["data_k"] for r in rows if r["type"] == "T"] == ["a", "b", "a", "b"]
+
+
+def test_a_fold_keyed_by_a_property_reads_its_keys_on_the_executors() -> None:
+    """The events of the folded types only, each with its key where the property is a string
+    read exactly; a batch where it is not (a number, a deep value) leaves the keys to Spark."""
+    from eventlanes.spark.source import Keyed
+
+    def batch(rows: list[tuple[str, dict]]) -> pa.RecordBatch:
+        n = len(rows)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(range(1, n + 1), pa.int64()), pa.array(["s"] * n),
+             pa.array([1] * n, pa.int64()), pa.array([t for t, _ in rows]),
+             pa.array([json.dumps(d) for _, d in rows]), pa.array(["{}"] * n),
+             pa.array([0] * n, pa.int64()), pa.array([0] * n, pa.int64())],
+            names=list(FIELDS),
+        )  # fmt: skip
+
+    shape = Keyed("k", ("A", "B"))
+    plain = batch([("A", {"k": "x"}), ("C", {"k": "y"}), ("B", {"k": "ü\"", "v": 1}),
+                   ("A", {"v": 2})])  # fmt: skip
+    numbered = batch([("A", {"k": 5}), ("A", {"k": "z"})])
+    other = batch([("C", {"k": "w"})])
+    out = [r for b in shape.batches(iter([plain, numbered, other])) for r in b.to_pylist()]
+    assert [(r["type"], r["key"]) for r in out] == [
+        ("A", "x"), ("B", 'ü"'), ("A", None),  # no key property: dropped by Spark, as before
+        ("A", None), ("A", None),  # a number among the keys: Spark reads this batch's keys
+    ]  # fmt: skip
+
+
+def test_python_fold_replay_from_the_store_equals_the_local_engine(spark, store_url: str) -> None:
+    """Keys read on the executors, and by Spark for the batches they do not take exactly."""
+    app = el.App(store_url, claim_timeout=5)
+    local = app.aggregation(
+        "local", key="robot", initial=lambda: {f: op.initial for f, op in NO_CHAIN_FIELDS.items()}
+    )
+    replayed = app.aggregation(
+        "replayed",
+        key="robot",
+        initial=lambda: {f: op.initial for f, op in NO_CHAIN_FIELDS.items()},
+    )
+    for agg in (local, replayed):
+        agg.on("Fastened")(lambda state, event: fold_by_hand(state, event.data))
+    rng = random.Random(12)
+    for i in range(20):
+        app.store.append(f"cell-{i}", no_chain_events(rng, 60))
+    deep = {"robot": "r2", "n": 1, "status": "ok", "big": False,
+            "nest": json.loads("[" * 450 + "]" * 450)}  # fmt: skip
+    app.store.append("deep", [E("Fastened", deep)])
+    run_until_caught_up_names(app, ["local"])
+    result = el.spark.replay(app, "replayed", spark=spark)
+    assert result.events == app.store.head()
+    got, want = states_of(app, "replayed"), states_of(app, "local")
+    assert got == want
+    assert want["r2"][0]["events"] > 1

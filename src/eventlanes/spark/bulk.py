@@ -44,6 +44,7 @@ from .export import PREFIX, check_store, load_manifest
 from .fold import KEYED_SCHEMA, STATE_SCHEMA, FoldSpec, add_keys, fold_sorted, fold_stage, spec_of
 from .session import get_session, partitions_of
 from .ship import executor_url, first_line, preflight
+from .source import Keyed
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -84,7 +85,8 @@ class _Input:
         """The events' own columns (``FIELDS``), without an export's typed columns."""
         from .source import FIELDS
 
-        return self.df.select(*FIELDS)
+        keys = ["key"] if "key" in self.df.columns else []  # read on the executors (Keyed)
+        return self.df.select(*FIELDS, *keys)
 
 
 def _input(
@@ -95,11 +97,13 @@ def _input(
     parquet: str | None,
     decl: Any = None,
     upcasters: Upcasters | None = None,
+    keyed: Keyed | None = None,
 ) -> _Input:
     """The events up to the store's head, or exactly the files of a Parquet export.
     ``decl``: a declarative aggregation's declaration (the store's read takes only what its
     plan reads, the declared properties typed); ``upcasters``: the processor's, applied on the
-    executors as the events are read (an export holds what is stored)."""
+    executors as the events are read (an export holds what is stored); ``keyed``: a fold keyed
+    by a data property reads the events it folds, their keys read on the executors."""
     from pyspark.sql import functions as F
 
     from ..processing.declarative import TYPES
@@ -130,7 +134,7 @@ def _input(
         return _Input(df, end, expected, count, columns, chained_types, True, pending)
     end = app.store.head()
     if decl is None:
-        df, counter = read_events(spark, url, 0, end, n, None, upcasters)
+        df, counter = read_events(spark, url, 0, end, n, keyed, upcasters)
         return _Input(df, end, app.store.count(until=end), counter.total)
     kinds, types = {p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types))
     fields = tuple((op.kind, op.field, op.where) for op in decl.fields.values())
@@ -140,6 +144,13 @@ def _input(
     events, _ = read_events(spark, url, 0, end, n, Declared(kinds, types), upcasters)
     return _Input(df, end, app.store.count(until=end), counter.total,
                   chained=counter.chained_types, events_df=events)  # fmt: skip
+
+
+def _keyed(agg: Aggregation) -> Keyed | None:
+    """What the store's read gives a Python fold keyed by a data property (None: events)."""
+    if agg.declaration is not None or agg.key_field is None or agg.folds.any:
+        return None
+    return Keyed(agg.key_field, tuple(sorted(agg.folds.by_type)))
 
 
 def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
@@ -252,7 +263,8 @@ def _replay(
     start = time.perf_counter()
     try:
         decl = getattr(proc, "declaration", None)
-        source = _input(spark, app, url, n, parquet, decl, upcasters_of(proc))
+        keyed = _keyed(proc) if isinstance(proc, Aggregation) else None
+        source = _input(spark, app, url, n, parquet, decl, upcasters_of(proc), keyed)
         try:
             if isinstance(proc, Aggregation):
                 events, keys = _aggregation(app, proc, source, n, owner, records)
@@ -289,7 +301,10 @@ def fold_aggregation(
             key = F.col(PREFIX + spec.key_field).cast("string")
             df = typed.select(*df.columns, key.alias("key"))
         else:
-            df = df.withColumn("key", F.get_json_object("data", f"$.{spec.key_field}"))
+            key = F.get_json_object("data", f"$.{spec.key_field}")
+            if "key" in df.columns:  # read on the executors where exact (source.Keyed)
+                key = F.coalesce(F.col("key"), key)
+            df = df.withColumn("key", key)
         keyed = df.where(F.col("type").isin(list(spec.by_type))).where(F.col("key").isNotNull())
     else:
         keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)

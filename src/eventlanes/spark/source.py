@@ -314,11 +314,40 @@ class Declared:
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+@dataclass(frozen=True)
+class Keyed:
+    """What a Python fold keyed by a data property reads: the events of the types it folds,
+    with their ``key`` where the property is a string read exactly in C (see
+    :mod:`eventlanes.columnar.json`), else null: Spark extracts it from the JSON then."""
+
+    field: str  # the key's data property
+    folded: tuple[str, ...]  # the event types folded
+    columns = None  # every column: the fold is given whole events
+    schema = SCHEMA + ", key string"
+
+    def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from ..columnar.json import declared
+
+        folded = pa.array(self.folded, pa.string())
+        for batch in batches:
+            ok = pc.is_in(batch.column("type"), value_set=folded)
+            if not pc.all(ok).as_py():
+                batch = batch.filter(ok)
+            if not batch.num_rows:
+                continue
+            found = declared(batch.column("data"), {self.field: "string"})
+            key = pa.nulls(batch.num_rows, pa.string()) if found is None else found[self.field]
+            yield pa.RecordBatch.from_arrays([*batch.columns, key], names=[*FIELDS, "key"])
+
+
 def _read_ranges(
     url: str,
     counter: Any,
     batches: Iterator[Any],
-    shape: Declared | None = None,
+    shape: Declared | Keyed | None = None,
     upcasters: Upcasters | None = None,
 ) -> Iterator[Any]:
     # An upcaster is given the whole event: every column is read then.
@@ -352,7 +381,7 @@ def read_events(
     after: int,
     until: int,
     partitions: int,
-    shape: Declared | None = None,
+    shape: Declared | Keyed | None = None,
     upcasters: Upcasters | None = None,
 ) -> tuple[Any, ReadCount]:
     """The events in positions ``(after, until]`` as a DataFrame of ``SCHEMA`` (or of
