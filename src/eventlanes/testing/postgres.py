@@ -30,17 +30,19 @@ def _ensure_user() -> str:
     try:
         pwd.getpwnam(_SERVICE_USER)
     except KeyError:
-        subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                _SERVICE_USER,
-            ],
-            check=True,
-        )
+        done = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             _SERVICE_USER],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+        try:  # another process (a parallel test worker) may have added it meanwhile
+            pwd.getpwnam(_SERVICE_USER)
+        except KeyError:
+            raise RuntimeError(
+                f"cannot add the system user {_SERVICE_USER!r} for PostgreSQL: "
+                f"{done.stderr.strip() or done.returncode}"
+            ) from None
     return _SERVICE_USER
 
 
