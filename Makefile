@@ -30,10 +30,11 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
-# Three workers on two cores: most tests wait (on processes, servers, clocks) more than they
-# compute. Tests of the session's JVM, cluster and broker share one worker (tests/conftest.py).
+# Four workers on two cores: most tests wait (on processes, servers, clocks) more than they
+# compute. The tests of the session's JVM and cluster share one worker, those of the broker
+# another (tests/conftest.py).
 test: lint
-	$(BIN)/pytest -q -n 3 --dist loadgroup
+	$(BIN)/pytest -q -n 4 --dist loadgroup
 
 # The documentation site (docs/, Sphinx): strict (-W -n: a warning, a broken link or a missing
 # reference fails) and offline. tests/test_docs.py runs the same build in `make test`.

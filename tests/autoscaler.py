@@ -91,8 +91,8 @@ class Autoscaler:
 
     def step(self) -> float | None:
         """One reconciliation: read the lag, scale. Returns the lag read."""
+        now = time.monotonic()  # when the lag was asked for: it counts what was appended by then
         lag = self.lag()
-        now = time.monotonic()
         self.log.append((now, lag, len(self.workers)))
         if lag is None:
             return None

@@ -26,17 +26,28 @@ BACKENDS = ["sqlite", "postgres"]
 _counter = itertools.count()
 
 
-#: Fixtures one test session starts once (a JVM, a cluster, a broker): under pytest-xdist
-#: (``make test`` runs ``-n 3 --dist loadgroup``) every test using one runs in the same worker,
-#: so the run still starts each once. Other tests spread over the workers, each of which has
-#: its own PostgreSQL server.
-SHARED_ONCE = ("spark", "spark_cluster", "kafka_broker")
+#: Fixtures a test session starts once (a JVM and a cluster; a broker). Under pytest-xdist
+#: (``make test``: ``-n 4 --dist loadgroup``) the tests using them run in one worker per group,
+#: so a run starts one SparkSession and one cluster, and one broker (a second one only in the
+#: Spark worker, for the tests that read a topic with Spark). Other tests spread over the
+#: workers, each with its own PostgreSQL server.
+GROUPS = {"spark": ("spark", "spark_cluster"), "kafka": ("kafka_broker",)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first: dict[str, list[pytest.Item]] = {group: [] for group in GROUPS}
+    rest = []
     for item in items:
-        if set(getattr(item, "fixturenames", ())) & set(SHARED_ONCE):
-            item.add_marker(pytest.mark.xdist_group("shared-once"))
+        used = set(getattr(item, "fixturenames", ()))
+        group = next((g for g, fixtures in GROUPS.items() if used & set(fixtures)), None)
+        if group is None:
+            rest.append(item)
+        else:
+            item.add_marker(pytest.mark.xdist_group(group))
+            first[group].append(item)
+    # The groups first (the longest first): each runs in one worker, so one that started
+    # last would end the run alone while the other workers wait.
+    items[:] = [*first["spark"], *first["kafka"], *rest]
 
 
 @pytest.fixture(scope="session")
