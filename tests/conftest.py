@@ -34,6 +34,7 @@ _counter = itertools.count()
 GROUPS = {"spark": ("spark", "spark_cluster"), "kafka": ("kafka_broker",)}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups' marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first: dict[str, list[pytest.Item]] = {group: [] for group in GROUPS}
     rest = []
@@ -48,6 +49,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The groups first (the longest first): each runs in one worker, so one that started
     # last would end the run alone while the other workers wait.
     items[:] = [*first["spark"], *first["kafka"], *rest]
+
+
+UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's hook has written each group into the node ID
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and
+            "@" not in i.nodeid]  # fmt: skip
+    if lost:  # every worker would start its own JVM, cluster and broker, saying nothing
+        session.config.stash[UNGROUPED] = (
+            f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): this pytest "
+            "and pytest-xdist do not work together (pytest-dev/pytest-xdist#1386)"
+        )
+
+
+def _grouped(request: pytest.FixtureRequest) -> None:
+    """A fixture started once per run fails in a run that lost its groups."""
+    if UNGROUPED in request.config.stash:
+        pytest.fail(request.config.stash[UNGROUPED], pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -183,19 +206,21 @@ def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(request: pytest.FixtureRequest):
     """One SparkSession for the whole test session (starting one costs seconds)."""
     from eventlanes.spark import get_session
 
+    _grouped(request)
     session = get_session("local[2]")
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory):
+def spark_cluster(tmp_path_factory, request: pytest.FixtureRequest):
     """One Spark standalone cluster (a Master and one Worker on 127.0.0.1) for the whole test
     session; its executors cannot import eventlanes or the tests' apps on their own."""
+    _grouped(request)
     from tests import spark_cluster as cluster_module
 
     cluster = cluster_module.start(tmp_path_factory.mktemp("spark-cluster"))
@@ -206,8 +231,9 @@ def spark_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def kafka_broker():
+def kafka_broker(request: pytest.FixtureRequest):
     """One Tansu broker (memory storage, 127.0.0.1) for the whole test session."""
+    _grouped(request)
     from eventlanes.testing.kafka import TansuBroker
 
     broker = TansuBroker()
