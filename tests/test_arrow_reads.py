@@ -337,37 +337,49 @@ def test_declared_replay_from_the_store_equals_the_python_fold(spark, store_url:
 
 
 # -- Spark: the executors fold what they read (declarative, no source chains) ---------------
-NO_CHAIN_FIELDS = {
-    "events": el.count(),
-    "ok": el.count(where={"status": "ok"}),
-    "with_v": el.count("v"),
-    "n": el.sum("n"),
-    "n_ok": el.sum("n", where={"status": "ok", "big": False}),
-    "lo": el.min("v"),
-    "hi": el.max("v"),
-    "first_s": el.first("s"),
-    "last_s": el.last("s"),
-    "first_big": el.first("big", bool),
-    "hi_t": el.max("t", float),
-}
+def deep_event(robot: str) -> el.NewEvent:
+    """An event of ``Fastened`` whose data the C reader does not take (nested too deep)."""
+    return E("Fastened", {"robot": robot, "n": 1, "status": "ok", "big": False,
+                          "nest": json.loads("[" * 450 + "]" * 450)})  # fmt: skip
 
 
-def no_chain_events(rng: random.Random, count: int) -> list[el.NewEvent]:
-    out = []
-    for i in range(count):
-        data: dict[str, Any] = {"robot": f"r{int(rng.paretovariate(1.2)) % 60}",
-                                "n": rng.randrange(-5, 50),
-                                "status": rng.choice(["ok", "ok", "failed"]),
-                                "big": rng.random() < 0.3}  # fmt: skip
-        if rng.random() < 0.8:
-            data["v"] = rng.randrange(-1000, 1000)
-        if rng.random() < 0.7:
-            data["s"] = rng.choice(["a", "b", "ü", 'q"uote', "漢字"])
-        if rng.random() < 0.5:
-            data["t"] = rng.choice([rng.random() * 100, rng.randrange(100)])
-        meta = {"user": "u"} if i % 7 == 0 else {}  # metadata without a chain: folded too
-        out.append(E("Fastened" if rng.random() > 0.05 else "Other", data, meta))
-    return out
+def event_batch(rows: list[tuple[str, dict]], start: int = 1) -> pa.RecordBatch:
+    """Events ``(type, data)`` at positions from ``start``, as the store's Arrow reads give them."""
+    from eventlanes.store.arrow import schema
+
+    return pa.RecordBatch.from_pylist(
+        [{"position": start + i, "stream_id": "s", "version": start + i, "type": t,
+          "data": json.dumps(d), "metadata": "{}", "recorded_at": 0, "routing_hash": 0}
+         for i, (t, d) in enumerate(rows)],
+        schema=schema(),
+    )  # fmt: skip
+
+
+def with_first_big(state: dict, event: el.Event) -> None:
+    """``by_hand`` of the declarative tests, and the first value of the boolean ``big``."""
+    from tests.test_declarative import by_hand
+
+    by_hand(state, event)
+    if state["first_big"] is None:
+        state["first_big"] = event.data["big"]
+
+
+def no_chain_app(store_url: str, *names: str) -> el.App:
+    """``declared`` (declarative) and Python folds ``names`` of the same fields, over events
+    without source chains, and one batch the C reader does not take."""
+    from tests.test_declarative import FIELDS, load
+
+    fields = {**FIELDS, "first_big": el.first("big", bool)}
+    app = el.App(store_url, claim_timeout=5)
+    app.aggregation("declared", key="robot", on="Fastened", fields=fields)
+    for name in names:
+        agg = app.aggregation(
+            name, key="robot", initial=lambda: {f: op.initial for f, op in fields.items()}
+        )
+        agg.on("Fastened")(with_first_big)  # fmt: skip
+    load(app.store, 2400, seed=11, chains=False)
+    app.store.append("deep", [deep_event("r1")])
+    return app
 
 
 def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) -> None:
@@ -377,20 +389,10 @@ def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) ->
     from eventlanes.processing.declarative import TYPES
     from eventlanes.spark.declarative import declared_states
     from eventlanes.spark.source import Declared, read_events
+    from tests.test_declarative import run, stored
 
-    app = el.App(store_url, claim_timeout=5)
-    agg = app.aggregation("declared", key="robot", on="Fastened", fields=NO_CHAIN_FIELDS)
-    python = app.aggregation(
-        "python", key="robot", initial=lambda: {f: op.initial for f, op in NO_CHAIN_FIELDS.items()}
-    )
-    python.on("Fastened")(lambda state, event: fold_by_hand(state, event.data))
-    rng = random.Random(11)
-    for i in range(30):
-        app.store.append(f"cell-{i}", no_chain_events(rng, 80))
-    deep = {"robot": "r1", "n": 1, "status": "ok", "big": False,
-            "nest": json.loads("[" * 450 + "]" * 450)}  # fmt: skip
-    app.store.append("deep", [E("Fastened", deep)])
-    decl = agg.declaration
+    app = no_chain_app(store_url, "python")
+    decl = app.get("declared").declaration
     assert decl is not None
     kinds = {p: TYPES[t] for p, t in decl.columns.items()}
     fields = tuple((op.kind, op.field, op.where) for op in decl.fields.values())
@@ -406,46 +408,9 @@ def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) ->
         got, read = declared_states(decl, df, table, None, [])
         assert read == head and counter.total() == head
         assert got == want
-    run_until_caught_up_names(app, ["python"])
+    run(app, ["python"])
     el.spark.replay(app, "declared", spark=spark)
-    assert states_of(app, "declared") == states_of(app, "python")
-
-
-def fold_by_hand(state: dict, d: dict) -> None:
-    ok = d.get("status") == "ok"
-    state["events"] += 1
-    state["ok"] += ok
-    state["n"] += d["n"]
-    if ok and d.get("big") is False:
-        state["n_ok"] += d["n"]
-    v = d.get("v")
-    if v is not None:
-        state["with_v"] += 1
-        state["lo"] = v if state["lo"] is None else min(state["lo"], v)
-        state["hi"] = v if state["hi"] is None else max(state["hi"], v)
-    s = d.get("s")
-    if s is not None:
-        state["first_s"] = s if state["first_s"] is None else state["first_s"]
-        state["last_s"] = s
-    if state["first_big"] is None:
-        state["first_big"] = d["big"]
-    t = d.get("t")
-    if t is not None:
-        state["hi_t"] = float(t) if state["hi_t"] is None else max(state["hi_t"], float(t))
-
-
-def run_until_caught_up_names(app: el.App, names: list[str]) -> None:
-    from tests.processing_helpers import run_until_caught_up
-
-    run_until_caught_up(app, 120, names)
-
-
-def states_of(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
-    t = app.db.table("aggregates")
-    rows = app.db.query(
-        app.db.sql(f"SELECT key, value, offsets, dropped FROM {t} WHERE aggregation = ?"), (name,)
-    )
-    return {k: (json.loads(v), json.loads(o), d) for k, v, o, d in rows}
+    assert stored(app, "declared") == stored(app, "python")
 
 
 def test_executor_folds_send_what_they_cannot_fold_as_events() -> None:
@@ -454,19 +419,13 @@ def test_executor_folds_send_what_they_cannot_fold_as_events() -> None:
     whose sum may pass 64 bits goes as events too. Every event read is counted once."""
     from eventlanes.spark.source import Declared
 
-    def batch(rows: list[tuple[int, str, dict]]) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pydict({
-            "position": pa.array([r[0] for r in rows], pa.int64()),
-            "type": [r[1] for r in rows], "data": [json.dumps(r[2]) for r in rows],
-            "metadata": ["{}"] * len(rows)})  # fmt: skip
-
     shape = Declared({"k": "string", "v": "long"}, ("T",), (("sum", "v", ()), ("count", None, ())),
                      "k")  # fmt: skip
-    good = batch([(1, "T", {"k": "a", "v": 1}), (2, "U", {}), (3, "T", {"k": "a", "v": 2}),
-                  (4, "T", {"k": "b", "v": 5})])  # fmt: skip
-    wrong = batch([(5, "T", {"k": "a", "v": "7"})])
-    keyless = batch([(6, "T", {"v": 1})])
-    huge = batch([(7, "T", {"k": "c", "v": 2**62}), (8, "T", {"k": "c", "v": 2**62})])
+    good = event_batch([("T", {"k": "a", "v": 1}), ("U", {}), ("T", {"k": "a", "v": 2}),
+                        ("T", {"k": "b", "v": 5})])  # fmt: skip
+    wrong = event_batch([("T", {"k": "a", "v": "7"})], start=5)
+    keyless = event_batch([("T", {"v": 1})], start=6)
+    huge = event_batch([("T", {"k": "c", "v": 2**62}), ("T", {"k": "c", "v": 2**62})], start=7)
     out = list(shape.batches(iter([good, wrong, keyless])))
     rows = [r for b in out for r in b.to_pylist()]
     partial = [r for r in rows if r["events"] is not None]
@@ -491,21 +450,11 @@ def test_a_fold_keyed_by_a_property_reads_its_keys_on_the_executors() -> None:
     read exactly; a batch where it is not (a number, a deep value) leaves the keys to Spark."""
     from eventlanes.spark.source import Keyed
 
-    def batch(rows: list[tuple[str, dict]]) -> pa.RecordBatch:
-        n = len(rows)
-        return pa.RecordBatch.from_arrays(
-            [pa.array(range(1, n + 1), pa.int64()), pa.array(["s"] * n),
-             pa.array([1] * n, pa.int64()), pa.array([t for t, _ in rows]),
-             pa.array([json.dumps(d) for _, d in rows]), pa.array(["{}"] * n),
-             pa.array([0] * n, pa.int64()), pa.array([0] * n, pa.int64())],
-            names=list(FIELDS),
-        )  # fmt: skip
-
     shape = Keyed("k", ("A", "B"))
-    plain = batch([("A", {"k": "x"}), ("C", {"k": "y"}), ("B", {"k": "ü\"", "v": 1}),
-                   ("A", {"v": 2})])  # fmt: skip
-    numbered = batch([("A", {"k": 5}), ("A", {"k": "z"})])
-    other = batch([("C", {"k": "w"})])
+    plain = event_batch([("A", {"k": "x"}), ("C", {"k": "y"}), ("B", {"k": "ü\"", "v": 1}),
+                        ("A", {"v": 2})])  # fmt: skip
+    numbered = event_batch([("A", {"k": 5}), ("A", {"k": "z"})])
+    other = event_batch([("C", {"k": "w"})])
     out = [r for b in shape.batches(iter([plain, numbered, other])) for r in b.to_pylist()]
     assert [(r["type"], r["key"]) for r in out] == [
         ("A", "x"), ("B", 'ü"'), ("A", None),  # no key property: dropped by Spark, as before
@@ -515,26 +464,12 @@ def test_a_fold_keyed_by_a_property_reads_its_keys_on_the_executors() -> None:
 
 def test_python_fold_replay_from_the_store_equals_the_local_engine(spark, store_url: str) -> None:
     """Keys read on the executors, and by Spark for the batches they do not take exactly."""
-    app = el.App(store_url, claim_timeout=5)
-    local = app.aggregation(
-        "local", key="robot", initial=lambda: {f: op.initial for f, op in NO_CHAIN_FIELDS.items()}
-    )
-    replayed = app.aggregation(
-        "replayed",
-        key="robot",
-        initial=lambda: {f: op.initial for f, op in NO_CHAIN_FIELDS.items()},
-    )
-    for agg in (local, replayed):
-        agg.on("Fastened")(lambda state, event: fold_by_hand(state, event.data))
-    rng = random.Random(12)
-    for i in range(20):
-        app.store.append(f"cell-{i}", no_chain_events(rng, 60))
-    deep = {"robot": "r2", "n": 1, "status": "ok", "big": False,
-            "nest": json.loads("[" * 450 + "]" * 450)}  # fmt: skip
-    app.store.append("deep", [E("Fastened", deep)])
-    run_until_caught_up_names(app, ["local"])
+    from tests.test_declarative import run, stored
+
+    app = no_chain_app(store_url, "local", "replayed")
+    run(app, ["local"])
     result = el.spark.replay(app, "replayed", spark=spark)
     assert result.events == app.store.head()
-    got, want = states_of(app, "replayed"), states_of(app, "local")
-    assert got == want
-    assert want["r2"][0]["events"] > 1
+    want = stored(app, "local")
+    assert stored(app, "replayed") == want
+    assert want["r1"][0]["events"] > 1

@@ -64,10 +64,11 @@ def define(app: el.App) -> tuple[el.Aggregation, el.Aggregation]:
     return declared, python
 
 
-def load(store: el.EventStore, events: int, seed: int) -> None:
+def load(store: el.EventStore, events: int, seed: int, chains: bool = True) -> None:
     """Skewed keys (a few hot robots, many cold ones); some events are re-appended outputs of
     a republisher that crashed (same root as an earlier output: dropped), some come from a
-    repartitioned source, some are of another type, some lack optional properties."""
+    repartitioned source, some are of another type, some lack optional properties.
+    ``chains=False``: no source chain, some metadata of other kinds instead."""
     rng = random.Random(seed)
     roots: list[dict[str, Any]] = []
     for i in range(events // 50):
@@ -85,7 +86,9 @@ def load(store: el.EventStore, events: int, seed: int) -> None:
                 data["t"] = rng.choice([rng.random() * 100, rng.randrange(100)])
             meta: dict[str, Any] = {}
             r = rng.random()
-            if r < 0.25:  # a republished output (root in an upstream source)
+            if not chains:
+                meta = {"user": "u"} if r < 0.15 else {}
+            elif r < 0.25:  # a republished output (root in an upstream source)
                 hop = {"source": "up", "partition": rng.choice(["", "", "p1"]),
                        "offset": i * 50 + len(batch), "out": rng.randrange(2)}  # fmt: skip
                 roots.append({"robot": robot, "hop": hop, "data": data})

@@ -19,7 +19,8 @@ from typing import Any
 ARROW = {"long": "int64", "double": "float64", "string": "string", "boolean": "bool_"}
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # names written into a pattern as they are
 _LONG, _MAX_OPENERS = 800, 400  # texts longer than this have their brackets counted
-_KIND = {"int64": "long", "double": "double", "string": "string", "bool": "boolean"}
+#: Arrow type names -> Spark type names (the inverse of ARROW)
+SPARK = {"int64": "long", "double": "double", "string": "string", "bool": "boolean"}
 
 
 def _lines(texts: Any) -> Any:
@@ -113,8 +114,8 @@ def inferred(texts: Any) -> dict[str, tuple[str | None, Any]] | None:
             out[field.name] = ("", None)
         elif pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t):
             strings.append(field.name)  # text that looks like a time: a string for us
-        elif str(t) in _KIND:
-            out[field.name] = (_KIND[str(t)], table.column(field.name).combine_chunks())
+        elif str(t) in SPARK:
+            out[field.name] = (SPARK[str(t)], table.column(field.name).combine_chunks())
         else:  # objects, arrays
             out[field.name] = (None, None)
     doubles = [n for n, (k, _) in out.items() if k == "double"]

@@ -166,31 +166,27 @@ class Declared:
 
     @property
     def schema(self) -> str:
-        typed = ", ".join(f"`{PREFIX}{p}` {k}" for p, k in self.kinds.items())
-        out = "position long, type string, data string, metadata string, typed boolean, " + typed
-        for j, (kind, prop, _) in enumerate(self.fields):
-            out += f", f{j} {'long' if kind == 'count' else self.kinds[prop or '']}"
-            out += f", at{j} long" if kind in ("first", "last") else ""
-        return out + (", events long" if self.fields else "")
+        """The rows' Spark schema (of :meth:`arrow_schema`)."""
+        from ..columnar.json import SPARK
 
-    def _extra(self, n: int) -> list[Any]:
-        """The partial columns of event rows: all null."""
-        import pyarrow as pa
+        return ", ".join(f"`{f.name}` {SPARK[str(f.type)]}" for f in self.arrow_schema())
 
-        return [pa.nulls(n, f.type) for f in self._partial_schema()] if self.fields else []
-
-    def _partial_schema(self) -> list[Any]:
+    def arrow_schema(self) -> Any:
+        """The columns read, ``typed``, the declared properties and the partials' columns."""
         import pyarrow as pa
 
         from ..columnar.json import ARROW
+        from ..store.arrow import schema
 
-        out = []
+        read = schema()
+        out = [read.field(c) for c in self.columns] + [pa.field("typed", pa.bool_())]
+        out += [pa.field(PREFIX + p, getattr(pa, ARROW[k])()) for p, k in self.kinds.items()]
         for j, (kind, prop, _) in enumerate(self.fields):
             spark = "long" if kind == "count" else self.kinds[prop or ""]
             out.append(pa.field(f"f{j}", getattr(pa, ARROW[spark])()))
             if kind in ("first", "last"):
                 out.append(pa.field(f"at{j}", pa.int64()))
-        return [*out, pa.field("events", pa.int64())]
+        return pa.schema(out + ([pa.field("events", pa.int64())] if self.fields else []))
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -220,23 +216,15 @@ class Declared:
         meta = batch.column("metadata")
         meta = pc.if_else(pc.match_substring(meta, '"source_chain"'), meta,
                           pa.scalar(None, pa.string()))  # fmt: skip
-        flag = pa.array([found is not None] * n, pa.bool_())
-        return pa.RecordBatch.from_arrays(
-            [batch.column("position"), batch.column("type"), data, meta, flag, *arrays,
-             *self._extra(n)],
-            schema=self._arrow_schema(),
-        )  # fmt: skip
-
-    def _arrow_schema(self) -> Any:
-        import pyarrow as pa
-
-        from ..columnar.json import ARROW
-
-        base = [pa.field("position", pa.int64()), pa.field("type", pa.string()),
-                pa.field("data", pa.string()), pa.field("metadata", pa.string()),
-                pa.field("typed", pa.bool_())]  # fmt: skip
-        base += [pa.field(PREFIX + p, getattr(pa, ARROW[k])()) for p, k in self.kinds.items()]
-        return pa.schema(base + (self._partial_schema() if self.fields else []))
+        given = {
+            "position": batch.column("position"),
+            "type": batch.column("type"),
+            "data": data,
+            "metadata": meta,
+            "typed": pa.repeat(found is not None, n),
+        }
+        given |= {PREFIX + p: a for p, a in zip(self.kinds, arrays, strict=True)}
+        return self._rows(given, n)  # the partials' columns null: events for Spark to fold
 
     def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The rows of a range's batches (in position order), as the plan reads them."""
@@ -292,10 +280,13 @@ class Declared:
         others = sum(o for _, _, _, o in held)
         if table is not None and table.num_rows:
             k = table.num_rows
-            given = {"position": table.column("last"), PREFIX + self.key: table.column("key"),
-                     "events": table.column("events"), "type": pa.repeat(self.folded[0], k),
-                     "typed": pa.repeat(True, k)}  # fmt: skip
-            given |= {f.name: table.column(f.name) for f in self._partial_schema()}
+            given = {c: table.column(c) for c in table.column_names}  # events, f<j>, at<j>
+            given |= {
+                "position": table.column("last"),
+                PREFIX + self.key: table.column("key"),
+                "type": pa.repeat(self.folded[0], k),
+                "typed": pa.repeat(True, k),
+            }
             yield self._rows(given, k)
         if others:  # type "": not folded, so the plan only counts them
             yield self._rows({"type": pa.array([""]), "typed": pa.array([True]),
@@ -304,7 +295,7 @@ class Declared:
     def _rows(self, given: dict[str, Any], n: int) -> Any:
         import pyarrow as pa
 
-        schema = self._arrow_schema()
+        schema = self.arrow_schema()
         columns = []
         for f in schema:
             col = given.get(f.name)
