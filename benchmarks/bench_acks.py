@@ -9,7 +9,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from eventlanes.acks import CommitTracker
+from eventlanes.processing.executors.acks import CommitTracker
 
 from .common import print_table
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import eventlanes as el
 from eventlanes.observe import Observer
-from eventlanes.processing.states import CHUNK, StateTable, encode_all
+from eventlanes.processing.tables.states import CHUNK, StateTable, encode_all
 
 from .bench_spark import fill, plain_fold
 from .common import databases, print_table

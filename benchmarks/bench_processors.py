@@ -32,7 +32,7 @@ def _run(url: str, handler: str, processes: int, streams: int) -> float:
     the initial balancing are not what is measured)."""
     os.environ["EVENTLANES_BENCH_URL"] = url
     os.environ["EVENTLANES_BENCH_HANDLER"] = handler
-    from eventlanes.supervisor import Supervisor
+    from eventlanes.cli.supervisor import Supervisor
 
     watcher = el.App(url)
     watcher.processor("counter", segments=4)

@@ -69,8 +69,8 @@ def _replay_flags(n: int) -> list[list[Any]]:
     """Events through Dispatch.run with a handler and a ``disallow_replay`` one, under three
     tokens; the calls of each are checked against a plain loop's count of the replays."""
     from eventlanes.hashing import stable_hash
-    from eventlanes.processing.dispatch import Dispatch
     from eventlanes.processing.handlers import HandlerSet
+    from eventlanes.processing.handling.dispatch import Dispatch
 
     events = []
     for p in range(1, n + 1):

@@ -40,7 +40,7 @@ os.environ["EVENTLANES_DEMO_URL"] = URL  # before the app module is imported (al
 sys.path.insert(0, str(ROOT))
 
 import eventlanes as el  # noqa: E402
-from eventlanes.supervisor import Supervisor  # noqa: E402
+from eventlanes.cli.supervisor import Supervisor  # noqa: E402
 from examples import screws  # noqa: E402
 from examples.shop import app, create_schema  # noqa: E402
 

@@ -213,7 +213,7 @@ def run_pipeline(
     Returns the pids it killed (the forced crashes leave marker files: :func:`crashes`)."""
     import time
 
-    from eventlanes.supervisor import Supervisor
+    from eventlanes.cli.supervisor import Supervisor
 
     names = only or ["readings-in", *PROCESSORS]
     supervisor = Supervisor("examples.kafka_screws:app", processes, names, max_restarts=10)

@@ -13,8 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventlanes import acks
-from eventlanes.acks import BackpressureError, CommitTracker, HandlerTimeoutError
+from eventlanes.processing.executors import acks
+from eventlanes.processing.executors.acks import (
+    BackpressureError,
+    CommitTracker,
+    HandlerTimeoutError,
+)
 
 
 class FakeClock:

@@ -292,7 +292,7 @@ def test_a_tuple_in_a_state_is_refused_with_its_path(store_url: str) -> None:
 
 def test_states_are_written_in_chunks_and_every_one_arrives(store_url: str) -> None:
     """One write of more states than a chunk: all of them, exact, in one transaction."""
-    from eventlanes.processing.states import CHUNK
+    from eventlanes.processing.tables.states import CHUNK
 
     keys = 2 * CHUNK + 37
     app = el.App(store_url)

@@ -185,7 +185,7 @@ EDGE = [
 def reference(texts: list[str], kinds: dict[str, str]) -> dict[str, list[Any]] | None:
     """Python's reading (what the row path and Spark's from_json take), or None when it
     fails or a value is not of the declared type."""
-    from eventlanes.processing.declarative import convert
+    from eventlanes.processing.aggregating.declarative import convert
 
     out: dict[str, list[Any]] = {p: [] for p in kinds}
     event = el.Event(1, "s", 1, "T", "{}", "{}", 0, 0)  # named in the errors only
@@ -276,7 +276,7 @@ def test_a_replay_that_read_other_events_than_the_store_holds_writes_nothing(
 ) -> None:
     """Executors reading a stale copy of the store (one event short): the count of what they
     read differs from the store's, the replay fails before any write."""
-    from eventlanes.spark import bulk
+    from eventlanes.spark import replay as bulk
 
     app = el.App(f"sqlite:///{tmp_path}/live.db")
     declared_agg = app.aggregation("d", key="k", on="T", fields={"n": el.count()})
@@ -386,7 +386,7 @@ def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) ->
     """The partials folded on the executors (in C), merged by Spark, give exactly the states
     of Spark folding every event, and of the Python fold; batches the C reader does not take
     (a deep value) are sent as events and merged with the rest."""
-    from eventlanes.processing.declarative import TYPES
+    from eventlanes.processing.aggregating.declarative import TYPES
     from eventlanes.spark.declarative import declared_states
     from eventlanes.spark.source import Declared, read_events
     from tests.test_declarative import run, stored

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import eventlanes as el
+from eventlanes.admin.health import MaxLag
 from eventlanes.cli import main
 from eventlanes.dashboard.auth import MIN_LENGTH, load_auth
 from eventlanes.dashboard.charts import chart
@@ -15,7 +16,6 @@ from eventlanes.dashboard.history import History, Sample, eta
 from eventlanes.dashboard.page import plain, snapshot
 from eventlanes.dashboard.server import event_counter
 from eventlanes.db.url import parse_url
-from eventlanes.health import MaxLag
 from tests.processing_helpers import run_until_caught_up
 
 pytest.importorskip("starlette")
@@ -154,7 +154,7 @@ def test_dashboard_command_refuses_bad_options(args, env, error, monkeypatch) ->
 
 def test_api_status_is_the_status_document(tmp_path) -> None:
     """The page's extra keys are removed: what `status --json` prints, field for field."""
-    from eventlanes.health import processor_document, status_document, store_first_after
+    from eventlanes.admin.health import processor_document, status_document, store_first_after
 
     app = el.App(f"sqlite:///{tmp_path}/e.db")
     app.processor("p").on_any(lambda event, ctx: None)

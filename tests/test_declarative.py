@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import eventlanes as el
-from eventlanes.processing.declarative import FieldTypeError
+from eventlanes.processing.aggregating.declarative import FieldTypeError
 from tests.processing_helpers import run_until_caught_up
 
 E = el.NewEvent

@@ -17,7 +17,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.hashing import stable_hash
-from eventlanes.processing import pushdown
+from eventlanes.processing.aggregating.pushdown import sqlite as pushdown
 from tests.processing_helpers import run_until_caught_up
 from tests.test_declarative import stored
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import eventlanes as el
-from eventlanes.kafka.spark import Range, read_topic
+from eventlanes.spark.kafka import Range, read_topic
 from tests.kafka_helpers import create_topic, produce, read_all
 
 

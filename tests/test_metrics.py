@@ -149,7 +149,7 @@ def test_a_scrape_while_a_worker_creates_its_file_does_not_fail(tmp_path, monkey
 
     from prometheus_client.mmap_dict import MmapedDict
 
-    from eventlanes.metrics import MULTIPROC_ENV, registry_for
+    from eventlanes.admin.metrics import MULTIPROC_ENV, registry_for
 
     monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
     path = tmp_path / "counter_4242.db"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import eventlanes as el
-from eventlanes.processing.claims import Heartbeat
-from eventlanes.supervisor import Supervisor
+from eventlanes.cli.supervisor import Supervisor
+from eventlanes.tokens.claims import Heartbeat
 from tests.apps.recorder import create_schema
 from tests.processing_helpers import append_load, assert_exactly_once_in_order, wait_for
 
@@ -401,7 +401,7 @@ def test_names_are_matched_whole(tmp_path) -> None:
         app.processor("x\n")
     with pytest.raises(el.InvalidInputError, match="invalid source name"):
         app.processor("y", sources={"legacy\n": f"sqlite:///{tmp_path}/y.db"})
-    from eventlanes.processing.context import Context
+    from eventlanes.processing.handling.context import Context
 
     with pytest.raises(ValueError, match="invalid table name"):
         Context("p", None, None, None, "sqlite", "?", "el_").table("rows\n")
@@ -440,7 +440,7 @@ def test_a_failing_statement_is_pinned_on_its_event(store_url: str) -> None:
 
 
 def test_only_passing_database_errors_are_waited_out(tmp_path) -> None:
-    from eventlanes.processing.weather import is_transient
+    from eventlanes.db.weather import is_transient
 
     conn = sqlite3.connect(f"{tmp_path}/x.db")
     with pytest.raises(sqlite3.OperationalError) as syntax:

@@ -163,8 +163,8 @@ def test_a_projection_replay_flags_only_what_was_handled_before(spark, tmp_path)
 def test_a_continuous_micro_batch_keeps_a_resets_replay_end(spark, tmp_path) -> None:
     """A micro-batch that ends below a reset's replay end moves each token on with it: the
     segments still say how far their replay goes (they were set to plain positions)."""
-    from eventlanes.processing.claims import claim_all
     from eventlanes.spark.continuous import ContinuousAggregation
+    from eventlanes.tokens.claims import claim_all
     from tests.processing_helpers import run_until_caught_up
 
     app = el.App(f"sqlite:///{tmp_path}/cont.db", claim_timeout=5)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import eventlanes as el
 from eventlanes.events import Event
-from eventlanes.processing.aggregation import Entry
-from eventlanes.processing.chains import coordinates, is_newer, record
+from eventlanes.lineage import coordinates, is_newer, record
+from eventlanes.processing.tables.states import Entry
 from eventlanes.spark.fold import FoldSpec, fold_sorted
 from eventlanes.spark.source import FIELDS
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from eventlanes.admin.health import SCHEMA
 from eventlanes.cli import main
-from eventlanes.health import SCHEMA
 from tests.apps.ops_app import create_schema, fill, make_app
 from tests.processing_helpers import wait_for
 
@@ -141,7 +141,7 @@ def test_a_processor_behind_in_another_source_is_not_caught_up(store_url: str, t
     import time
 
     import eventlanes as el
-    from eventlanes.health import MaxLag, processor_document, store_first_after
+    from eventlanes.admin.health import MaxLag, processor_document, store_first_after
 
     legacy_url = f"sqlite:///{tmp_path}/legacy.db"
     legacy = el.open_store(legacy_url)
@@ -184,7 +184,7 @@ def test_status_from_url_opens_read_only_and_refuses_a_newer_schema(store_url: s
     schema as if it knew its tables. Now its sessions refuse writes, and a newer schema is
     one error line."""
     import eventlanes as el
-    from eventlanes.health import ReadOnlyInspector
+    from eventlanes.admin.inspect import ReadOnlyInspector
 
     app = el.App(store_url)
     app.processor("p").on_any(lambda event, ctx: None)

@@ -16,8 +16,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 import eventlanes as el
-from eventlanes.processing.chains import Marks, dedupe
-from eventlanes.processing.states import Entry
+from eventlanes.processing.aggregating.dedupe import Marks, dedupe
+from eventlanes.processing.tables.states import Entry
 from eventlanes.testing import run_until_caught_up
 from tests.processing_helpers import wait_for
 from tests.tracing_helpers import (

@@ -16,7 +16,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.kafka.ingestor import Ingestor
-from eventlanes.processing.aggregation import Aggregation
+from eventlanes.processing.aggregating.aggregation import Aggregation
 from eventlanes.processing.processor import Processor
 from eventlanes.processing.republisher import Republisher
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 import eventlanes as el
+from eventlanes.admin.health import MaxLag, processor_document
 from eventlanes.cli import main
-from eventlanes.health import MaxLag, processor_document
 from eventlanes.names import validate_processor_name
 from eventlanes.schema import roles
 from tests import legacy_schema
@@ -280,7 +280,7 @@ def test_status_json_and_metrics_show_both_versions(store_url, monkeypatch) -> N
     assert "orders@v2 (version 2 of orders: not serving, 20 behind the serving version)" in (
         text.output.replace("\n", " "))  # fmt: skip
 
-    from eventlanes.metrics import StatusCollector
+    from eventlanes.admin.metrics import StatusCollector
 
     samples = {
         (s.name, s.labels.get("processor")): s.value

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .acks import CommitTracker
+from .admin.versions import RetirePlan
+from .admin.views import ProcessorView, SegmentView, VersionView
 from .app import App
 from .errors import (
     BackpressureError,
@@ -35,14 +36,14 @@ from .policies import (
     per_stream,
     sequential,
 )
-from .processing.admin import ProcessorView, SegmentView
-from .processing.aggregation import Aggregation, Stage
-from .processing.context import Context
-from .processing.dead_letters import DeadLetter
-from .processing.declarative import count, first, last, max, min, sum
+from .processing.aggregating.aggregation import Aggregation, Stage
+from .processing.aggregating.declarative import count, first, last, max, min, sum
+from .processing.executors.acks import CommitTracker
 from .processing.handlers import disallow_replay
+from .processing.handling.context import Context
 from .processing.processor import Guarantee, Processor
 from .processing.republisher import Republisher
+from .processing.tables.dead_letters import DeadLetter
 from .schema import migrate
 from .segments import Segment
 from .store import EventStore, open_store
@@ -55,8 +56,6 @@ from .tokens import (
     TokenStore,
     open_token_store,
 )
-from .versions import VersionView
-from .versions.lifecycle import RetirePlan
 
 __version__ = "0.1.0"
 

@@ -15,6 +15,10 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal
 
+from .admin import control, dead_letters, reset, status
+from .admin import versions as lifecycle
+from .admin.reset import ResetPlan
+from .admin.views import ProcessorView
 from .db import Database
 from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
 from .events import Event
@@ -22,31 +26,29 @@ from .kafka.ingestor import Ingestor, OnBad
 from .kafka.records import DEFAULT_MAX_BYTES, Record
 from .kafka.settings import Kafka
 from .names import split_version, validate_base_name, validate_processor_name
-from .notify import Wakeup, wakeup_for
 from .observe import Observer
 from .policies import KeyFunction, SequencingPolicy
-from .processing import admin
-from .processing.admin import ProcessorView
-from .processing.aggregation import Aggregation
-from .processing.balance import Balancer, balance
-from .processing.claims import node_name
-from .processing.context import check_table_name
-from .processing.dead_letters import DeadLetter, DeadLetterStore
-from .processing.declarative import Op
-from .processing.dispatch import describe_crash
+from .processing.aggregating.aggregation import Aggregation
+from .processing.aggregating.declarative import Op
+from .processing.handling.context import check_table_name
+from .processing.handling.failures import describe_crash
+from .processing.options import OrderKey
 from .processing.processor import Processor
 from .processing.republisher import Republisher
-from .processing.runner import ProcessorRunner, unless_crashed
+from .processing.running import requests
+from .processing.running.balance import Balancer, balance
+from .processing.running.runner import ProcessorRunner, unless_crashed
 from .processing.runtime import Runtime
-from .processing.sources import OrderKey
-from .processing.states import StateTable
+from .processing.tables.dead_letters import DeadLetter, DeadLetterStore
+from .processing.tables.states import StateTable
 from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
+from .store.notify import Wakeup, wakeup_for
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
 from .tokens.base import Initial
+from .tokens.claims import node_name
 from .upcasting import Upcasters
-from .versions import lifecycle
 
 
 class App:
@@ -158,7 +160,7 @@ class App:
         ``guarantee="exactly-once"`` (default: handlers' writes commit with the token) or
         ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O).
         ``version=N``: a new version of processor ``name``, beside the earlier ones, with
-        tokens and tables of its own (``eventlanes.versions``); ``tables=[...]``: the tables
+        tokens and tables of its own (``eventlanes.admin.versions``); ``tables=[...]``: the tables
         its handlers build (``ctx.table`` names).
 
         ``segments``: the parts its events are split into, each in order (split and merged
@@ -211,7 +213,7 @@ class App:
         version: int = 1,
         tables: list[str] | tuple[str, ...] = (),
     ) -> Aggregation:
-        """An exactly-once aggregation (see ``eventlanes.processing.aggregation``): states by
+        """An exactly-once aggregation (see ``eventlanes.processing.aggregating``): states by
         ``key`` (``event -> key``, or the name of a data property), each made by ``initial()``
         and updated by the folds of ``@agg.on(type)``, written every ``persist_every``
         seconds; or declared: ``fields={"n": el.count(), ...}`` over the events of types
@@ -526,7 +528,7 @@ class App:
         try:
             from prometheus_client import CollectorRegistry
 
-            from .metrics import MetricsServer, PrometheusObserver, registry_for
+            from .admin.metrics import MetricsServer, PrometheusObserver, registry_for
         except ImportError as exc:
             raise InvalidInputError(
                 f"metrics need prometheus-client ({exc}): pip install 'eventlanes[ops]'"
@@ -592,7 +594,7 @@ class App:
     def wait_for(self, name: str, positions: int | Iterable[int], timeout: float = 30.0) -> None:
         """Read-your-writes: block until processor ``name`` has handled the events at
         ``positions`` (e.g. what ``append`` returned); raises TimeoutError after ``timeout``."""
-        admin.wait_for(self.runtime, self.get(name), positions, timeout)
+        status.wait_for(self.runtime, self.get(name), positions, timeout)
 
     def wait_until_caught_up(
         self, timeout: float = 60.0, processors: list[str] | None = None
@@ -625,7 +627,7 @@ class App:
             )
             if not behind:
                 head = self.runtime.store.head()
-                if all(admin.caught_up(self.runtime, p, head) for p in selected):
+                if all(status.caught_up(self.runtime, p, head) for p in selected):
                     return
             if time.monotonic() > deadline:
                 views = [self.status(p.name) for p in selected]
@@ -638,7 +640,7 @@ class App:
         """Where the processor is, per segment, and for a processor with versions which one
         serves and how far behind it this one is (reads only: nothing is created)."""
         proc = self.get(name)
-        view = admin.status(self.runtime, proc)
+        view = status.status(self.runtime, proc)
         defined = [p.version for p in self._versions_of(proc.base)]
         return replace(view, version=lifecycle.view(self.runtime, proc, view, defined))
 
@@ -673,19 +675,19 @@ class App:
     ) -> int:
         """Reset a stopped processor and replay from ``to`` ("tail", "head", a position or a
         time); refuses while a live node holds a segment unless ``wait``."""
-        return admin.reset(self.runtime, self.get(name), to, wait, timeout, context)
+        return reset.reset(self.runtime, self.get(name), to, wait, timeout, context)
 
     def reset_plan(
         self, name: str, to: str | int | datetime = "tail", *, context: Any = None
-    ) -> admin.ResetPlan:
+    ) -> ResetPlan:
         """What ``reset(name, to)`` would do, read without writing: how many events it replays
         (handled before) and handles for the first time, which segments a live node holds, and
         warnings (e.g. rows its handlers would write twice without an ``on_reset`` handler)."""
-        return admin.reset_plan(self.runtime, self.get(name), to, context)
+        return reset.reset_plan(self.runtime, self.get(name), to, context)
 
     def balance(self, name: str, timeout: float = 15.0) -> list[str]:
         """Split or merge the processor's segments, one operation at a time, until the live
-        nodes can share them evenly (see ``eventlanes.processing.balance``)."""
+        nodes can share them evenly (see ``eventlanes.processing.running.balance``)."""
         return balance(self.runtime, self.get(name), timeout)
 
     def pause(self, name: str) -> bool:
@@ -693,28 +695,28 @@ class App:
         True if this call paused it. An ingestor releases its partitions the same way."""
         if name in self.ingestors:
             return self.tokens.pause(name)
-        return admin.pause(self.runtime, self.get(name))
+        return control.pause(self.runtime, self.get(name))
 
     def resume(self, name: str) -> bool:
         """Resume a paused processor (or ingestor) on every node; True if this call resumed it."""
         if name in self.ingestors:
             return self.tokens.resume(name)
-        return admin.resume(self.runtime, self.get(name))
+        return control.resume(self.runtime, self.get(name))
 
     def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
         """Ask the owner of segment ``segment_id`` to split it (done here when nobody holds it);
         returns what was done."""
-        return admin.steer(self.runtime, self.get(name), segment_id, "split", timeout)
+        return requests.steer(self.runtime, self.get(name), segment_id, "split", timeout)
 
     def merge(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
         """Ask the owners of segment ``segment_id`` and its sibling to merge them; returns what was
         done."""
-        return admin.steer(self.runtime, self.get(name), segment_id, "merge", timeout)
+        return requests.steer(self.runtime, self.get(name), segment_id, "merge", timeout)
 
     def release(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
         """Ask the owner of segment ``segment_id`` to store its token and let it go; returns what
         was done."""
-        return admin.steer(self.runtime, self.get(name), segment_id, "release", timeout)
+        return requests.steer(self.runtime, self.get(name), segment_id, "release", timeout)
 
     def dead_letter_list(
         self, name: str, key: str | None = None, position: int | None = None
@@ -723,7 +725,7 @@ class App:
         partition and offset, ``version`` is the offset, the key is the stream)."""
         if name in self.ingestors:
             return self.dead_letters.list(name, key, position)
-        return admin.list_dead_letters(self.runtime, self.get(name), key, position)
+        return dead_letters.list_dead_letters(self.runtime, self.get(name), key, position)
 
     def retry_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
@@ -734,7 +736,7 @@ class App:
             from .kafka import parking
 
             return parking.retry(self.runtime, self.ingestors[name], key, position)
-        return admin.retry_dead_letters(self.runtime, self.get(name), key, position)
+        return dead_letters.retry_dead_letters(self.runtime, self.get(name), key, position)
 
     def discard_dead_letters(
         self, name: str, key: str | None = None, position: int | None = None
@@ -744,9 +746,9 @@ class App:
             from .kafka import parking
 
             return parking.discard(self.runtime, self.ingestors[name], key, position)
-        return admin.discard_dead_letters(self.runtime, self.get(name), key, position)
+        return dead_letters.discard_dead_letters(self.runtime, self.get(name), key, position)
 
-    # -- versions (blue/green: eventlanes.versions) --------------------------------------------
+    # -- versions (blue/green: eventlanes.admin.versions) ----------------------------------
     def promote(self, name: str) -> str:
         """Switch readers of a processor to its version ``name`` (``"orders@v2"``, or the
         plain name for version 1): ``app.table(...)`` and ``app.serving(...)`` resolve to it

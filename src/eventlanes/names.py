@@ -79,3 +79,21 @@ def validate_owner(owner: object) -> str:
     if not isinstance(owner, str) or not owner.strip() or len(owner) > 200:
         raise InvalidInputError(f"invalid owner {owner!r}: a non-empty string of at most 200 chars")
     return owner
+
+
+_TABLE = re.compile(r"[a-z_][a-z0-9_]{0,50}")
+_VERSIONED = re.compile(r".*__v[0-9]+")
+
+
+def check_table_name(name: object) -> str:
+    """A table name handlers pass to ``ctx.table``: lowercase letters, digits and ``_``; a
+    name ending in ``__v`` and digits is how versions' tables are told apart, so it is not
+    one a user may choose."""
+    if not isinstance(name, str) or not _TABLE.fullmatch(name):
+        raise ValueError(f"invalid table name {name!r}: lowercase letters, digits and '_'")
+    if "__v" in name and _VERSIONED.fullmatch(name):
+        raise ValueError(
+            f"invalid table name {name!r}: names ending in __v and digits are the tables of "
+            "processor versions (ctx.table adds it for version=N)"
+        )
+    return name

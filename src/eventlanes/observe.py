@@ -1,7 +1,7 @@
 """What processing reports as it goes, for metrics and logs: a small observer interface.
 
 The runners call these methods at fixed points; the default does nothing, so processing never
-depends on a metrics library. ``eventlanes.metrics`` implements it with prometheus-client.
+depends on a metrics library. ``eventlanes.admin.metrics`` implements it with prometheus-client.
 Methods must be cheap and must not raise: they run on the processing threads.
 """
 

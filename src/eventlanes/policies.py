@@ -29,7 +29,7 @@ class SequencingPolicy:
         self._key = key
         self.name = name
         #: what decides where events go: two policies with equal ``routing`` send every event
-        #: to the same segments (the versions of a processor must; ``eventlanes.versions``).
+        #: to the same segments (the versions of a processor must; ``eventlanes.admin.versions``).
         #: The key function itself unless a built-in policy says what it is.
         self.routing = key if routing is None else routing
 

@@ -24,8 +24,8 @@ from .page import snapshot
 from .server import HERE, create_app
 
 if TYPE_CHECKING:
+    from ..admin.health import MaxLag
     from ..app import App
-    from ..health import MaxLag
 
 __all__ = ["HERE", "Auth", "create_app", "load_auth", "serve", "snapshot"]
 

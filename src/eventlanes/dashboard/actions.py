@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..admin.reset import parse_reset_to
 from ..errors import InvalidInputError
-from ..processing.admin import parse_reset_to
 
 if TYPE_CHECKING:
     from ..app import App

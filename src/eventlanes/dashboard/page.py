@@ -14,9 +14,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..health import MaxLag, processor_document, status_document, store_first_after
+from ..admin.health import MaxLag, processor_document, status_document, store_first_after
 from ..kafka import status as kafka_status
-from ..processing.dead_letters import DeadLetter
+from ..processing.tables.dead_letters import DeadLetter
 
 if TYPE_CHECKING:
     from ..app import App

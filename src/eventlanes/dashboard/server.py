@@ -28,9 +28,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..admin.health import MaxLag
 from ..db.url import parse_url
 from ..errors import EventlanesError, InvalidInputError
-from ..health import MaxLag
 from . import actions
 from .auth import ENV, Auth
 from .charts import chart

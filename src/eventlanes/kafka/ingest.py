@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..db import weather
 from ..errors import ClaimLostError, InvalidInputError
-from ..processing import weather
-from ..processing.claims import Heartbeat
 from ..tokens import SQLTokenStore, Token
+from ..tokens.claims import Heartbeat
 from ..tracing import propagation, spans
 from . import client, parking
 from .partitions import PartitionTable, segment

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
 from ..hashing import stable_hash
-from ..processing.dead_letters import DeadLetter
+from ..processing.tables.dead_letters import DeadLetter
 from . import client
 from .partitions import pack, unpack
 from .records import BadRecord, Record

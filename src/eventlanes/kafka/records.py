@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import NewEvent
-from ..processing.chains import CHAIN_KEY
+from ..lineage import CHAIN_KEY
 from ..tracing.propagation import header_fields
 
 CHAIN_HEADER = "el-source-chain"

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..events import Event
-from ..processing.chains import CHAIN_KEY
+from ..lineage import CHAIN_KEY
 from ..tracing import propagation, spans
 from . import client
 from .records import CHAIN_HEADER, TYPE_HEADER

@@ -12,9 +12,9 @@ from ..names import table_suffix, validate_base_name, validate_version, versione
 from ..policies import KeyFunction, SequencingPolicy, as_policy
 from ..segments import Segment
 from ..tokens.base import Initial
-from .context import check_table_name
 from .handlers import Handler, HandlerSet, ResetHandler
-from .sources import OrderKey, oldest_first, validate_sources
+from .handling.context import check_table_name
+from .options import OrderKey, oldest_first, validate_sources
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -91,7 +91,7 @@ class Processor:
         #: the name it was defined with; ``name`` is the stored one (``orders@v2``)
         self.base = validate_base_name(name)
         #: ``version=N``: a new version of processor ``base`` with its own tokens and tables
-        #: (``eventlanes.versions``); 1, the default, is the processor as it always was
+        #: (``eventlanes.admin.versions``); 1, the default, is the processor as it always was
         self.version = validate_version(version, name)
         self.name = versioned_name(self.base, self.version)
         #: the tables its handlers build (``ctx.table`` names): what ``app.table(name)``

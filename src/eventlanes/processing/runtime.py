@@ -19,13 +19,13 @@ from ..observe import NO_OBSERVER, Observer
 from ..schema import Migrated, migrate
 from ..segments import Segment
 from ..store import EventStore, open_store
+from ..store.read_wait import ReadWaitWatch
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
 from ..tokens.base import Initial
 from ..upcasting import Upcasters
-from .dead_letters import DeadLetterStore
-from .state import Progress
-from .states import StateTable
-from .weather import ReadWaitWatch
+from .segment import Progress
+from .tables.dead_letters import DeadLetterStore
+from .tables.states import StateTable
 
 log = logging.getLogger("eventlanes.processing")
 

@@ -26,24 +26,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import open_database
+from ..db.weather import Backoff, is_transient
 from ..errors import EventlanesError, InvalidInputError, SparkJobError
-from ..processing.aggregation import Aggregation, Entry, StateTable
-from ..processing.claims import Heartbeat, claim_all, node_name, release_all
-from ..processing.weather import Backoff, is_transient
+from ..processing.aggregating.aggregation import Aggregation
+from ..processing.tables.states import Entry, StateTable
 from ..schema import require
 from ..signals import run_until_signal
 from ..tokens import Token
+from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
 from ..tracing import spans
-from .bulk import (
-    check_read,
-    collect_states,
-    fold_aggregation,
-    fold_stages,
-    functions_of,
-    save_states,
-    upcasters_of,
-)
 from .fold import spec_of
+from .input import check_read, upcasters_of
+from .replay import collect_states, fold_aggregation, fold_stages, functions_of, save_states
 from .session import get_session, partitions_of
 from .ship import executor_url, first_line, preflight
 from .source import read_events

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from ..errors import FieldTypeError
-from ..processing.declarative import TYPES, Declaration, Op
+from ..processing.aggregating.declarative import TYPES, Declaration, Op
 from .export import PREFIX
 
 CHAIN_SCHEMA = (

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..columnar.json import inferred
 from ..errors import InvalidInputError
-from ..processing.states import decode
+from ..processing.tables.states import decode
 from ..store import EventStore
 from .source import FIELDS, PREFIX
 

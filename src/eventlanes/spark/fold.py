@@ -14,15 +14,14 @@ from itertools import chain
 from typing import Any
 
 from ..events import Event
-from ..processing.aggregation import (
-    Aggregation,
+from ..lineage import CHAIN_KEY, Coordinates, coordinates, is_newer, own_path, record
+from ..processing.aggregating.aggregation import Aggregation
+from ..processing.aggregating.folds import check_fresh_state, check_output, returned_value
+from ..processing.tables.states import (  # the local engine's: same stored text
     Entry,
-    check_fresh_state,
-    check_output,
-    returned_value,
+    encode,
+    encode_state,
 )
-from ..processing.chains import CHAIN_KEY, Coordinates, coordinates, is_newer, record
-from ..processing.states import encode, encode_state  # the local engine's: same stored text
 from .source import FIELDS, SCHEMA
 
 try:  # several times faster than the stdlib; exact where used (see decoded_data)
@@ -173,7 +172,7 @@ def fold_sorted(
                     yield flush_rows()
             current = key
             entry = stored.get(key) or Entry(spec.initial())
-            last, dirty = _own_path(entry.offsets, source), False
+            last, dirty = own_path(entry.offsets, source), False
         if meta is None or meta == "{}" or CHAIN_KEY not in meta:
             path = (pos,)
             if last is not None and path <= last:
@@ -192,7 +191,7 @@ def fold_sorted(
                 entry.dropped += 1
                 continue
             record(entry.offsets, coords)
-            last = _own_path(entry.offsets, source)
+            last = own_path(entry.offsets, source)
         folds = folds_of.get(type_)
         if folds is None:
             folds = folds_of[type_] = spec.folds(type_)
@@ -210,12 +209,6 @@ def fold_sorted(
         out.append(_state_row(spec.name, current, entry))
     if out:
         yield flush_rows()
-
-
-def _own_path(offsets: dict[str, list[Any]], source: str) -> tuple[int, ...] | None:
-    """The path last recorded for ``source`` in partition "" (None: anything is newer)."""
-    seen = offsets.get(source)
-    return tuple(seen[1]) if seen is not None and seen[0] == "" else None
 
 
 def _emit(

@@ -43,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from pyspark.sql import SparkSession
 
-    from eventlanes import spark as els
-    from eventlanes.loader import load_app
+    from .. import spark as els
+    from ..loader import load_app
 
     spark = SparkSession.builder.appName("eventlanes-replay").getOrCreate()
     try:

@@ -36,14 +36,7 @@ from ..hashing import stable_hash
 from ..schema import require
 from ..schema.v1_initial import MARKER_SHIFT, VERSION_CONFLICT
 from ..tracing import propagation
-from .base import (
-    EncodedEvent,
-    EventStore,
-    ReadWait,
-    SegmentSpec,
-    segment_pairs,
-    segment_sql,
-)
+from .base import EncodedEvent, EventStore, ReadWait, SegmentSpec, segment_pairs, segment_sql
 
 # Read in binary: JSON as text (decoded lazily by Event) and the timestamp as Unix epoch
 # microseconds. A binary timestamptz is 8 bytes of microseconds since 2000-01-01: shifted by 30

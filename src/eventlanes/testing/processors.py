@@ -25,7 +25,7 @@ from typing import Any
 
 from ..app import App
 from ..events import NewEvent
-from ..processing.states import decode
+from ..processing.tables.states import decode
 
 __all__ = ["ProcessorFailed", "given", "rows", "run_until_caught_up", "states"]
 

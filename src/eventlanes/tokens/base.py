@@ -325,7 +325,7 @@ class TokenStore(ABC):
 
     def promote(self, processor: str) -> None:
         """Record that readers now see ``processor`` (a version): the last one promoted is the
-        one that serves. The caller checks first that it may (``eventlanes.versions``)."""
+        one that serves. The caller checks first that it may (``eventlanes.admin.versions``)."""
         self._promote(validate_processor_name(processor))
 
     def retire(self, processor: str, owner: str, conn: Any = None) -> int:

@@ -25,7 +25,7 @@ own, so that a processor can be paused before its token rows exist.
 
 Table ``{prefix}versions``: one row per version of a processor that was started, promoted or
 retired (processor, base, version, started_at, promoted_at, retired_at); see
-:mod:`eventlanes.versions`. A retired processor keeps one token row, owned by ``(retired)``
+:mod:`eventlanes.admin.versions`. A retired processor keeps one token row, owned by ``(retired)``
 with a claim that never expires, so no node of any release runs it again.
 
 The tables are part of eventlanes' versioned schema (:mod:`eventlanes.schema`): opening a

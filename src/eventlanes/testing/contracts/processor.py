@@ -200,7 +200,7 @@ class ProcessorContract:
     def test_spark_replay(self, contract_url: str, request: pytest.FixtureRequest) -> None:
         pytest.importorskip("pyspark")
         spark = request.getfixturevalue("spark")
-        from eventlanes.spark import replay
+        from ...spark import replay
 
         sc = Scenario(contract_url, on_error="dead_letter")
         try:

@@ -1,0 +1,174 @@
+"""A read-only inspector of a store: status without the app's code."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from .. import schema
+from ..db import Database, open_database
+from ..db.url import parse_url
+from ..errors import InvalidInputError, SchemaError
+from ..names import split_version, versioned_name
+from ..segments import Segment
+from ..store.base import ReadWait, committed_head, recorded_after
+from ..tokens import DEFAULT_CLAIM_TIMEOUT, Token
+from ..tokens.base import RETIRED, VersionRecord
+from .views import ProcessorView, SegmentView, VersionView, serving_version
+
+
+class ReadOnlyInspector:
+    """Status of every processor of a store, from its tables alone; never writes: the
+    database is opened read-only (SQLite ``mode=ro``, PostgreSQL read-only sessions), so it
+    also reads a store on a read-only mount. A store of a newer schema than this eventlanes
+    knows is refused (its tables may mean something else); older ones are read as they
+    are."""
+
+    def __init__(self, url: str) -> None:
+        parsed = parse_url(url)
+        if parsed.backend == "sqlite" and not Path(parsed.target).expanduser().is_file():
+            raise InvalidInputError(f"no SQLite store at {parsed.target!r}")
+        self.db: Database = open_database(parsed, create=False)
+        try:
+            state = schema.inspect(self.db)
+        except BaseException:
+            self.db.close()
+            raise
+        if state.unknown:
+            self.db.close()
+            raise SchemaError(
+                f"store {state.url!r} has schema version {state.version}, newer than this "
+                f"eventlanes (it knows versions up to {schema.latest()}): read its status with "
+                "the eventlanes release that migrated it, or a later one"
+            )
+        self.tokens = self.db.table("tokens")
+        self.nodes = self.db.table("nodes")
+        self.letters = self.db.table("dead_letters")
+        self.events = self.db.table("events")
+        missing = [t for t in (self.tokens, self.events) if not self._exists(t)]
+        if missing:
+            self.db.close()
+            raise InvalidInputError(
+                f"{parsed.redacted} has no table {', '.join(missing)}: not an eventlanes store "
+                "(wrong URL or prefix?) or nothing has run on it yet"
+            )
+        self._has_nodes = self._exists(self.nodes)
+        self._has_letters = self._exists(self.letters)
+        self.versions = self.db.table("versions")
+        self._has_versions = self._exists(self.versions)  # not in stores before schema 2
+
+    def _exists(self, table: str) -> bool:
+        if self.db.backend == "sqlite":
+            sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+            return bool(self.db.query(sql, (table,)))
+        return self.db.query("SELECT to_regclass(%s) IS NOT NULL", (table,))[0][0]
+
+    def close(self) -> None:
+        self.db.close()
+
+    def processors(self) -> list[str]:
+        """Every processor with token rows but the retired ones."""
+        rows = self.db.query(
+            self.db.sql(
+                f"SELECT DISTINCT processor FROM {self.tokens} "
+                "WHERE owner IS NULL OR owner <> ? ORDER BY processor"
+            ),
+            (RETIRED,),
+        )
+        return [r[0] for r in rows]
+
+    def version(self, name: str, position: int) -> VersionView:
+        """Which version of its processor ``name`` is, whether it serves, how far behind."""
+        base, version = split_version(name)
+        records: list[VersionRecord] = []
+        if self._has_versions:
+            found = self.db.query(
+                self.db.sql(
+                    f"SELECT processor, base, version, started_at, promoted_at, retired_at "
+                    f"FROM {self.versions} WHERE base = ?"
+                ),
+                (base,),
+            )
+            records = [
+                VersionRecord(p, b, v, *(None if t is None else t / 1000 for t in times))
+                for p, b, v, *times in found
+            ]
+        started = [r.version for r in records if r.started_at and r.retired_at is None]
+        lowest = self.db.sql(
+            f"SELECT min(position), max(owner) FROM {self.tokens} WHERE processor = ?"
+        )
+        v1 = self.db.query(lowest, (base,))[0]
+        if v1[0] is not None and v1[1] != RETIRED:
+            started.append(1)
+        current = serving_version(records, started)
+        behind = None
+        if current is not None and current != version:
+            at = self.db.query(lowest, (versioned_name(base, current),))[0][0]
+            behind = None if at is None else max(0, at - position)
+        return VersionView(base, version, current == version, current, behind)
+
+    def head(self) -> int:
+        return committed_head(self.db, self.events)
+
+    def read_wait(self) -> ReadWait | None:
+        if self.db.backend != "postgresql":
+            return None
+        from ..store.postgres import read_wait
+
+        return read_wait(self.db, self.events)  # type: ignore[arg-type]
+
+    def first_after(self, position: int) -> datetime | None:
+        return recorded_after(self.db, self.events, position)
+
+    def view(self, name: str) -> ProcessorView:
+        db, now = self.db, self.db.now_ms
+        rows = db.query(
+            db.sql(
+                f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
+                        claim_deadline, request, last_error, errors, retry_at, {now}
+                    FROM {self.tokens} WHERE processor = ? ORDER BY segment_id"""
+            ),
+            (name,),
+        )
+        if not rows:
+            raise InvalidInputError(f"no processor {name!r} in this store's token table")
+        wait = self.read_wait()
+        head = wait.committed if wait is not None else self.head()
+        segments = []
+        for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
+                at in rows:  # fmt: skip
+            token = Token.from_row(pos, detail)
+            # A claim whose deadline passed is held by nobody (any node may take it).
+            live_owner = owner if owner and deadline is not None and deadline >= at else None
+            segments.append(
+                SegmentView(
+                    Segment(seg_id, mask),
+                    pos,
+                    max(0, head - pos),
+                    live_owner,
+                    (at - since) / 1000 if live_owner and since is not None else None,
+                    pos >= head,
+                    token.replaying,
+                    error,
+                    errors,
+                    (retry_at - at) / 1000 if retry_at and retry_at > at else None,
+                    request,
+                    token,
+                )
+            )
+        nodes: list[str] = []
+        if self._has_nodes:  # seen within the default claim timeout (the app's is not stored)
+            sql = db.sql(
+                f"SELECT node FROM {self.nodes} WHERE processor = ? "
+                f"AND last_seen > {now} - ? ORDER BY node"
+            )
+            nodes = [r[0] for r in db.query(sql, (name, int(DEFAULT_CLAIM_TIMEOUT * 1000)))]
+        letters = 0
+        if self._has_letters:
+            sql = db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
+            letters = int(db.query(sql, (name,))[0][0])
+        position = min(s.position for s in segments)
+        return ProcessorView(
+            name, head, segments, nodes, letters, read_wait=wait,
+            version=self.version(name, position),
+        )  # fmt: skip

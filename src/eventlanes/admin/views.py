@@ -1,0 +1,143 @@
+"""Read models of processors, segments and versions, as status shows them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from ..processing.processor import Processor
+from ..processing.runtime import Runtime, layout_note
+from ..segments import Segment
+from ..store.base import ReadWait, recorded_after
+from ..tokens import SegmentStatus, Token
+from ..tokens.base import VersionRecord
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    segment: Segment
+    position: int
+    lag: int
+    owner: str | None
+    claim_age: float | None
+    caught_up: bool
+    replaying: bool
+    last_error: str | None
+    errors: int
+    retry_in: float | None
+    request: str | None
+    token: Token
+    #: a processor with other sources (``sources=``): when the oldest event it has not
+    #: handled in them was recorded (None: none waits); ``lag`` and ``caught_up`` count them
+    sources_waiting_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ProcessorView:
+    name: str
+    head: int  # the highest committed position (lags are measured to it)
+    segments: list[SegmentView]
+    live_nodes: list[str]
+    dead_letters: int
+    guarantee: str = "exactly-once"
+    started: bool = True  # False: never run yet (the segments shown are the ones it would take)
+    paused: bool = False
+    read_wait: ReadWait | None = None  # why readers stop short of ``head`` (PostgreSQL)
+    declared_segments: int | None = None  # the app's segments=, None when read without the app
+    #: which version of its processor it is, whether it serves, how far behind (App.status)
+    version: VersionView | None = None
+
+    @property
+    def readable_head(self) -> int:
+        """The highest position readers can read now (below ``head`` while they wait)."""
+        return self.read_wait.readable if self.read_wait is not None else self.head
+
+    @property
+    def layout_note(self) -> str | None:
+        """Why the segments shown are not the declared count (None when they are)."""
+        if self.declared_segments is None or not self.started:
+            return None
+        return layout_note(self.declared_segments, [s.segment for s in self.segments])
+
+    @property
+    def position(self) -> int:
+        """The lowest position of its segments (where the processor as a whole stands)."""
+        return min((s.position for s in self.segments), default=0)
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether every segment has reached the head."""
+        return all(s.caught_up for s in self.segments)
+
+    @property
+    def lag(self) -> int:
+        """The largest lag of its segments, in events (head minus position)."""
+        return max((s.lag for s in self.segments), default=0)
+
+
+def segment_view(head: int, s: SegmentStatus) -> SegmentView:
+    position = s.token.position
+    return SegmentView(
+        s.segment,
+        position,
+        max(0, head - position),
+        s.owner,
+        s.claim_age,
+        position >= head,
+        s.token.replaying,
+        s.last_error,
+        s.errors,
+        s.retry_in,
+        s.request,
+        s.token,
+    )
+
+
+def with_sources(rt: Runtime, proc: Processor, view: SegmentView) -> SegmentView:
+    """``view`` with the events of the other stores the processor reads counted in its lag
+    and caught-up (each measured to that store's committed head)."""
+    lag, waiting = view.lag, None
+    for name, target in proc.sources.items():
+        store = rt.source_store(target)
+        position, head = view.token.source(name).position, store.committed_head()
+        if position < head:
+            lag += head - position
+            with store.db.guard(f"first event after position {position}"):
+                when = recorded_after(store.db, store.events_table, position)
+            if when is not None and (waiting is None or when < waiting):
+                waiting = when
+    if lag == view.lag:
+        return view
+    return replace(view, lag=lag, caught_up=False, sources_waiting_since=waiting)
+
+
+@dataclass(frozen=True)
+class VersionView:
+    """One version of a processor as ``status`` shows it."""
+
+    base: str  # the processor's name as defined (``orders``)
+    version: int
+    serving: bool  # readers see this version (``app.table``, ``app.serving``)
+    serving_version: int | None  # the version readers see (None: none has run yet)
+    behind: int | None  # serving version's position minus this one's (None: this one serves)
+    started_at: float | None = None  # epoch seconds its first node created its tokens
+    promoted_at: float | None = None  # epoch seconds it was last promoted
+    retired: bool = False
+
+
+def serving_version(
+    records: Iterable[VersionRecord], started: Iterable[int], defined: Iterable[int] = ()
+) -> int | None:
+    """The version readers see: the last one promoted (and not retired); before any promotion,
+    the lowest version that has run (``started``: versions with token rows, retired ones not
+    included); before anything ran, the lowest version defined (None when none is)."""
+    promoted = [r for r in records if r.promoted_at is not None and r.retired_at is None]
+    if promoted:
+        last = max(promoted, key=lambda r: (r.promoted_at, r.version))
+        return last.version
+    ran = sorted(started)
+    if ran:
+        return ran[0]
+    known = sorted(defined)
+    return known[0] if known else None

@@ -1,0 +1,145 @@
+"""Logging setup for the command line and its worker processes.
+
+* ``text`` on a terminal: rich's handler on the same Console as the progress bars, so log lines
+  scroll above the bars instead of tearing them;
+* ``text`` elsewhere: ``2026-01-01T12:00:00.123Z INFO eventlanes.processing: message`` lines;
+* ``json``: one JSON object per line (time, level, logger, message, process, exc).
+
+Worker processes (``run --processes N``) send their records through a queue to the supervisor,
+whose handlers format them: one place decides the format, and nothing prints into the bars.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+from ..errors import InvalidInputError
+from ..observe import CRASH
+
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
+_OURS = "_eventlanes_handler"  # marks handlers this module installed (replaced on reconfigure)
+#: a record attribute: a worker process tells the supervisor its processors run (not printed)
+READY = "eventlanes_ready"
+
+
+def _utc(created: float, msecs: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(msecs):03d}Z"
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return _utc(record.created, record.msecs)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": _utc(record.created, record.msecs),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "process": record.process,
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exc"] = record.exc_text
+        return json.dumps(doc, default=str)
+
+
+def _check(level: str, fmt: str) -> int:
+    if level.lower() not in LEVELS:
+        raise InvalidInputError(f"invalid log level {level!r}: use one of {', '.join(LEVELS)}")
+    if fmt not in FORMATS:
+        raise InvalidInputError(f"invalid log format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return int(getattr(logging, level.upper()))
+
+
+def _install(handler: logging.Handler, level: int) -> None:
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _OURS, False)]:
+        root.removeHandler(old)
+    setattr(handler, _OURS, True)
+    root.addHandler(handler)
+    logging.getLogger("eventlanes").setLevel(level)
+    # Third-party libraries stay at WARNING unless debugging.
+    root.setLevel(min(level, logging.WARNING))
+
+
+def handler_for(fmt: str, console: Console | None = None) -> logging.Handler:
+    """The handler that writes our format: rich's on a terminal Console, plain lines else."""
+    if fmt == "text" and console is not None and console.is_terminal:
+        return RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    return handler
+
+
+def setup(level: str = "info", fmt: str = "text", console: Console | None = None) -> None:
+    """Configure logging of this process (``console``: the Console of the progress bars)."""
+    numeric = _check(level, fmt)
+    _install(handler_for(fmt, console), numeric)
+
+
+def setup_worker(queue: Any, level: str) -> None:
+    """In a worker process: every record goes to the supervisor through ``queue``."""
+    _install(logging.handlers.QueueHandler(queue), _check(level, "text"))
+    logging.captureWarnings(True)
+
+
+def tell_ready(queue: Any) -> None:
+    """In a worker process: tell the supervisor that its processors run, in line with its
+    log records (so a crash logged before it is seen before it)."""
+    queue.put_nowait(logging.makeLogRecord({"name": "eventlanes.worker", "msg": "ready",
+                                            READY: True}))  # fmt: skip
+
+
+class _Listener(logging.handlers.QueueListener):
+    """Hands records to the handlers in the order they came; counts the workers' ready notes
+    and calls ``on_ready`` once all ``workers`` sent one, unless a crash was logged before."""
+
+    def __init__(self, queue: Any, handlers: list[logging.Handler], workers: int,
+                 on_ready: Any) -> None:  # fmt: skip
+        super().__init__(queue, *handlers, respect_handler_level=True)
+        self.workers = workers
+        self.on_ready = on_ready
+        self.ready = 0
+        self.crashed = False
+
+    def handle(self, record: logging.LogRecord) -> None:
+        if getattr(record, READY, False):
+            self.ready += 1
+            if self.ready == self.workers and not self.crashed and self.on_ready is not None:
+                self.on_ready()
+            return
+        if getattr(record, CRASH, False):
+            self.crashed = True
+        super().handle(record)
+
+
+class WorkerLogs:
+    """In the supervisor: a queue for the workers' records and a listener that hands them to
+    this process's handlers (formatted and placed like its own lines). ``on_ready()`` is called
+    (on the listener's thread, in line with the records) once ``workers`` workers told that
+    their processors run, unless one logged a crash first."""
+
+    def __init__(self, ctx: Any, workers: int = 0, on_ready: Any = None) -> None:
+        self.queue = ctx.Queue()
+        root = logging.getLogger()
+        self.listener = _Listener(self.queue, list(root.handlers), workers, on_ready)
+        self.listener.start()
+
+    def close(self) -> None:
+        self.listener.stop()

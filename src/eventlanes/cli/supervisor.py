@@ -1,0 +1,188 @@
+"""``eventlanes run --processes N``: N worker processes sharing the work through the token store.
+
+Python threads only help I/O-bound handlers (the GIL); CPU parallelism comes from processes.
+Each worker imports the app and runs it. A worker that dies (a crash, SIGKILL, the OOM killer)
+loses its claims when they time out, the others continue from the stored tokens, and the
+supervisor starts a replacement after a back-off (1 s doubling to 30 s), at most
+``max_restarts`` times in all. A worker that stops on a user error (exit code 2: a bad module,
+an unknown processor) is not restarted: the same error would come back. SIGINT/SIGTERM are
+forwarded so every worker finishes its batch, stores its tokens and releases its claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from ..observe import NO_OBSERVER, Observer
+from ..signals import run_until_signal
+from .logs import WorkerLogs
+
+log = logging.getLogger("eventlanes.cli.supervisor")
+
+USER_ERROR = 2  # exit code of a worker stopped by an eventlanes error (see _worker)
+
+
+def _worker(
+    spec: str, processors: list[str] | None, grace: float, logs: Any, level: str, balance: bool
+) -> None:
+    from ..errors import EventlanesError, ProcessorCrashedError, StopTimeoutError
+    from ..loader import load_app
+    from ..tracing import configure_from_env
+    from ..tracing import shutdown as shutdown_tracing
+    from .logs import setup_worker, tell_ready
+
+    if logs is not None:  # records go to the supervisor's handlers
+        setup_worker(logs, level)
+    observer = None
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the supervisor serves the sum
+        from ..admin.metrics import PrometheusObserver
+
+        observer = PrometheusObserver(registry=None)
+    ready = None if logs is None else (lambda: tell_ready(logs))
+    try:
+        app = load_app(spec)
+        configure_from_env()  # each worker exports its own spans (OTEL_* are inherited)
+        try:
+            app.run(processors, grace=grace, observer=observer, balance=balance, on_ready=ready)
+        finally:
+            shutdown_tracing()
+    except ProcessorCrashedError as exc:
+        # An abnormal exit (the crash is recorded in status): replaced like any dead worker. A
+        # normal exit, so the log records still queued reach the supervisor.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except StopTimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)  # a hung handler's thread would block a normal exit
+    except EventlanesError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        spec: str,
+        processes: int,
+        processors: list[str] | None = None,
+        max_restarts: int = 0,
+        observer: Observer | None = None,
+        grace: float = 30.0,
+        log_level: str | None = None,
+        balance: bool = False,
+        on_ready: Callable[[], Any] | None = None,
+    ) -> None:
+        """``on_ready()``: called once every worker's processors run, unless a worker logged a
+        crash before (needs ``log_level``: workers tell it in line with their log records)."""
+        if processes < 1:
+            raise ValueError("--processes must be >= 1")
+        if max_restarts < 0:
+            raise ValueError("--max-restarts must be >= 0")
+        self.spec = spec
+        self.processors = processors
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        if observer is None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from ..admin.metrics import PrometheusObserver
+
+            observer = PrometheusObserver(registry=None)  # counts restarts in the shared files
+        self.observer = observer or NO_OBSERVER
+        self.grace = grace
+        self.ctx = mp.get_context("spawn")
+        self.logs = None if log_level is None else WorkerLogs(self.ctx, processes, on_ready)
+        self._args = (
+            spec, processors, grace, self.logs and self.logs.queue, log_level or "info", balance
+        )  # fmt: skip
+        self.children: list[BaseProcess] = [self._spawn(i) for i in range(processes)]
+        self._due: dict[int, float] = {}  # slot -> when its replacement may start
+        self._failed_code: int | None = None
+        self._stop = threading.Event()
+
+    def _spawn(self, slot: int) -> BaseProcess:
+        return self.ctx.Process(target=_worker, args=self._args, name=f"eventlanes-worker-{slot}")
+
+    def start(self) -> None:
+        for child in self.children:
+            child.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def terminate(self, grace: float = 30.0) -> None:
+        for child in self.children:
+            if child.is_alive() and child.pid is not None:
+                child.terminate()  # SIGTERM: a clean shutdown in the worker
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            if child.pid is None:
+                continue
+            child.join(max(0.0, deadline - time.monotonic()))
+            if child.is_alive():
+                log.error("worker %s did not stop within %.0f s: killed", child.name, grace)
+                child.kill()
+                child.join()
+                self._failed_code = self._failed_code or 1
+
+    def _watch(self) -> bool:
+        """Replace workers that died; True when nothing is left to supervise."""
+        now = time.monotonic()
+        for slot, child in enumerate(self.children):
+            if child.pid is None or child.is_alive():
+                continue
+            code = child.exitcode
+            if code in (0, -signal.SIGTERM):
+                continue  # asked to stop (or done): not a failure
+            if code == USER_ERROR:
+                self._failed_code = USER_ERROR
+                continue
+            if slot not in self._due:
+                if self.restarts >= self.max_restarts:
+                    if self._failed_code is None:
+                        log.error("worker %s exited with code %s; no restarts left (%d used)",
+                                  child.name, code, self.restarts)  # fmt: skip
+                    self._failed_code = 1
+                    continue
+                delay = min(30.0, 2.0**self.restarts)
+                self._due[slot] = now + delay
+                log.warning("worker %s (pid %s) exited with code %s; restarting in %.0f s (%d/%d)",
+                            child.name, child.pid, code, delay, self.restarts + 1,
+                            self.max_restarts)  # fmt: skip
+                self.restarts += 1
+            if now >= self._due[slot]:
+                del self._due[slot]
+                replacement = self._spawn(slot)
+                replacement.start()
+                self.children[slot] = replacement
+                self.observer.worker_restarted(replacement.name)
+                log.warning("worker %s restarted (pid %s)", replacement.name, replacement.pid)
+        return not self._due and not any(c.is_alive() for c in self.children)
+
+    def run(self, tick: Callable[[], Any] | None = None, interval: float = 0.5) -> int:
+        """Start, then supervise until a signal, ``stop()``, or every worker ended; returns an
+        exit code: 0, 2 when a worker stopped on a user error, 1 when one died for good."""
+
+        def step() -> bool:
+            if tick is not None:
+                try:
+                    tick()
+                except Exception as exc:  # noqa: BLE001 - a status poll must not stop the work
+                    log.warning("status poll failed: %s", exc)
+            return self._watch()
+
+        self.start()
+        try:
+            run_until_signal(self._stop, step, interval)
+        finally:
+            self.terminate(self.grace + 5)  # the workers' own grace, then SIGKILL
+            if self.logs is not None:
+                self.logs.close()
+        return self._failed_code or 0

@@ -1,0 +1,212 @@
+"""Exactly-once aggregations of non-idempotent folds (sums, counters).
+
+State lives in memory and is written every ``persist_every`` seconds (conflated per key), in one
+transaction with the segment's token, so the token never passes an event whose effect is not
+stored. Each state row also keeps, per source, the newest source coordinates folded in
+(``chains.py``); an input that is not newer is dropped and counted: duplicates re-appended by a
+republisher that crashed before committing its token are never counted twice.
+
+A fold may return outputs (a flat map) for a downstream stage (``agg.downstream(...)``). Outputs
+of one input are applied together; the downstream stage is persisted first, then this stage and
+its token, so a crash in between only re-emits outputs that the downstream stage drops.
+
+Table ``{prefix}aggregates``: (aggregation, key) primary key, ``value`` (JSON), ``offsets``
+(JSON: source -> [partition, path]), ``dropped`` (inputs dropped as already folded),
+``updated_at`` (epoch ms).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...callables import check
+from ...errors import InvalidInputError
+from ...events import Event
+from ...names import validate_base_name, validate_processor_name, versioned_name
+from ...policies import SequencingPolicy
+from ..handlers import FunctionsByType
+from ..processor import Processor
+from ..tables.states import StateTable
+from .declarative import Declaration, Op
+from .folds import check_fresh_state
+from .publish import sink_of
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+
+log = logging.getLogger("eventlanes.aggregation")
+Fold = Callable[[Any, Event], Any]
+
+
+class _FieldKey:
+    """``key="robot"``: the property as JSON text renders it (strings as they are), which is
+    what Spark's ``get_json_object`` returns, so both engines agree on every key."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __call__(self, event: Event) -> str:
+        value = event.data[self.field]
+        return value if isinstance(value, str) else json.dumps(value)
+
+
+def _check_callables(name: str, key: Any, initial: Any) -> None:
+    what = f"aggregation {name!r}"
+    check(key, f"{what}: key", ("event",), why_sync="the key routes the event before it is read")
+    check(initial, f"{what}: initial", (), why_sync="it makes a fresh state when one is needed")
+
+
+class Stage:
+    """A downstream aggregation, fed by the outputs of an upstream aggregation's folds."""
+
+    def __init__(
+        self, upstream: Aggregation, name: str, key: Any, initial: Any, publish: Any = None
+    ) -> None:
+        validate_processor_name(name)
+        _check_callables(name, key, initial)
+        check_fresh_state("stage", name, initial)  # a stage has no stages of its own
+        self.publish = sink_of(name, publish, upstream.version)
+        self.upstream = upstream
+        self.name = name
+        self.key = key
+        self.initial = initial
+        self.folds = FunctionsByType(f"stage {name!r}")
+        self.on = self.folds.on
+
+    def get(self, key: str) -> Any:
+        """The stage's state of ``key`` as last written (None when there is none)."""
+        return self.upstream.states.get(self.name, key)
+
+
+class Aggregation(Processor):
+    """``app.aggregation(name, key=..., initial=..., persist_every=1.0)``; ``@agg.on(type)``
+    registers ``fold(state, event)``, which updates ``state`` in place (or returns outputs for
+    a downstream stage).
+
+    ``batch_size``: the events read at a time by rows (states are written every
+    ``persist_every`` seconds whatever it is). A declarative aggregation (``fields=``) over a
+    SQLite store is folded inside SQLite over larger ranges when that is exact
+    (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
+
+    _kind = "aggregation"
+    #: a new version may fold by another key (routing otherwise): its replay flags (shown by
+    #: status; folds do not depend on them) take only what every part of the old one passed
+    _routes_as_versions = False
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        name: str,
+        *,
+        key: Callable[[Event], Any] | str,
+        initial: Callable[[], Any] | None = None,
+        persist_every: float = 1.0,
+        fields: dict[str, Op] | None = None,
+        on: str | list[str] | None = None,
+        pushdown: bool = True,
+        publish: Any = None,
+        **options: Any,
+    ) -> None:
+        # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
+        # Spark extract it natively instead of calling Python for every event.
+        self.key_field = key if isinstance(key, str) and key else None
+        key_fn: Callable[[Event], Any] = _FieldKey(key) if isinstance(key, str) and key else key  # type: ignore[assignment]
+        self.folds = FunctionsByType(f"aggregation {name!r}")
+        #: fields=...: a declarative aggregation (declarative.py), folded without Python per event
+        self.declaration: Declaration | None = None
+        if fields is not None or on is not None:
+            if initial is not None:
+                raise InvalidInputError(
+                    f"aggregation {name!r}: declared fields start from their own initial values "
+                    "(count and sum 0, the others null): drop initial="
+                )
+            decl = self.declaration = Declaration.build(name, key, on, fields)
+            key_fn, initial = decl.key_of, decl.initial
+            for t in sorted(decl.types):
+                self.folds.by_type[t] = [decl.fold]  # the per-event path (continuous mode)
+        _check_callables(name, key_fn, initial)
+        self.key: Callable[[Event], Any] = key_fn
+        folds = self.folds
+
+        # Route by the aggregation key so each key's state lives in exactly one segment; events
+        # no fold handles have no key (and are skipped).
+        def route(event: Event) -> Any:
+            if not folds.handles(event.type):
+                return None
+            try:
+                return key_fn(event)
+            except Exception:  # noqa: BLE001 - the segment's worker fails on it, clearly
+                return None
+
+        policy = SequencingPolicy(route, f"aggregation({name})")
+        if "guarantee" in options:
+            raise InvalidInputError(f"aggregation {name!r}: the guarantee is 'aggregation'")
+        super().__init__(runtime, name, policy=policy, guarantee="aggregation", **options)
+        if not isinstance(persist_every, int | float) or persist_every < 0:
+            raise InvalidInputError(f"aggregation {name!r}: persist_every must be >= 0 seconds")
+        self.persist_every = float(persist_every)
+        self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
+        self.stages: list[Stage] = []
+        if self.declaration is not None:
+            self.refuse_upcast(self.declaration.types)
+        if not isinstance(pushdown, bool):
+            raise InvalidInputError(f"aggregation {name!r}: pushdown must be True or False")
+        #: fold declared fields inside SQLite where exact (pushdown.py)
+        self.pushdown = pushdown
+        #: a KafkaSink: each state written is published first (kafka/sink.py)
+        self.publish = sink_of(name, publish, self.version)
+        #: events this process folded inside SQLite (for tests and tuning)
+        self.pushed_down = 0
+
+    def on(self, *types: str) -> Callable[[Fold], Fold]:
+        self._python_only("on()")
+        register = self.folds.on(*types)
+        self.refuse_upcast(types)
+        return register
+
+    def on_any(self, fold: Fold) -> Fold:
+        self._python_only("on_any()")
+        return self.folds.add_any(fold)
+
+    def _python_only(self, what: str) -> None:
+        if self.declaration is not None:
+            raise InvalidInputError(
+                f"aggregation {self.name!r} is declarative (fields=...): {what} needs a Python "
+                "fold; define another aggregation for it"
+            )
+
+    def downstream(
+        self,
+        name: str,
+        key: Callable[[Any], Any],
+        initial: Callable[[], Any],
+        publish: Any = None,
+    ) -> Stage:
+        """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
+        KafkaSink its states are published to before they are written."""
+        self._python_only("downstream()")
+        # A version's stages keep states of their own, as it does (``stage@vN``).
+        name = versioned_name(validate_base_name(name), self.version)
+        stage = Stage(self, name, key, initial, publish)
+        self.stages.append(stage)
+        return stage
+
+    def handled_types(self) -> frozenset[str] | None:
+        return self.folds.types()
+
+    @property
+    def states(self) -> StateTable:
+        """The table the states are written to."""
+        return self.runtime.states
+
+    def get(self, key: str) -> Any:
+        """The persisted state of ``key`` (None if nothing was folded for it yet)."""
+        return self.states.get(self.name, key)
+
+    def dropped(self) -> int:
+        """Inputs dropped because they were already folded in (duplicates)."""
+        return self.states.dropped(self.name)

@@ -1,0 +1,360 @@
+"""The aggregation executor: folds a segment's events into cached states, persists them conflated,
+downstream first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ClaimLostError, InvalidInputError
+from ...events import Event, NewEvent, datas, types
+from ...lineage import Coordinates, coordinates, is_newer, record
+from ...policies import key_text
+from ...segments import Segment
+from ...tracing import spans
+from ..executors.exactly_once import SegmentWorker
+from ..handling.failures import describe
+from ..segment import Outcome, SegmentState
+from ..tables.states import Entry
+from .aggregation import Aggregation, Fold, Stage
+from .dedupe import Marks, dedupe
+from .folds import as_event, check_fresh_state, check_output, not_awaitable, returned_value
+from .publish import publish_states
+from .pushdown.sqlite import Folded
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+
+#: states kept in memory after a write, per worker, so the next batches need not read them
+#: back (memory stays bounded: past this many, they are dropped after the write)
+CACHE_LIMIT = 200_000
+
+
+def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
+    """The events of the ``wanted`` types (all of them, usually: reads filter by type)."""
+    if len(wanted) == 1:
+        (only,) = wanted
+        if types(events).count(only) == len(events):
+            return events
+    return [e for e in events if e.type in wanted]
+
+
+def _keyless(key: Any, event: Event, name: str) -> str:
+    if key is None:  # never folded into a state named "None"
+        raise InvalidInputError(
+            f"event {event.position} ({event.type}): the aggregation key is None"
+        )
+    return key_text(key, f"aggregation {name!r}", event)
+
+
+class AggregationWorker(SegmentWorker):
+    """Folds a segment's batches into states held in memory; writes the states changed since
+    the last write, with the segment's token, every ``persist_every`` seconds.
+
+    States stay in memory after a write (up to ``CACHE_LIMIT``) while the segment is held as it
+    was: they equal the stored rows, since only the claim's holder writes them. A segment
+    split, merged, released or lost starts from the table again."""
+
+    def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:
+        super().__init__(runtime, agg, owner)
+        self.agg = agg
+        self.table = agg.states
+        self.source = runtime.store.events_table
+        # Per segment id: the states known (clean and dirty), the keys changed since the last
+        # write, and for which held segment they are valid. The segment's in-memory token runs
+        # ahead of the stored one until the next write (states + token).
+        self.entries: dict[int, dict[str, Entry]] = {}
+        self.marks: dict[int, Marks] = {}  # what dedupe knows of the entries' offsets
+        self.changed: dict[int, set[str]] = {}
+        self.holder: dict[int, tuple[SegmentState, Segment]] = {}
+        self.flushed_at: dict[int, float] = {}
+        self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
+        self.persist_every = agg.persist_every
+        if not agg.stages:  # all stages are declared by now: the app starts
+            check_fresh_state("aggregation", agg.name, agg.initial_state)
+        decl = agg.declaration
+        self.types = decl.types if decl is not None else None
+
+    def traced_events(self, events: Any) -> tuple[list[Event], int, int | None, int | None]:
+        """A range folded in SQLite has no events in Python to link: its count and range."""
+        if isinstance(events, Folded):
+            return [], events.events, events.after + 1, events.upto
+        return events, len(events), None, None
+
+    def trace_attributes(self, events: Any) -> dict[str, Any] | None:
+        return {spans.PUSHDOWN: isinstance(events, Folded)}
+
+    def _entries(self, st: SegmentState) -> dict[str, Entry]:
+        seg = st.segment.id
+        if self.holder.get(seg) != (st, st.segment):  # another claim, or split: from the table
+            self._discard(seg)
+            self.holder[seg] = (st, st.segment)
+        return self.entries.setdefault(seg, {})
+
+    def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
+        """The events folded, their keys (each computed once) and, for a declared aggregation,
+        their decoded data."""
+        decl = self.agg.declaration
+        if decl is not None:
+            mine = _of_types(events, decl.types)
+            rows = datas(mine, keep=False)  # read by the declaration only: not kept
+            return mine, decl.keys_of(mine, rows), rows
+        handles, key = self.agg.folds.handles, self.agg.key
+        handled = self.agg.folds.types()
+        if handled is not None and not self.agg.folds.any:
+            mine = _of_types(events, handled)
+        else:
+            mine = [e for e in events if handles(e.type)]
+        field = self.agg.key_field
+        if field is not None:  # key="k": from the data, decoded in one pass
+            keys: list[Any] = [d.get(field) for d in datas(mine)]
+            if list(map(type, keys)).count(str) == len(keys):
+                return mine, keys, None
+        keys = [k if (k := key(e)).__class__ is str else _keyless(k, e, self.name) for e in mine]
+        return mine, keys, None
+
+    def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
+        """Fold ``events`` (or a range folded in SQL: :class:`~.pushdown.Folded`) and move
+        the segment's token to ``upto`` in memory; states and token are written together
+        every ``persist_every`` seconds."""
+        seg = st.segment.id
+        entries = self._entries(st)
+        self.flushed_at.setdefault(seg, time.monotonic())
+        started = time.perf_counter()
+        try:
+            if isinstance(events, Folded):
+                handled = self._fold_range(st, entries, events)
+            else:
+                handled = len(events)
+                self._fold_events(st, entries, events)
+        except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
+            self._discard(seg)
+            return self.back_off(st, exc)
+        if st.lost:  # given up on (a fold ran past handler_timeout): nothing of it is written
+            self._discard(seg)
+            return Outcome.LOST
+        seconds = time.perf_counter() - started
+        self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
+        st.moved(upto)
+        st.dirty = True  # states changed: written with the token even if it did not move
+        if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every:
+            self.flush(st)
+            if st.lost:
+                return Outcome.LOST
+        return Outcome.OK
+
+    def _load(self, seg: int, entries: dict[str, Entry], keys: Iterable[str]) -> Marks:
+        """Every key of ``keys`` in ``entries`` (read from the table, or fresh); the segment's
+        marks, raised to cover the offsets read."""
+        marks = self.marks.setdefault(seg, Marks())
+        missing = sorted(set(keys) - entries.keys())
+        if missing:
+            with self.runtime.db.connection() as conn:
+                loaded = self.table.load(conn, self.name, missing)
+            marks.saw(loaded.values())
+            entries.update(loaded)
+            initial = self.agg.initial_state
+            for key in missing:
+                if key not in entries:
+                    entries[key] = Entry(initial())
+        return marks
+
+    def _fold_events(
+        self, st: SegmentState, entries: dict[str, Entry], events: list[Event]
+    ) -> None:
+        seg = st.segment.id
+        mine, keys, rows = self._keyed(events)
+        distinct = set(keys)
+        marks = self._load(seg, entries, distinct)
+        self.changed.setdefault(seg, set()).update(distinct)
+        if mine:  # a batch's folds are bounded by handler_timeout (watched per batch: cheap)
+            st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
+        try:
+            if self.agg.declaration is not None:
+                self.agg.declaration.fold_batch(mine, keys, entries, self.source, marks, rows)
+            else:
+                self._fold(mine, keys, entries, self.outputs.setdefault(seg, []), marks)
+        finally:
+            st.idle_now()
+
+    def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
+        """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a
+        state holds an own position at or above its first event), fold it again by rows."""
+        seg = st.segment.id
+        keys = [g[0] for g in folded]
+        marks = self._load(seg, entries, keys)
+        pushdown = folded.reader.pushdown
+        if pushdown is not None and pushdown.merge(folded, entries, marks, self.source):
+            self.changed.setdefault(seg, set()).update(keys)
+            self.agg.pushed_down += folded.events
+            return folded.events
+        if pushdown is not None:  # reads take the row path until past the states' offsets
+            pushdown.rows_until = max(pushdown.rows_until, marks.high.get(self.source, 0))
+        handled = 0
+        for events in folded.rows(st, self.agg.batch_size):
+            self._fold_events(st, entries, events)
+            handled += len(events)
+        return handled
+
+    def _fold(
+        self,
+        events: list[Event],
+        keys: list[str],
+        entries: dict[str, Entry],
+        outputs: list[tuple[Stage, Coordinates, NewEvent, Event]],
+        marks: Marks,
+    ) -> None:
+        """The user's folds over the events not folded in yet, in order."""
+        accepted = dedupe(events, keys, entries, self.source, marks)
+        for_type, stages = self.agg.folds.for_type, self.agg.stages
+        kinds = set(types(events))
+        if len(kinds) == 1 and not stages and len(only := for_type(kinds.pop())) == 1:
+            # The usual aggregation: one fold of one type, no downstream stage.
+            if len(accepted) != len(events):
+                events = [events[i] for i in accepted]
+                keys = [keys[i] for i in accepted]
+            fold = only[0]
+            values = [entries[k].value for k in keys]
+            for value, event, key in zip(values, events, keys, strict=True):
+                if (produced := fold(value, event)) is not None and produced is not value:
+                    returned_value(self.name, key, event, fold, produced)
+            return
+        folds_of: dict[str, list[Fold]] = {}
+        for i in accepted:
+            event, key = events[i], keys[i]
+            folds = folds_of.get(event.type)
+            if folds is None:
+                folds = folds_of[event.type] = for_type(event.type)
+            value = entries[key].value
+            for fold in folds:
+                produced = fold(value, event)
+                if produced is not None:
+                    not_awaitable(produced, fold, event)
+                    if not stages and produced is not value:
+                        returned_value(self.name, key, event, fold, produced)
+                if produced is not None and stages:
+                    coords = coordinates(event, self.source)
+                    outs = produced if isinstance(produced, list) else [produced]
+                    for j, out in enumerate(outs):
+                        check_output(self.name, key, event, j, out)
+                        for stage in stages:
+                            outputs.append(
+                                (stage, (f"{self.name}:{key}", "", (*coords[2], j)), out, event)
+                            )
+
+    def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
+        super().idle(st, upto)
+        if time.monotonic() - self.flushed_at.get(st.segment.id, 0) >= self.agg.persist_every:
+            self.flush(st)
+
+    def persist_idle(self, st: SegmentState) -> None:
+        """Caught up: write only when ``persist_every`` has passed (the coordinator's rounds
+        check it), so a trickle of events is still conflated."""
+        if st.persist_due(self.persist_every):
+            self.persist(st)
+
+    def _discard(self, seg: int) -> None:
+        for held in (self.entries, self.marks, self.outputs, self.changed, self.holder):
+            held.pop(seg, None)
+
+    def flush(self, st: SegmentState) -> None:
+        """Write the segment's changed states and its token in one transaction (downstream
+        first)."""
+        seg = st.segment.id
+        if not st.dirty:
+            return
+        db = self.runtime.db
+        started = time.perf_counter()
+        entries = self.entries.get(seg, {})
+        marks = self.marks.get(seg)
+        commit = self._commit_span(st)
+        try:
+            self._flush_downstream(seg)
+            if self.agg.publish is not None:
+                publish_states(self.agg.publish, self.name, entries, self.changed.get(seg, ()),
+                                marks.encode_offsets if marks is not None else None)  # fmt: skip
+            with db.transaction() as conn:
+                self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
+                                marks.encode_offsets if marks is not None else None)  # fmt: skip
+                self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
+        except ClaimLostError as exc:
+            spans.ended(commit, exc)
+            st.mark_lost()
+            self._discard(seg)
+            return
+        except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
+            spans.ended(commit, exc)
+            log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
+            self._discard(seg)
+            self.back_off(st, exc)
+            return
+        except BaseException as exc:
+            spans.ended(commit, exc)
+            raise
+        spans.ended(commit)
+        self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
+        st.committed(st.token)
+        self.flushed_at[seg] = st.persisted_at
+        self.changed.pop(seg, None)
+        self.outputs.pop(seg, None)
+        if sum(len(e) for e in list(self.entries.values())) > CACHE_LIMIT:
+            self.entries.pop(seg, None)  # bounded memory: read back from the table
+            self.marks.pop(seg, None)
+
+    def _commit_span(self, st: SegmentState) -> Any:
+        """The span of a state write: in the batch's span when one runs, else on its own (a
+        write when caught up, or when the segment is let go); None when tracing is off."""
+        traced = spans.current()
+        if traced is not None:
+            return traced.commit(st.token.position)
+        tracer = spans.tracer()
+        if tracer is None:
+            return None
+        base = spans.base_attributes(self.name, st.segment, self.agg.guarantee.value,
+                                     getattr(self.agg, "version", None))  # fmt: skip
+        return spans.commit(tracer, base, st.token.position)
+
+    def _flush_downstream(self, seg: int) -> None:
+        """Apply buffered outputs to the downstream stages' rows, read under a row lock, so
+        upstream segments in other processes can feed the same downstream key."""
+        pending = self.outputs.get(seg)
+        if not pending:
+            return
+        db = self.runtime.db
+        with db.transaction() as conn:
+            by_stage: dict[str, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
+            for item in pending:
+                by_stage.setdefault(item[0].name, []).append(item)
+            for name, items in by_stage.items():
+                stage = items[0][0]
+                keyed = [
+                    (key_text(stage.key(out), f"stage {name!r}", src), coords, out, src)
+                    for _, coords, out, src in items
+                ]
+                keys = sorted({k for k, *_ in keyed})
+                entries = self.table.lock(conn, name, keys, stage.initial)
+                newest: dict[str, Coordinates] = {}
+                for key, coords, out, src in keyed:
+                    entry = entries.get(key)
+                    if entry is None:
+                        entry = entries[key] = Entry(stage.initial())
+                    if not is_newer(entry.offsets, coords):
+                        entry.dropped += 1
+                        continue
+                    event = as_event(out, src, coords)
+                    value = entry.value
+                    for fold in stage.folds.for_type(event.type):
+                        if (produced := fold(value, event)) is not None and produced is not value:
+                            returned_value(name, key, event, fold, produced)  # no stages here
+                    record(entry.offsets, coords)
+                    newest[key] = coords
+                if stage.publish is not None and newest:  # acknowledged before this commits
+                    publish_states(stage.publish, name, entries, newest, None, newest)
+                self.table.save(conn, name, entries)
+        self.outputs.pop(seg, None)

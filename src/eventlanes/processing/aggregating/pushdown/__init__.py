@@ -1,0 +1,1 @@
+"""Declarative folds run inside the database: one module per backend."""

@@ -1,0 +1,1 @@
+"""Executors: one module per delivery guarantee, each committing a segment's work with its token."""

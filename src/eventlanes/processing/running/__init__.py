@@ -1,0 +1,1 @@
+"""Running a processor: holding segments, reading batches once, the loops and balance."""

@@ -1,0 +1,1 @@
+"""The rows processing keeps besides tokens: dead letters and aggregation states."""

@@ -1,0 +1,309 @@
+"""Bulk replay on Spark: ``el.spark.replay(app, name, spark=session)``.
+
+The processor (or aggregation) must be stopped everywhere: the replay holds every segment's
+claim for its whole run (extended by a heartbeat), reads the store up to its head ``E`` in
+parallel, routes with the local engine's stable hash (``F.crc32`` of the key), keeps per-key
+order (sorted by position within each key) and folds with the user's own code on Arrow batches.
+
+* Aggregations: the states are computed from scratch and written, with every segment's token
+  set to ``E``, in one transaction: the live processor continues exactly where the replay
+  stopped (no gap, no double count).
+* Transactional projections (``ctx.execute`` handlers): as a reset, ``on_reset`` handlers run
+  first and every token is set back to the start with its replay ends (what each segment, or
+  part of it, had handled is a replay, skipped by ``disallow_replay`` handlers; the rest is
+  handled as new); each Spark partition then handles one segment in position order, committing
+  its writes and the segment's token together every ``chunk`` events; at the end every token
+  is set to ``E``.
+
+Before anything is written: a preflight job ships the app's modules and checks on an executor
+that they import and that the store opens there (read-only); after the fold, the rows Spark
+read must equal the store's count of events up to ``E`` (and, for projections, the events
+handled too), or the replay fails without writing states or moving tokens to ``E``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidInputError, SparkJobError
+from ..processing.aggregating.aggregation import Aggregation
+from ..tokens import Token
+from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
+from ..tracing import spans
+from .export import PREFIX
+from .fold import (
+    KEYED_SCHEMA,
+    STATE_SCHEMA,
+    FoldSpec,
+    add_keys,
+    fold_sorted,
+    fold_stage,
+    spec_of,
+)
+from .input import ReplayInput, check_read, keyed_of, read_input, upcasters_of
+from .projections import replay_projection
+from .session import get_session, partitions_of
+from .ship import executor_url, first_line, preflight
+
+log = logging.getLogger("eventlanes.spark")
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    name: str
+    end: int  # the position every segment's token was set to
+    events: int  # events Spark read and folded (checked equal to the store's count up to end)
+    keys: int  # aggregation states written (0 for projections)
+    seconds: float
+
+
+def functions_of(proc: Any) -> list[Callable[..., Any]]:
+    """The user's functions a replay of ``proc`` runs on executors (their modules ship)."""
+    found: list[Any] = []
+    if isinstance(proc, Aggregation):
+        agg: Any
+        for agg in (proc, *proc.stages):
+            found += [agg.key, getattr(agg, "initial_state", None), getattr(agg, "initial", None)]
+            found += [f for fs in agg.folds.by_type.values() for f in fs] + list(agg.folds.any)
+    else:
+        handlers = proc.handlers
+        found += [h for _, h in handlers._entries] + [h for _, h in handlers.batch_handlers]
+        found.append(getattr(proc.policy, "_key", None))
+    if (upcasters := upcasters_of(proc)) is not None:
+        found += upcasters.functions()
+    return [f for f in found if f is not None]
+
+
+def hold_every_segment(app: Any, proc: Any, owner: str, wait: bool) -> tuple[list, Heartbeat]:
+    """Every segment's claim, kept by the shared heartbeat (it survives database errors)."""
+    app.initialize(proc.name)
+    records = claim_all(app.tokens, proc.name, owner, wait, None)
+    return records, Heartbeat(app.tokens, proc.name, owner, announce=False).start()
+
+
+def replay(
+    app: Any,
+    name: str,
+    spark: Any = None,
+    master: str | None = None,
+    parquet: str | None = None,
+    partitions: int | None = None,
+    wait: bool = False,
+    conf: dict[str, str] | None = None,
+    py_files: Iterable[str] = (),
+    archives: Iterable[str] = (),
+) -> ReplayResult:
+    """Replay ``name`` from the start on ``spark`` (any session: built by the user, by
+    ``spark-submit``, in a notebook) or on a new one for ``master``. With tracing on, the
+    replay is one span (``replay NAME``, child of the caller's), never one per event."""
+    tracer = spans.tracer()
+    args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives)
+    if tracer is None:
+        return _replay(*args)
+    proc = app.get(name)
+    base = spans.base_attributes(name, None, proc.guarantee.value, getattr(proc, "version", None))
+    extra = {spans.ENGINE: "spark", "eventlanes.parquet": parquet or ""}
+    with spans.batch(tracer, "replay", base, count=0, root=False, extra=extra) as span:
+        result = _replay(*args)
+        span.set_attributes({spans.MESSAGE_COUNT: result.events, spans.TOKEN: result.end,
+                             "eventlanes.keys": result.keys})  # fmt: skip
+        return result
+
+
+def _replay(
+    app: Any,
+    name: str,
+    spark: Any,
+    master: str | None,
+    parquet: str | None,
+    partitions: int | None,
+    wait: bool,
+    conf: dict[str, str] | None,
+    py_files: Iterable[str],
+    archives: Iterable[str],
+) -> ReplayResult:
+    proc = app.get(name)
+    if not isinstance(proc, Aggregation) and (
+        proc.guarantee.value != "exactly-once" or proc.sources
+    ):
+        raise InvalidInputError(
+            f"{proc.name!r}: Spark replays single-source exactly-once processors (this one is "
+            f"{proc.guarantee.value}" + (", with several sources)" if proc.sources else ")")
+        )
+    # A store executors cannot see is refused before a JVM starts, where the master says so.
+    url = executor_url(app.url, master) if spark is None and master else None
+    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
+    url = url or executor_url(app.url, spark.sparkContext.master)
+    n = partitions_of(spark, partitions)
+    # Before any write: code and store reachable from an executor, or one clear error.
+    preflight(spark, functions_of(proc), url, head=app.store.head(), reads_store=not parquet)
+    owner = f"spark-replay:{node_name()}"
+    records, beat = hold_every_segment(app, proc, owner, wait)
+    start = time.perf_counter()
+    try:
+        decl = getattr(proc, "declaration", None)
+        keyed = keyed_of(proc) if isinstance(proc, Aggregation) else None
+        source = read_input(spark, app, url, n, parquet, decl, upcasters_of(proc), keyed)
+        try:
+            if isinstance(proc, Aggregation):
+                events, keys = _aggregation(app, proc, source, n, owner, records)
+            else:
+                events, keys = replay_projection(app, proc, source, url, owner, records), 0
+        except Exception as exc:
+            source.verify()  # a stale export: say so, rather than what Spark made of it
+            if type(exc).__module__.startswith(("pyspark", "py4j")):
+                raise SparkJobError(f"{name}: the Spark job failed: {first_line(exc)}") from exc
+            raise
+    finally:
+        beat.stop()
+        release_all(app.tokens, proc.name, owner, records)
+    return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
+
+
+def fold_aggregation(
+    spec: FoldSpec,
+    df: Any,
+    partitions: int,
+    load: Any = None,
+    columns: dict[str, str] | None = None,
+    typed: Any = None,
+) -> Any:
+    """The Spark plan: key, route by crc32(key), sort by (key, position), fold per partition.
+    ``columns``: an export's typed data columns (``typed``: the DataFrame holding them)."""
+    from pyspark.sql import functions as F
+
+    if spec.key_field is not None and not spec.any:
+        # All in the JVM: filter the folded types and extract the key from the JSON data (or
+        # an export's column of it: the same text for strings and integers).
+        kind = (columns or {}).get(spec.key_field)
+        if typed is not None and kind in ("string", "long"):
+            key = F.col(PREFIX + spec.key_field).cast("string")
+            df = typed.select(*df.columns, key.alias("key"))
+        else:
+            key = F.get_json_object("data", f"$.{spec.key_field}")
+            if "key" in df.columns:  # read on the executors where exact (source.Keyed)
+                key = F.coalesce(F.col("key"), key)
+            df = df.withColumn("key", key)
+        keyed = df.where(F.col("type").isin(list(spec.by_type))).where(F.col("key").isNotNull())
+    else:
+        keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
+    seg = F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)
+    routed = keyed.withColumn("pk", _partition_of(df.sparkSession, partitions, seg))
+    ordered = routed.repartition(partitions, "pk").sortWithinPartitions("key", "position")
+    return ordered.drop("pk").mapInArrow(lambda it: fold_sorted(spec, it, load), STATE_SCHEMA)
+
+
+_PARTITION_KEYS: dict[int, list[int]] = {}
+
+
+def _partition_of(spark: Any, partitions: int, seg: Any) -> Any:
+    """A column that Spark's hash partitioner sends to partition ``seg``: partition i holds
+    exactly segment i (crc32 routing, as the local engine). Hash-partitioning the segment number
+    itself would re-hash it (Murmur3) and could put two segments in one partition; range
+    partitioning would run the whole input once more to sample it."""
+    from pyspark.sql import functions as F
+
+    if partitions not in _PARTITION_KEYS:
+        found: dict[int, int] = {}
+        rows = (
+            spark.range(0, 64 * partitions)
+            .select("id", F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
+            .collect()
+        )
+        for row in rows:
+            found.setdefault(row["p"], row["id"])
+        _PARTITION_KEYS[partitions] = [found[i] for i in range(partitions)]
+    keys = F.array(*[F.lit(k).cast("long") for k in _PARTITION_KEYS[partitions]])
+    return F.element_at(keys, (seg + 1).cast("int"))
+
+
+def fold_stages(spec: FoldSpec, folded: Any, partitions: int, loader_for: Any = None) -> list[Any]:
+    """Plans folding each downstream stage's outputs, routed by the downstream key.
+    ``loader_for(stage name)``: loads a stage's stored states (continuous mode)."""
+    from pyspark.sql import functions as F
+
+    plans = []
+    for stage in spec.stages:
+        load = loader_for(stage.name) if loader_for else None
+        outs = folded.where((F.col("kind") == "out") & (F.col("name") == stage.name))
+        routed = outs.repartition(partitions, "key").sortWithinPartitions("key", "position")
+        plans.append(
+            routed.mapInArrow(lambda it, s=stage, ld=load: fold_stage(s, it, ld), STATE_SCHEMA)
+        )
+    return plans
+
+
+Encoded = dict[str, dict[str, tuple[str, str, int]]]  # name -> key -> (value, offsets, dropped)
+
+
+def collect_states(df: Any) -> Encoded:
+    """Rows of kind "state", still JSON-encoded as the executors wrote them, to save on the
+    driver without decoding and encoding every state again."""
+    table = df.where(df.kind == "state").toArrow()
+    states: Encoded = {}
+    cols = [table.column(c).to_pylist() for c in ("name", "key", "value", "offsets", "dropped")]
+    for name, key, value, offsets, dropped in zip(*cols, strict=True):
+        states.setdefault(name, {})[key] = (value, offsets, dropped)
+    return states
+
+
+def save_states(app: Any, conn: Any, name: str, states: Encoded) -> None:
+    rows = [(key, *encoded) for key, encoded in states.get(name, {}).items()]
+    app.aggregate_states.save_encoded(conn, name, rows)
+
+
+def _aggregation(
+    app: Any, agg: Aggregation, source: ReplayInput, n: int, owner: str, records: list
+) -> tuple[int, int]:
+    spec = spec_of(agg, app.store.events_table)
+    if agg.declaration is not None:  # native column expressions, no Python per event
+        from .declarative import declared_states
+
+        folded: Any = None
+        decl, table = agg.declaration, app.store.events_table
+        chained_types = source.chained_types
+        if chained_types is None and source.chained is not None:
+            # From the store: one pass, folded as if no event had a source chain, the read
+            # telling which types have chained events. Only when a folded type has, the plan
+            # with the chains' window runs (reading again); the first result is dropped.
+            chained_types = []
+        declared, read = declared_states(decl, source.df, table, source.columns, chained_types)
+        if source.chained is not None:
+            seen = source.chained()
+            if seen is None or decl.types & seen:
+                again = None if seen is None else sorted(seen)
+                df = source.df if source.events_df is None else source.events_df
+                declared, read = declared_states(decl, df, table, source.columns, again)
+        states = {agg.name: declared}
+        # From an export, the plan's own count is Spark's count of the files' rows (no second
+        # job); from the store, the ranges' counts must agree with it too.
+        if not source.parquet:
+            check_read(agg.name, "read", source.read(), source.expected)
+        events = check_read(agg.name, "read", read, source.expected)
+    else:
+        folded = fold_aggregation(spec, source.events, n, columns=source.columns, typed=source.df)
+        if spec.stages:
+            folded = folded.cache()
+        states = collect_states(folded)
+        events = check_read(agg.name, "read", source.read(), source.expected)
+    for plan in fold_stages(spec, folded, n):
+        for name, entries in collect_states(plan).items():
+            states.setdefault(name, {}).update(entries)
+    names = [agg.name, *(s.name for s in agg.stages)]
+    source.verify()
+    table = app.aggregate_states
+    db = app.db
+    with db.transaction() as conn:
+        for name in names:  # from scratch: what the replay did not produce does not exist
+            conn.execute(db.sql(f"DELETE FROM {table.table} WHERE aggregation = ?"), (name,))
+        for name in names:
+            save_states(app, conn, name, states)
+        for record in records:
+            app.tokens.store(agg.name, record.segment.id, Token(source.end), owner, conn=conn)
+    if spec.stages:
+        folded.unpersist()
+    return events, sum(len(v) for v in states.values())
