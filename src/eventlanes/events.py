@@ -459,6 +459,38 @@ _DATA = attrgetter("_data")
 _METADATA = attrgetter("_metadata")
 
 
+# -- friends of Event: other modules that build or adjust events at speed use these, never the
+# slots themselves (the slots stay private to this module).
+
+
+def rebuilt(event: Event, type_: str, data: Any) -> Event:
+    """``event`` as type ``type_`` with ``data``, everything else as stored (upcasting)."""
+    return Event(
+        event._position, event._stream_id, event._version, type_, data,
+        event._metadata, event._recorded_at, event._routing_hash, event._source,
+    )  # fmt: skip
+
+
+def set_source(event: Event, name: str) -> None:
+    """Name the source store ``event`` was read from (multi-source readers, before anyone
+    sees the event)."""
+    event._source = name
+
+
+def stored_data(event: Event) -> Any:
+    """``data`` as the store gave it: the checked JSON text, or a dict."""
+    return event._data
+
+
+def recorded_raw(event: Event) -> Any:
+    """``recorded_at`` as read: microseconds since the epoch on both backends, or a datetime
+    once converted (no conversion here: merges order thousands of events by it)."""
+    return event._recorded_at
+
+
+type_of = _TYPE  # an event's type, a C-level getter for hot comprehensions
+
+
 def positions(events: Sequence[Event]) -> list[int]:
     return list(map(_POSITION, events))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..events import Event, stored_data
 from .registry import Upcasters
 
 #: the columns an upcaster's event is built from, in ``Event``'s order
@@ -39,7 +39,7 @@ def upcast_batch(upcasters: Upcasters, batch: Any) -> Any:
     for row in zip(*columns, strict=True):
         event = upcasters.upcast_strict(Event(*row))
         new_types.append(event.type)
-        text = event._data  # the checked JSON text
+        text = stored_data(event)  # the checked JSON text
         assert isinstance(text, str)
         new_data.append(text)
     data = batch.column("data")

@@ -35,7 +35,16 @@ from typing import Any
 
 from ..callables import check, name_of
 from ..errors import InvalidInputError, UpcastError
-from ..events import Event, NewEvent, Undecodable, encode_fast, encode_object, types
+from ..events import (
+    Event,
+    NewEvent,
+    Undecodable,
+    encode_fast,
+    encode_object,
+    rebuilt,
+    type_of,
+    types,
+)
 from .naming import check_type, split_type, type_name
 
 UpcastFunction = Callable[[Event], Any]
@@ -197,25 +206,25 @@ class Upcasters:
         if self._sources.isdisjoint(types(events)):
             return events if isinstance(events, list) else list(events)
         sources = self._sources
-        return [self.upcast(e) if e._type in sources else e for e in events]
+        return [self.upcast(e) if type_of(e) in sources else e for e in events]
 
     def upcast(self, event: Event) -> Event:
         """``event`` in its current shape; an upcaster's failure is carried as its data
         (accessing ``data`` raises :class:`~eventlanes.errors.UpcastError` naming the event and
         the upcaster)."""
-        steps = self.chain(event._type)
+        steps = self.chain(event.type)
         if not steps:
             return event
         try:
             return self._run(event, steps)
         except _Refused as exc:
             data: Any = UpcastFailed(str(exc))
-        return _moved(event, steps[-1].target, data)
+        return rebuilt(event, steps[-1].target, data)
 
     def upcast_strict(self, event: Event) -> Event:
         """:meth:`upcast`, raising :class:`~eventlanes.errors.UpcastError` on a failure (bulk
         readers: a Spark job fails naming the event; a fold in Arrow takes the row path)."""
-        steps = self.chain(event._type)
+        steps = self.chain(event.type)
         if not steps:
             return event
         try:
@@ -230,16 +239,8 @@ class Upcasters:
                 value = up.fn(current)
             except Exception as exc:  # noqa: BLE001 - reported with the event, not the read
                 raise _Refused(f"{up} raised {type(exc).__name__}: {exc}") from exc
-            current = _moved(current, up.target, _as_data(up, value))
-        return _moved(current, current.type, _exact(steps[-1], current.data))
-
-
-def _moved(event: Event, type_: str, data: Any) -> Event:
-    """``event`` as type ``type_`` with ``data`` (everything else as stored)."""
-    return Event(
-        event._position, event._stream_id, event._version, type_, data,
-        event._metadata, event._recorded_at, event._routing_hash, event._source,
-    )  # fmt: skip
+            current = rebuilt(current, up.target, _as_data(up, value))
+        return rebuilt(current, current.type, _exact(steps[-1], current.data))
 
 
 def _as_data(up: Upcaster, value: Any) -> dict[str, Any]:
