@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from eventlanes.cli import print_table as whole
+from eventlanes.cli.base import print_table as whole
 
 console = Console()
 DATA = Path(__file__).resolve().parent.parent / "bench-data"

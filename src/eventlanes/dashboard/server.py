@@ -120,14 +120,18 @@ class Poller:
         return self.latest, self.error, self.at
 
 
+def _keys(status: dict[str, Any]) -> list[str]:
+    """The history's keys of a status: each processor's name, ``ingestor:NAME`` per ingestor."""
+    keys = [p["name"] for p in status["processors"]]
+    return keys + [f"ingestor:{i['name']}" for i in status.get("ingestors", ())]
+
+
 def _charts(poller: Poller, status: dict[str, Any], now: float) -> dict[str, Any]:
     """Per processor (and ``ingestor:NAME``): rate, ETA and the two small charts."""
     history = poller.history
     limit = poller.max_lag.events
     out: dict[str, Any] = {}
-    keys = [p["name"] for p in status["processors"]]
-    keys += [f"ingestor:{i['name']}" for i in status.get("ingestors", ())]
-    for key in keys:
+    for key in _keys(status):
         summary = history.summary(key, now)
         samples = summary["samples"]
         out[key] = {
@@ -156,7 +160,6 @@ def create_app(
     limit = max_lag or MaxLag()
     guard = auth or Auth()
     poller = Poller(app, limit, refresh)
-    templates = Jinja2Templates(directory=HERE / "templates")
     header = {
         "app_name": name or "app",
         "store": parse_url(app.url).redacted,
@@ -165,6 +168,7 @@ def create_app(
         "refresh_ms": int(refresh * 1000),
         "max_lag": limit,
     }
+    routes = _Routes(app, poller, guard, header)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -174,91 +178,110 @@ def create_app(
         finally:
             await run_in_threadpool(poller.stop)
 
-    def page(request: Request, template: str) -> Response:
-        status, error, at = poller.current()
+    return Starlette(
+        routes=[
+            Route("/", routes.index),
+            Route("/fragment", routes.fragment),
+            Route("/api/status", routes.status_json),
+            Route("/api/history", routes.history_json),
+            Route("/api/processors/{processor}/{what}", routes.post, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        middleware=[Middleware(SecurityHeaders)],
+        lifespan=lifespan,
+    )
+
+
+class _Routes:
+    """The dashboard's endpoints: pages and history from the poller, the status read now,
+    actions behind the token."""
+
+    def __init__(self, app: App, poller: Poller, guard: Auth, header: dict[str, Any]) -> None:
+        self.app = app
+        self.poller = poller
+        self.guard = guard
+        self.header = header
+        self.templates = Jinja2Templates(directory=HERE / "templates")
+
+    def page(self, request: Request, template: str) -> Response:
+        status, error, at = self.poller.current()
         now = time.time()
-        context: dict[str, Any] = {"status": status, "error": error, **header,
+        context: dict[str, Any] = {"status": status, "error": error, **self.header,
                                    "polled_at": at, "now": now}  # fmt: skip
         if status is not None:
-            context["history"] = _charts(poller, status, now)
-        response = templates.TemplateResponse(request, template, context)
+            context["history"] = _charts(self.poller, status, now)
+        response = self.templates.TemplateResponse(request, template, context)
         response.headers["Cache-Control"] = "no-store"
         return response
 
-    async def index(request: Request) -> Response:
-        return await run_in_threadpool(page, request, "index.html")
+    async def index(self, request: Request) -> Response:
+        return await run_in_threadpool(self.page, request, "index.html")
 
-    async def fragment(request: Request) -> Response:
-        return await run_in_threadpool(page, request, "body.html")
+    async def fragment(self, request: Request) -> Response:
+        return await run_in_threadpool(self.page, request, "body.html")
 
-    async def status_json(request: Request) -> Response:
+    async def status_json(self, request: Request) -> Response:
         """The status document read now (for scripts: never older than the request)."""
         try:
-            status = await run_in_threadpool(snapshot, app, limit)
+            status = await run_in_threadpool(snapshot, self.app, self.poller.max_lag)
         except Exception as exc:  # noqa: BLE001 - the database may be away: say so
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 503)
         return JSONResponse(plain(status))
 
-    async def history_json(request: Request) -> Response:
+    async def history_json(self, request: Request) -> Response:
         """Every processor's and ingestor's samples (what the charts draw)."""
-        status, error, _ = await run_in_threadpool(poller.current)
+        status, error, _ = await run_in_threadpool(self.poller.current)
         if status is None:
             return JSONResponse({"error": error}, 503)
         now = time.time()
-        keys = [p["name"] for p in status["processors"]]
-        keys += [f"ingestor:{i['name']}" for i in status.get("ingestors", ())]
+        history = self.poller.history
         out = {}
-        for key in keys:
-            summary = poller.history.summary(key, now)
+        for key in _keys(status):
+            summary = history.summary(key, now)
             out[key] = {"rate": summary["rate"], "eta": summary["eta"],
                         "samples": [asdict(s) for s in summary["samples"]]}  # fmt: skip
-        return JSONResponse({"interval": refresh, "seconds": poller.history.seconds,
+        return JSONResponse({"interval": self.poller.interval, "seconds": history.seconds,
                              "series": out})  # fmt: skip
 
-    async def post(request: Request) -> Response:
-        """An action or a plan: token first (nothing is read before), then a JSON body."""
-        name, what = request.path_params["processor"], request.path_params["what"]
-        client = request.client.host if request.client else "?"
-        if guard.read_only:
+    def refusal(self, request: Request, name: str, what: str, client: str) -> Response | None:
+        """Why an action or a plan is refused before its body is read (token, content type),
+        or None."""
+        if self.guard.read_only:
             log.warning("dashboard: refused %s of %s from %s: read-only (no token set)", what,
                         name, client)  # fmt: skip
             return JSONResponse(
                 {"error": f"the dashboard is read-only: no token is set (${ENV} or "
                  "--token-file)"}, 403,
             )  # fmt: skip
-        if not guard.allows(request.headers.get("authorization")):
+        if not self.guard.allows(request.headers.get("authorization")):
             log.warning("dashboard: refused %s of %s from %s: no or wrong token", what, name,
                         client)  # fmt: skip
             challenge = {"WWW-Authenticate": 'Bearer realm="eventlanes"'}
             return JSONResponse({"error": "refused: no or wrong token"}, 401, headers=challenge)
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             return JSONResponse({"error": "actions take an application/json body"}, 415)
+        return None
+
+    async def post(self, request: Request) -> Response:
+        """An action or a plan: token first (nothing is read before), then a JSON body."""
+        name, what = request.path_params["processor"], request.path_params["what"]
+        client = request.client.host if request.client else "?"
+        refused = self.refusal(request, name, what, client)
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise InvalidInputError("the body must be a JSON object")
             if what in actions.PLANS:
-                answer = await run_in_threadpool(actions.plan, app, name, what, body)
+                answer = await run_in_threadpool(actions.plan, self.app, name, what, body)
                 return JSONResponse(answer)
-            message = await run_in_threadpool(actions.act, app, name, what, body)
+            message = await run_in_threadpool(actions.act, self.app, name, what, body)
         except (EventlanesError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, 400)
         log.info("dashboard: %s (from %s)", message, client)
-        await run_in_threadpool(poller.poll)  # the page shows the result at once
+        await run_in_threadpool(self.poller.poll)  # the page shows the result at once
         return JSONResponse({"message": message})
-
-    return Starlette(
-        routes=[
-            Route("/", index),
-            Route("/fragment", fragment),
-            Route("/api/status", status_json),
-            Route("/api/history", history_json),
-            Route("/api/processors/{processor}/{what}", post, methods=["POST"]),
-            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        ],
-        middleware=[Middleware(SecurityHeaders)],
-        lifespan=lifespan,
-    )
 
 
 class SecurityHeaders:
