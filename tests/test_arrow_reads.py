@@ -276,7 +276,7 @@ def test_a_replay_that_read_other_events_than_the_store_holds_writes_nothing(
 ) -> None:
     """Executors reading a stale copy of the store (one event short): the count of what they
     read differs from the store's, the replay fails before any write."""
-    from eventlanes.spark import replay as bulk
+    from eventlanes.spark import bulk_replay as bulk
 
     app = el.App(f"sqlite:///{tmp_path}/live.db")
     declared_agg = app.aggregation("d", key="k", on="T", fields={"n": el.count()})

@@ -177,7 +177,7 @@ def test_types_are_strict_on_both_paths(spark, tmp_path) -> None:
         FieldTypeError, match=r"event 2 \(Fastened\): data property 'n' is '2', declared int"
     ):
         decl.fold_batch(
-            events, decl.keys(events), {"r": el.processing.states.Entry(decl.initial())}, "x"
+            events, decl.keys(events), {"r": el.processing.tables.states.Entry(decl.initial())}, "x"
         )  # type: ignore[attr-defined]
     with pytest.raises(FieldTypeError):
         decl.fold(decl.initial(), events[1])

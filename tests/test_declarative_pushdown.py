@@ -17,7 +17,8 @@ import pytest
 
 import eventlanes as el
 from eventlanes.hashing import stable_hash
-from eventlanes.processing.aggregating.pushdown import sqlite as pushdown
+from eventlanes.processing.aggregating.pushdown import base as pushdown
+from eventlanes.processing.aggregating.pushdown import build
 from tests.processing_helpers import run_until_caught_up
 from tests.test_declarative import stored
 
@@ -290,7 +291,7 @@ def test_pushdown_off_and_other_stores_take_the_row_path(tmp_path: Path) -> None
     app.aggregation("f", key="robot", on="Fastened", fields={"t": el.max("t", float)})
     app.aggregation("py", key="robot", initial=dict).on("Fastened")(lambda s, e: None)
     for name, decl in [("f", app.get("f")), ("py", app.get("py"))]:
-        plan = pushdown.Pushdown.build(getattr(decl, "declaration", None), [app.store], True)
+        plan = build(getattr(decl, "declaration", None), [app.store], True)
         assert plan is None, name  # floats; Python folds
     with pytest.raises(el.InvalidInputError, match="pushdown must be True or False"):
         app.aggregation("x", key="robot", on="Fastened", fields={"n": el.count()}, pushdown=1)

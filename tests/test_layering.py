@@ -42,8 +42,10 @@ LAYERS: tuple[str, ...] = (
     "processing.runtime", "processing.handling", "processing.processor",
     "processing.republisher", "processing.executors", "processing.aggregating",
     "processing.running", "processing",
-    # the edges, operations, this process as a node, the App and its face, what stands on them
-    "kafka", "admin", "node", "app", "loader", "__init__", "spark", "dashboard", "testing", "cli",
+    # the edges, what an app defines, this process as a node, operations, the App and its
+    # face, what stands on them
+    "kafka", "registry", "node", "admin", "app",
+    "loader", "__init__", "spark", "dashboard", "testing", "cli",
 )  # fmt: skip
 
 #: who may import app.py: the parts that stand on the App

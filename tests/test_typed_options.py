@@ -1,14 +1,16 @@
-"""The App's factories list their options (names, types, defaults) instead of ``**options``:
-editors complete them, mypy refuses a misspelled one, and they cannot drift from the
-constructors they forward to."""
+"""The App's factories take their options as ``**options: Unpack[...]`` of one typed dict
+(``eventlanes.processing.options``): editors complete them, mypy refuses a misspelled one, and
+they cannot drift from the constructors they forward to."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,12 @@ import pytest
 import eventlanes as el
 from eventlanes.kafka.ingestor import Ingestor
 from eventlanes.processing.aggregating.aggregation import Aggregation
+from eventlanes.processing.options import (
+    AggregationOptions,
+    ProcessorOptions,
+    RepublisherOptions,
+    RunOptions,
+)
 from eventlanes.processing.processor import Processor
 from eventlanes.processing.republisher import Republisher
 
@@ -115,7 +123,7 @@ def test_values_are_still_checked_by_the_constructors(app: Any) -> None:
         app.publisher("pub", el.KafkaSink(kafka, "out"), version=2)
     # the defaults are the constructors': what the factories pass on is what they would pick
     proc = app.processor("defaults")
-    plain = Processor(app.runtime, "plain")
+    plain = Processor("plain", prefix=app.runtime.prefix, upcasters=app.runtime.upcasters)
     differ = ("base", "name", "handlers")
     assert {k: repr(v) for k, v in vars(proc).items() if k not in differ} == {
         k: repr(v) for k, v in vars(plain).items() if k not in differ
@@ -137,50 +145,63 @@ def _positional(fn: Any) -> list[str]:
     return [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
 
 
-def _has_var_keyword(fn: Any) -> bool:
+def _unpacked(fn: Any) -> Any:
+    """The typed dict of ``fn``'s ``**options: Unpack[...]`` (None without one)."""
     params = inspect.signature(fn).parameters.values()
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    (found,) = typing.get_args(typing.get_type_hints(fn)["options"])
+    return found
 
 
-PROCESSOR = _keywords(Processor.__init__)
+def _options(typed: Any) -> set[str]:
+    return set(typed.__optional_keys__) | set(typed.__required_keys__)
 
 
-def test_the_processor_factory_lists_the_constructors_options() -> None:
-    assert not _has_var_keyword(el.App.processor)
+# the App passes these to the constructors, from its runtime; a user passes none of them
+FROM_THE_APP = {"prefix", "upcasters", "states", "stores"}
+PROCESSOR = _options(ProcessorOptions)
+
+
+def test_the_processor_factory_takes_the_constructors_options() -> None:
+    assert _unpacked(el.App.processor) is ProcessorOptions is _unpacked(Processor.__init__)
     assert _positional(el.App.processor) == ["self", "name"]
-    assert _positional(Processor.__init__) == ["self", "runtime", "name"]
-    assert _keywords(el.App.processor) == PROCESSOR
+    assert _positional(Processor.__init__) == ["self", "name"]
+    assert set(_keywords(Processor.__init__)) == FROM_THE_APP & {"prefix", "upcasters"}
+    assert not ProcessorOptions.__required_keys__  # each has a default
+    # the checked value holds every option, and nothing else
+    assert {f.name for f in dataclasses.fields(RunOptions)} == PROCESSOR
+    assert len(PROCESSOR) == 17
 
 
-def test_the_aggregation_factory_lists_the_constructors_options() -> None:
-    own = _keywords(Aggregation.__init__)
+def test_the_aggregation_factory_takes_the_constructors_options() -> None:
+    own = _keywords(Aggregation.__init__, leave_out=FROM_THE_APP)
     # the aggregation routes by its key and promises its own guarantee: the processor's
     # policy= and guarantee= are not options of it (refused, see below); its initial= is the
     # state's, not the token's
-    expected = {**{k: v for k, v in PROCESSOR.items() if k not in ("policy", "guarantee")}, **own}
-    assert not _has_var_keyword(el.App.aggregation)
-    assert _keywords(el.App.aggregation) == expected
+    assert _unpacked(el.App.aggregation) is AggregationOptions is _unpacked(Aggregation.__init__)
+    assert _options(AggregationOptions) == PROCESSOR - {"policy", "guarantee", "initial"}
+    assert _keywords(el.App.aggregation) == own
     assert _positional(el.App.aggregation) == ["self", "name"]
 
 
-def test_the_republisher_factory_lists_the_constructors_options() -> None:
-    own = _keywords(Republisher.__init__)
-    expected = {**{k: v for k, v in PROCESSOR.items() if k != "guarantee"}, **own}
-    assert not _has_var_keyword(el.App.republisher)
-    assert _keywords(el.App.republisher) == expected
+def test_the_republisher_factory_takes_the_constructors_options() -> None:
+    own = _keywords(Republisher.__init__, leave_out=FROM_THE_APP)
+    assert _unpacked(el.App.republisher) is RepublisherOptions
+    assert _unpacked(Republisher.__init__) is RepublisherOptions
+    assert _options(RepublisherOptions) == PROCESSOR - {"guarantee"}
+    assert _keywords(el.App.republisher) == own
     assert _positional(el.App.republisher) == ["self", "name"]
 
 
-def test_the_publisher_factory_lists_the_processors_options_and_its_own() -> None:
-    own = {"on", "key", "value"}
-    assert not _has_var_keyword(el.App.publisher)
-    assert _keywords(el.App.publisher, leave_out=own) == PROCESSOR
-    assert set(_keywords(el.App.publisher)) == own | set(PROCESSOR)
+def test_the_publisher_factory_takes_the_processors_options_and_its_own() -> None:
+    assert _unpacked(el.App.publisher) is ProcessorOptions
+    assert set(_keywords(el.App.publisher)) == {"on", "key", "value"}
     assert _positional(el.App.publisher) == ["self", "name", "sink"]
 
 
 def test_the_ingest_factory_lists_the_constructors_options() -> None:
-    assert not _has_var_keyword(el.App.ingest)
+    assert _unpacked(el.App.ingest) is None
     assert _keywords(el.App.ingest) == _keywords(Ingestor.__init__)
     assert _positional(el.App.ingest) == ["self", "name", "kafka"]
     assert _positional(Ingestor.__init__) == ["self", "runtime", "name", "kafka"]
@@ -189,15 +210,18 @@ def test_the_ingest_factory_lists_the_constructors_options() -> None:
 def test_the_options_left_out_are_refused_by_the_constructors(app: Any) -> None:
     """What the aggregation and republisher factories do not list the constructors refuse,
     so leaving them out takes nothing a user could pass."""
+    rt = app.runtime
+    home = {"prefix": rt.prefix, "upcasters": rt.upcasters}
+    states = {"states": lambda: rt.states, **home}
     with pytest.raises(el.InvalidInputError, match="the guarantee is 'aggregation'"):
-        Aggregation(app.runtime, "a", key="robot", initial=dict, guarantee="exactly-once")
+        Aggregation("a", key="robot", initial=dict, guarantee="exactly-once", **states)
     with pytest.raises(TypeError, match="policy"):
-        Aggregation(app.runtime, "b", key="robot", initial=dict, policy=el.per_stream())
+        Aggregation("b", key="robot", initial=dict, policy=el.per_stream(), **states)
     with pytest.raises(el.InvalidInputError, match="the guarantee is 'at-least-once'"):
-        Republisher(app.runtime, "r", to_stream="out", guarantee="at-least-once")
+        Republisher("r", to_stream="out", guarantee="at-least-once", stores=rt.store_at, **home)
 
 
 def test_run_lists_the_options_of_start() -> None:
-    assert not _has_var_keyword(el.App.run)
+    assert _unpacked(el.App.run) is None
     assert _keywords(el.App.run, leave_out={"grace"}) == _keywords(el.App.start)
     assert _positional(el.App.run) == ["self", "processors"] == _positional(el.App.start)

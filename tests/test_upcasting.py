@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import eventlanes as el
-from eventlanes.processing.aggregating.pushdown import sqlite as pushdown
+from eventlanes.processing.aggregating.pushdown import base as pushdown
 from tests.processing_helpers import run_until_caught_up, wait_for
 from tests.test_declarative import stored as stored_as_is
 

@@ -41,7 +41,8 @@ from .processing.aggregating.declarative import count, first, last, max, min, su
 from .processing.executors.acks import CommitTracker
 from .processing.handlers import disallow_replay
 from .processing.handling.context import Context
-from .processing.processor import Guarantee, Processor
+from .processing.options import Guarantee
+from .processing.processor import Processor
 from .processing.republisher import Republisher
 from .processing.tables.dead_letters import DeadLetter
 from .schema import migrate

@@ -1,57 +1,52 @@
 """The App: an event store, its token store, and the processors that consume it.
 
 Nothing connects when an App is defined (modules that define one are imported by the CLI and by
-worker processes); the store is opened on first use. The App is the façade: it defines
-processors and builds the :class:`~eventlanes.processing.runtime.Runtime` that the runners,
-admin commands and the Spark pipeline work with.
+worker processes); the store is opened on first use. The App is the façade: it keeps the
+registry of processors, ingestors and upcasters (their options: ``processing/options.py``),
+builds the :class:`~eventlanes.processing.runtime.Runtime` that the runners, admin commands and
+the Spark pipeline work with, and starts and stops what runs in this process (``node.py``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
-from .admin import control, dead_letters, reset, status
-from .admin import versions as lifecycle
-from .admin.reset import ResetPlan
-from .admin.views import ProcessorView
+from .admin.operations import Operations
 from .db import Database
-from .errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
+from .errors import InvalidInputError
 from .events import Event
+from .kafka.ingest import IngestRunner
 from .kafka.ingestor import Ingestor, OnBad
+from .kafka.publisher import define_publisher
 from .kafka.records import DEFAULT_MAX_BYTES, Record
 from .kafka.settings import Kafka
-from .names import split_version, validate_base_name, validate_processor_name
+from .node import Node, static_mode
 from .observe import Observer
-from .policies import KeyFunction, SequencingPolicy
 from .processing.aggregating.aggregation import Aggregation
 from .processing.aggregating.declarative import Op
-from .processing.handling.context import check_table_name
-from .processing.handling.failures import describe_crash
-from .processing.options import OrderKey
+from .processing.options import (
+    AggregationOptions,
+    ProcessorOptions,
+    RepublisherOptions,
+    refuse_unknown,
+)
 from .processing.processor import Processor
 from .processing.republisher import Republisher
-from .processing.running import requests
-from .processing.running.balance import Balancer, balance
-from .processing.running.runner import ProcessorRunner, unless_crashed
+from .processing.running.runner import ProcessorRunner
 from .processing.runtime import Runtime
-from .processing.tables.dead_letters import DeadLetter, DeadLetterStore
+from .processing.tables.dead_letters import DeadLetterStore
 from .processing.tables.states import StateTable
+from .registry import Registry
 from .schema import Migrated
 from .signals import run_until_signal
 from .store import EventStore
-from .store.notify import Wakeup, wakeup_for
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
-from .tokens.base import Initial
-from .tokens.claims import node_name
 from .upcasting import Upcasters
 
 
-class App:
+class App(Operations):
     """``el.App("sqlite:///shop.db")``: the store URL; the token store defaults to the same
     database, so projections written with ``ctx.execute`` commit together with their tokens."""
 
@@ -71,13 +66,12 @@ class App:
             poll_interval=poll_interval,
             observer=observer,
         )
-        self.processors: dict[str, Processor] = {}
-        self.ingestors: dict[str, Ingestor] = {}
-        self._ingest_runners: list[Any] = []
-        self._runners: list[ProcessorRunner] = []
-        self._balancers: list[Balancer] = []
+        self.registry = Registry()
+        #: the definitions by name (the registry's own tables)
+        self.processors: dict[str, Processor] = self.registry.processors
+        self.ingestors: dict[str, Ingestor] = self.registry.ingestors
+        super().__init__(self.runtime, self.registry, Node(self.runtime))
         self._metrics: Any = None  # the metrics HTTP server while running
-        self._wakeup: Wakeup | None = None
         self._stop = threading.Event()
 
     # -- resources (opened by the runtime on first use) ----------------------------------------
@@ -134,58 +128,14 @@ class App:
         return self.runtime.source_store(target)
 
     # -- definition ----------------------------------------------------------------------------
-    def processor(
-        self,
-        name: str,
-        *,
-        guarantee: str = "exactly-once",
-        segments: int = 1,
-        policy: SequencingPolicy | KeyFunction | None = None,
-        batch_size: int = 500,
-        mode: str = "pooled",
-        max_segments: int | None = None,
-        workers: int | None = None,
-        on_error: str = "retry",
-        initial: Initial = "tail",
-        sources: dict[str, Any] | None = None,
-        order: OrderKey | None = None,
-        lanes: int = 1,
-        handler_timeout: float = 30.0,
-        lane_window: int | None = None,
-        pipeline: bool = False,
-        version: int = 1,
-        tables: list[str] | tuple[str, ...] = (),
-    ) -> Processor:
-        """Define a processor; see :class:`eventlanes.processing.processor.Processor`.
-        ``guarantee="exactly-once"`` (default: handlers' writes commit with the token) or
-        ``"at-least-once"`` (handlers outside the transaction, e.g. ``lanes=K`` of async I/O).
-        ``version=N``: a new version of processor ``name``, beside the earlier ones, with
-        tokens and tables of its own (``eventlanes.admin.versions``); ``tables=[...]``: the tables
-        its handlers build (``ctx.table`` names).
-
-        ``segments``: the parts its events are split into, each in order (split and merged
-        later by ``balance``); ``policy``: what is kept in order, an ``el.per_stream()``-like
-        policy or ``event -> key`` (default: per stream); ``batch_size``: events per segment
-        transaction at most; ``mode``: ``"pooled"`` (one reader per process) or
-        ``"tracking"`` (one reader per segment); ``max_segments``: at most this many
-        segments per process; ``workers``: the pooled mode's handler threads (default: one
-        per segment); ``on_error``: ``"retry"`` the batch or ``"dead_letter"`` the failed
-        event and the later ones of its key; ``initial``: where a new processor starts,
-        ``"tail"`` (the first event), ``"head"``, a position or a time; ``sources``: other
-        stores it also reads, ``{name: URL or store}``; ``order``: ``event -> key`` merging
-        them (default: oldest first); ``lanes``: handler calls in flight per segment
-        (at-least-once); ``handler_timeout``: seconds a handler call may take;
-        ``lane_window``: events in flight in a segment's lanes (default 1000);
-        ``pipeline``: PostgreSQL pipeline mode for exactly-once batches."""
-        return self._add(
-            Processor(
-                self.runtime, name, guarantee=guarantee, segments=segments, policy=policy,
-                batch_size=batch_size, mode=mode, max_segments=max_segments, workers=workers,
-                on_error=on_error, initial=initial, sources=sources, order=order, lanes=lanes,
-                handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
-                version=version, tables=tables,
-            )
-        )  # fmt: skip
+    def processor(self, name: str, **options: Unpack[ProcessorOptions]) -> Processor:
+        """Define a processor (see :class:`~eventlanes.processing.processor.Processor`) with
+        the options of :class:`~eventlanes.processing.options.ProcessorOptions`."""
+        refuse_unknown("App.processor()", options, ProcessorOptions)
+        rt = self.runtime
+        return self.registry.add(
+            Processor(name, prefix=rt.prefix, upcasters=rt.upcasters, **options)
+        )
 
     def aggregation(
         self,
@@ -198,20 +148,7 @@ class App:
         on: str | list[str] | None = None,
         pushdown: bool = True,
         publish: Any = None,
-        segments: int = 1,
-        batch_size: int = 500,
-        mode: str = "pooled",
-        max_segments: int | None = None,
-        workers: int | None = None,
-        on_error: str = "retry",
-        sources: dict[str, Any] | None = None,
-        order: OrderKey | None = None,
-        lanes: int = 1,
-        handler_timeout: float = 30.0,
-        lane_window: int | None = None,
-        pipeline: bool = False,
-        version: int = 1,
-        tables: list[str] | tuple[str, ...] = (),
+        **options: Unpack[AggregationOptions],
     ) -> Aggregation:
         """An exactly-once aggregation (see ``eventlanes.processing.aggregating``): states by
         ``key`` (``event -> key``, or the name of a data property), each made by ``initial()``
@@ -219,16 +156,15 @@ class App:
         seconds; or declared: ``fields={"n": el.count(), ...}`` over the events of types
         ``on``, folded inside SQLite where exact unless ``pushdown=False``; ``publish``: an
         :class:`eventlanes.kafka.KafkaSink` each written state is published to first. The
-        other options are the processor's (:meth:`processor`); it routes by its key (no
-        ``policy``) and its guarantee is ``"aggregation"`` (no ``guarantee``)."""
-        return self._add(
+        other options are :class:`~eventlanes.processing.options.AggregationOptions`: it
+        routes by its key (no ``policy``) and its guarantee is ``"aggregation"``."""
+        refuse_unknown("App.aggregation()", options, AggregationOptions)
+        rt = self.runtime
+        return self.registry.add(
             Aggregation(
-                self.runtime, name, key=key, initial=initial, persist_every=persist_every,
-                fields=fields, on=on, pushdown=pushdown, publish=publish, segments=segments,
-                batch_size=batch_size, mode=mode, max_segments=max_segments, workers=workers,
-                on_error=on_error, sources=sources, order=order, lanes=lanes,
-                handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
-                version=version, tables=tables,
+                name, key=key, initial=initial, persist_every=persist_every, fields=fields,
+                on=on, pushdown=pushdown, publish=publish, states=lambda: rt.states,
+                prefix=rt.prefix, upcasters=rt.upcasters, **options,
             )
         )  # fmt: skip
 
@@ -238,35 +174,20 @@ class App:
         *,
         to_stream: str | Callable[[Event], str],
         to_store: str | EventStore | None = None,
-        segments: int = 1,
-        policy: SequencingPolicy | KeyFunction | None = None,
-        batch_size: int = 500,
-        mode: str = "pooled",
-        max_segments: int | None = None,
-        workers: int | None = None,
-        on_error: str = "retry",
-        initial: Initial = "tail",
-        sources: dict[str, Any] | None = None,
-        order: OrderKey | None = None,
-        lanes: int = 1,
-        handler_timeout: float = 30.0,
-        lane_window: int | None = None,
-        pipeline: bool = False,
-        version: int = 1,
-        tables: list[str] | tuple[str, ...] = (),
+        **options: Unpack[RepublisherOptions],
     ) -> Republisher:
         """A processor appending derived events with their source chain; see
         :class:`eventlanes.processing.republisher.Republisher`. ``to_stream``: the stream
         they are appended to, a name or ``event -> name``; ``to_store``: another store (URL or
-        store) to append to (default: the app's). The other options are the processor's
-        (:meth:`processor`); its guarantee is ``"at-least-once"`` (no ``guarantee``)."""
-        return self._add(
+        store) to append to (default: the app's). The other options are
+        :class:`~eventlanes.processing.options.RepublisherOptions` (its guarantee is
+        ``"at-least-once"``)."""
+        refuse_unknown("App.republisher()", options, RepublisherOptions)
+        rt = self.runtime
+        return self.registry.add(
             Republisher(
-                self.runtime, name, to_stream=to_stream, to_store=to_store, segments=segments,
-                policy=policy, batch_size=batch_size, mode=mode, max_segments=max_segments,
-                workers=workers, on_error=on_error, initial=initial, sources=sources,
-                order=order, lanes=lanes, handler_timeout=handler_timeout,
-                lane_window=lane_window, pipeline=pipeline, version=version, tables=tables,
+                name, to_stream=to_stream, to_store=to_store, stores=rt.store_at,
+                prefix=rt.prefix, upcasters=rt.upcasters, **options,
             )
         )  # fmt: skip
 
@@ -297,10 +218,7 @@ class App:
             on_bad=on_bad, initial=initial, batch_size=batch_size,
             max_record_bytes=max_record_bytes, max_partitions=max_partitions,
         )  # fmt: skip
-        if name in self.processors or name in self.ingestors:
-            raise InvalidInputError(f"{name!r} is already defined in this app")
-        self.ingestors[name] = ingestor
-        return ingestor
+        return self.registry.add_ingestor(ingestor)
 
     def publisher(
         self,
@@ -310,58 +228,18 @@ class App:
         on: str | list[str] | None = None,
         key: Any = None,
         value: Any = None,
-        guarantee: str = "exactly-once",
-        segments: int = 1,
-        policy: SequencingPolicy | KeyFunction | None = None,
-        batch_size: int = 500,
-        mode: str = "pooled",
-        max_segments: int | None = None,
-        workers: int | None = None,
-        on_error: str = "retry",
-        initial: Initial = "tail",
-        sources: dict[str, Any] | None = None,
-        order: OrderKey | None = None,
-        lanes: int = 1,
-        handler_timeout: float = 30.0,
-        lane_window: int | None = None,
-        pipeline: bool = False,
-        version: int = 1,
-        tables: list[str] | tuple[str, ...] = (),
+        **options: Unpack[ProcessorOptions],
     ) -> Processor:
-        """A processor publishing events (of types ``on``; all by default) to a Kafka topic:
-        ``sink`` is an :class:`eventlanes.kafka.KafkaSink`; record key ``key(event)`` (default:
-        the stream id), value ``value(event)`` (default: the event's data), the event type
-        in the ``type`` header and its source chain in ``el-source-chain``. Each segment
-        batch is published and acknowledged before its token commits (at least once). The
-        other options are the processor's (:meth:`processor`)."""
-        from .kafka.sink import KafkaSink, event_records
-
-        if not isinstance(sink, KafkaSink):
-            raise InvalidInputError(f"publisher {name!r}: sink must be an el.KafkaSink")
-        if version != 1:  # as republishers: it would run on history again
-            raise InvalidInputError(
-                f"publisher {name!r}: a second version of a publisher would publish all of "
-                "history again (what version 1 handled is a replay it publishes): define a "
-                "publisher of another name"
-            )
-        for what, fn in (("key", key), ("value", value)):
-            if fn is not None and not callable(fn):
-                raise InvalidInputError(f"publisher {name!r}: {what}= must be a function")
-        types = [on] if isinstance(on, str) else list(on or [])
-        proc = self.processor(
-            name, guarantee=guarantee, segments=segments, policy=policy, batch_size=batch_size,
-            mode=mode, max_segments=max_segments, workers=workers, on_error=on_error,
-            initial=initial, sources=sources, order=order, lanes=lanes,
-            handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
-            version=version, tables=tables,
-        )  # fmt: skip
-        runtime = self.runtime
-
-        @proc.on_batch(*types)
-        def publish(events: list[Any], ctx: Any) -> None:
-            sink.publish(event_records(events, runtime.store.events_table, key, value))
-
-        return proc
+        """A processor publishing events (of types ``on``; all by default) to a Kafka topic
+        (see ``eventlanes.kafka.publisher``): ``sink`` is an
+        :class:`eventlanes.kafka.KafkaSink`; record key ``key(event)`` (default: the stream
+        id), value ``value(event)`` (default: the event's data). Each segment batch is
+        published and acknowledged before its token commits (at least once). The other
+        options are :class:`~eventlanes.processing.options.ProcessorOptions`."""
+        refuse_unknown("App.publisher()", options, ProcessorOptions)
+        return define_publisher(
+            self.processor, self.runtime, name, sink, on=on, key=key, value=value, **options
+        )
 
     def upcaster(
         self, type: str, *, to: str | None = None
@@ -376,7 +254,7 @@ class App:
         def register(fn: Callable[[Event], Any]) -> Callable[[Event], Any]:
             if self.running:
                 raise InvalidInputError("register upcasters before the app starts")
-            handled = [(f"{p._kind} {p.name!r}", p.handled_types())
+            handled = [(f"{p.kind} {p.name!r}", p.handled_types())
                        for p in self.processors.values()]  # fmt: skip
             self.runtime.upcasters.add(type, fn, to, handled)
             return fn
@@ -393,33 +271,6 @@ class App:
         """``events`` read from the store (``app.store.read...``: as stored) in their current
         shapes, as handlers see them."""
         return self.runtime.upcasters.events(list(events))
-
-    def _add(self, proc: Any) -> Any:
-        if proc.name in self.processors or proc.name in self.ingestors:
-            raise InvalidInputError(f"processor {proc.name!r} is already defined in this app")
-        for other in self._versions_of(proc.base):
-            _check_versions(other, proc)
-        self.processors[proc.name] = proc
-        return proc
-
-    def _versions_of(self, base: str) -> list[Processor]:
-        """The versions of processor ``base`` this app defines, lowest first."""
-        found = [p for p in self.processors.values() if p.base == base]
-        return sorted(found, key=lambda p: p.version)
-
-    def get(self, name: str) -> Processor:
-        """The processor defined with this name (``orders@v2`` for a version); InvalidInputError
-        naming the defined ones otherwise."""
-        try:
-            return self.processors[name]
-        except KeyError:
-            known = ", ".join(self.processors) or "none"
-            raise InvalidInputError(f"unknown processor {name!r} (defined: {known})") from None
-
-    def _selected(self, names: list[str] | None) -> list[Processor]:
-        if not names:
-            return list(self.processors.values())
-        return [self.get(n) for n in names]
 
     # -- running -------------------------------------------------------------------------------
     def start(
@@ -439,85 +290,40 @@ class App:
         :class:`Observer` instead, or a ``PrometheusObserver`` to serve). ``on_ready()`` is
         called once every processor runs, unless one has crashed by then (never after a
         crash was logged)."""
-        if self._runners or self._ingest_runners:
+        if self.running:
             raise RuntimeError("this app is already running")
-        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
-        named = None if not processors else [n for n in processors if n not in self.ingestors]
-        selected = [] if named == [] else self._selected(named)  # []: only ingestors named
+        selected, found = self.registry.split(processors)
+        ingest = [i.name for i in found]
         if not selected and not ingest:
             raise InvalidInputError("this app defines no processor to run")
-        static = None
-        if node_index is not None or nodes is not None:
-            if node_index is None or nodes is None:
-                raise InvalidInputError("static mode needs both node_index and nodes")
-            static = (node_index, nodes)
+        static = static_mode(node_index, nodes)
         chosen = self._observe(observer, metrics_port, [*(p.name for p in selected), *ingest])
         if chosen is not None:
             self.runtime.observer = chosen
-        self._wakeup = wakeup_for(self.store, self.poll_interval)
-        owner = node_name()
-        self._start_ingest(ingest, owner)
-        for proc in selected:
-            runner = ProcessorRunner(self.runtime, proc, owner, static, self._wakeup)
-            runner.start()
-            self._runners.append(runner)
-            if balance and static is None:
-                balancer = Balancer(self.runtime, proc, owner)
-                balancer.start()
-                self._balancers.append(balancer)
-        if on_ready is not None:
-            unless_crashed([*self._runners, *self._ingest_runners], on_ready)
-
-    def _start_ingest(self, names: list[str], owner: str) -> None:
-        from .kafka.ingest import IngestRunner
-
-        runners = [IngestRunner(self.runtime, self.ingestors[n], owner) for n in names]
-        for runner in runners:
-            runner.check()  # the broker answers, within its timeout: before anything starts
-        for runner in runners:
-            runner.start()
-            self._ingest_runners.append(runner)
+        self.node.start(selected, found, static, balance, on_ready)
 
     def check_ingestors(self, names: list[str] | None = None) -> None:
         """Raise (one clear error) unless every ingestor's broker answers with its topic."""
-        from .kafka.ingest import IngestRunner
-
-        for name in names or list(self.ingestors):
-            if name in self.ingestors:
-                IngestRunner(self.runtime, self.ingestors[name], node_name()).check()
+        self.node.check([self.ingestors[n] for n in names or self.ingestors if n in self.ingestors])
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batches in hand, store tokens, release claims; within ``timeout`` seconds
         in all, else raise :class:`StopTimeoutError` (the claims of what still runs expire)."""
         self._stop.set()
-        ingest, self._ingest_runners = self._ingest_runners, []
-        for ing in ingest:
-            ing.stopping.set()
-        for balancer in self._balancers:
-            balancer.stop()
-        self._balancers = []
-        runners, self._runners = self._runners, []
-        for runner in runners:
-            runner.stopping.set()
-        deadline = time.monotonic() + timeout
-        stuck = [r.name for r in runners if not r.stop(max(0.0, deadline - time.monotonic()))]
-        stuck += [r.name for r in ingest if not r.stop(max(0.0, deadline - time.monotonic()))]
-        if self._wakeup is not None:
-            self._wakeup.close()
-            self._wakeup = None
+        self.node.stop(timeout, before_raising=self._close_metrics)
+
+    def _close_metrics(self) -> None:
         if self._metrics is not None:
             self._metrics, server = None, self._metrics
             server.close()
-        crashed = [r for r in [*runners, *ingest] if r.error is not None]
-        if crashed:
-            error = crashed[0].error
-            assert error is not None
-            raise ProcessorCrashedError(crashed[0].name, describe_crash(error)) from error
-        if stuck:
-            raise StopTimeoutError(
-                f"processor(s) {', '.join(stuck)} did not stop within {timeout:g} s (a handler "
-                "still runs); their claims expire and another node continues"
-            )
+
+    @property
+    def _runners(self) -> list[ProcessorRunner]:
+        return self.node.runners
+
+    @property
+    def _ingest_runners(self) -> list[IngestRunner]:
+        return self.node.ingest_runners
 
     def _observe(
         self, observer: Observer | None, port: int | None, names: list[str]
@@ -553,7 +359,7 @@ class App:
     @property
     def running(self) -> bool:
         """Whether processors or ingestors of this app run in this process."""
-        return bool(self._runners or self._ingest_runners)
+        return self.node.running
 
     def run(
         self,
@@ -571,13 +377,13 @@ class App:
         within ``grace`` seconds; a runner that crashed stops the rest and
         :class:`ProcessorCrashedError` is raised (the crash chained as its cause). The other
         options are :meth:`start`'s."""
-        if self._runners or self._ingest_runners:
+        if self.running:
             raise RuntimeError("this app is already running")
         self._stop.clear()
         try:
             run_until_signal(
                 self._stop,
-                lambda: any(r.stopping.is_set() for r in [*self._runners, *self._ingest_runners]),
+                self.node.stopping,
                 start=lambda: self.start(
                     processors,
                     node_index=node_index,
@@ -591,257 +397,8 @@ class App:
         finally:
             self.stop(grace)  # also what a start that failed half-way had started
 
-    def wait_for(self, name: str, positions: int | Iterable[int], timeout: float = 30.0) -> None:
-        """Read-your-writes: block until processor ``name`` has handled the events at
-        ``positions`` (e.g. what ``append`` returned); raises TimeoutError after ``timeout``."""
-        status.wait_for(self.runtime, self.get(name), positions, timeout)
-
-    def wait_until_caught_up(
-        self, timeout: float = 60.0, processors: list[str] | None = None
-    ) -> None:
-        """Block until every segment of the processors has reached the store's head; first,
-        until each Kafka ingestor (all of them, or those named) has appended every record
-        its topic held when the call began (the high watermarks read then)."""
-        deadline = time.monotonic() + timeout
-        ingest = [n for n in (processors or self.ingestors) if n in self.ingestors]
-        named = None if not processors else [n for n in processors if n not in self.ingestors]
-        if ingest:
-            from .kafka.status import wait_caught_up
-
-            found = [self.ingestors[n] for n in ingest]
-            wait_caught_up(self.db, found, self._ingest_runners, self.claim_timeout, deadline)
-        head = 0  # the last head read: it only grows
-        while True:
-            crashed = [r.error for r in self._runners if r.error is not None]
-            if crashed:
-                raise RuntimeError(f"a processor crashed: {crashed[0]!r}") from crashed[0]
-            selected = [] if named == [] else self._selected(named)
-            names = {p.name for p in selected}
-            # A segment held here still short of a head already read is not caught up: no
-            # need to ask the database (its stored token is at most the one in memory).
-            behind = any(
-                st.token.position < head and not st.lost
-                for r in self._runners
-                if r.name in names
-                for st in list(r.claimed.values())
-            )
-            if not behind:
-                head = self.runtime.store.head()
-                if all(status.caught_up(self.runtime, p, head) for p in selected):
-                    return
-            if time.monotonic() > deadline:
-                views = [self.status(p.name) for p in selected]
-                lagging = {v.name: v.lag for v in views if not v.caught_up}
-                raise TimeoutError(f"processors not caught up after {timeout} s: {lagging}")
-            time.sleep(0.05)
-
-    # -- inspecting and steering ---------------------------------------------------------------
-    def status(self, name: str) -> ProcessorView:
-        """Where the processor is, per segment, and for a processor with versions which one
-        serves and how far behind it this one is (reads only: nothing is created)."""
-        proc = self.get(name)
-        view = status.status(self.runtime, proc)
-        defined = [p.version for p in self._versions_of(proc.base)]
-        return replace(view, version=lifecycle.view(self.runtime, proc, view, defined))
-
-    def ingest_status(self, name: str) -> Any:
-        """Where the ingestor is, per partition (:class:`eventlanes.kafka.status.IngestorView`;
-        reads only)."""
-        from .kafka import status
-
-        self._ingestor(name)
-        return status.view(self.db, name, self.claim_timeout)
-
-    def _ingestor(self, name: str) -> Ingestor:
-        try:
-            return self.ingestors[name]
-        except KeyError:
-            known = ", ".join(self.ingestors) or "none"
-            raise InvalidInputError(f"unknown ingestor {name!r} (defined: {known})") from None
-
-    def initialize(self, name: str) -> None:
-        """Create the processor's token rows if they do not exist yet (the runners and the
-        commands that change tokens do it themselves)."""
-        self.runtime.initialize(*self.get(name).token_spec())
-
-    def reset(
-        self,
-        name: str,
-        to: str | int | datetime = "tail",
-        *,
-        wait: bool = False,
-        timeout: float | None = None,
-        context: Any = None,
-    ) -> int:
-        """Reset a stopped processor and replay from ``to`` ("tail", "head", a position or a
-        time); refuses while a live node holds a segment unless ``wait``."""
-        return reset.reset(self.runtime, self.get(name), to, wait, timeout, context)
-
-    def reset_plan(
-        self, name: str, to: str | int | datetime = "tail", *, context: Any = None
-    ) -> ResetPlan:
-        """What ``reset(name, to)`` would do, read without writing: how many events it replays
-        (handled before) and handles for the first time, which segments a live node holds, and
-        warnings (e.g. rows its handlers would write twice without an ``on_reset`` handler)."""
-        return reset.reset_plan(self.runtime, self.get(name), to, context)
-
-    def balance(self, name: str, timeout: float = 15.0) -> list[str]:
-        """Split or merge the processor's segments, one operation at a time, until the live
-        nodes can share them evenly (see ``eventlanes.processing.running.balance``)."""
-        return balance(self.runtime, self.get(name), timeout)
-
-    def pause(self, name: str) -> bool:
-        """Pause the processor on every node (segments released, not claimed until resumed);
-        True if this call paused it. An ingestor releases its partitions the same way."""
-        if name in self.ingestors:
-            return self.tokens.pause(name)
-        return control.pause(self.runtime, self.get(name))
-
-    def resume(self, name: str) -> bool:
-        """Resume a paused processor (or ingestor) on every node; True if this call resumed it."""
-        if name in self.ingestors:
-            return self.tokens.resume(name)
-        return control.resume(self.runtime, self.get(name))
-
-    def split(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
-        """Ask the owner of segment ``segment_id`` to split it (done here when nobody holds it);
-        returns what was done."""
-        return requests.steer(self.runtime, self.get(name), segment_id, "split", timeout)
-
-    def merge(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
-        """Ask the owners of segment ``segment_id`` and its sibling to merge them; returns what was
-        done."""
-        return requests.steer(self.runtime, self.get(name), segment_id, "merge", timeout)
-
-    def release(self, name: str, segment_id: int, timeout: float = 15.0) -> str:
-        """Ask the owner of segment ``segment_id`` to store its token and let it go; returns what
-        was done."""
-        return requests.steer(self.runtime, self.get(name), segment_id, "release", timeout)
-
-    def dead_letter_list(
-        self, name: str, key: str | None = None, position: int | None = None
-    ) -> list[DeadLetter]:
-        """A processor's parked events, or an ingestor's parked records (``position`` packs
-        partition and offset, ``version`` is the offset, the key is the stream)."""
-        if name in self.ingestors:
-            return self.dead_letters.list(name, key, position)
-        return dead_letters.list_dead_letters(self.runtime, self.get(name), key, position)
-
-    def retry_dead_letters(
-        self, name: str, key: str | None = None, position: int | None = None
-    ) -> tuple[int, int]:
-        """Re-run parked events (all, one key's, or one position's); (handled, still parked).
-        For an ingestor: fetch its parked records again and append them."""
-        if name in self.ingestors:
-            from .kafka import parking
-
-            return parking.retry(self.runtime, self.ingestors[name], key, position)
-        return dead_letters.retry_dead_letters(self.runtime, self.get(name), key, position)
-
-    def discard_dead_letters(
-        self, name: str, key: str | None = None, position: int | None = None
-    ) -> int:
-        """Drop parked events (all, one key's, or one position's) for good; returns how many."""
-        if name in self.ingestors:
-            from .kafka import parking
-
-            return parking.discard(self.runtime, self.ingestors[name], key, position)
-        return dead_letters.discard_dead_letters(self.runtime, self.get(name), key, position)
-
-    # -- versions (blue/green: eventlanes.admin.versions) ----------------------------------
-    def promote(self, name: str) -> str:
-        """Switch readers of a processor to its version ``name`` (``"orders@v2"``, or the
-        plain name for version 1): ``app.table(...)`` and ``app.serving(...)`` resolve to it
-        from then on, in every process. Refused with :class:`VersionError`, giving every
-        reason, unless it has caught up: each segment at the head of every store it reads
-        (read now), no failing segment, no parked dead letter, not paused. Writes one row
-        (no DDL: a role with DML only may promote)."""
-        proc = self.get(name)
-        defined = [p.version for p in self._versions_of(proc.base)]
-        return lifecycle.promote(self.runtime, proc, defined)
-
-    def retire_plan(self, name: str, *, keep_tables: bool = False) -> lifecycle.RetirePlan:
-        """What ``retire(name)`` would drop, read without writing; raises
-        :class:`VersionError` when it would be refused."""
-        return lifecycle.retire_plan(self.runtime, name, self._retirable(name), keep_tables)
-
-    def retire(self, name: str, *, keep_tables: bool = False) -> lifecycle.RetirePlan:
-        """Drop an old version (``"orders"``: version 1; ``"orders@v2"``) for good: its
-        tokens, aggregation states, dead letters and Spark batches, and the tables its
-        processor's versions declare (``tables=``; ``keep_tables``: leave them, e.g. for a
-        role that may not drop them). Never done by itself; refused while the version serves
-        readers or runs anywhere. Returns what was dropped. Its definition may already be
-        gone from the app; another version of the processor must be defined."""
-        return lifecycle.retire(self.runtime, name, self._retirable(name), keep_tables)
-
-    def _retirable(self, name: str) -> list[Processor]:
-        base, _ = split_version(validate_processor_name(name))
-        procs = self._versions_of(base)
-        if not procs:
-            raise InvalidInputError(
-                f"unknown processor {name!r}: no version of {base!r} is defined in this app"
-            )
-        return procs
-
-    def serving(self, name: str) -> Processor:
-        """The definition of the version of processor ``name`` that readers see (the last
-        one promoted; before any promotion the lowest that has run), e.g. to read an
-        aggregation: ``app.serving("totals").get(key)``."""
-        base = validate_base_name(name)
-        defined = {p.version: p for p in self._versions_of(base)}
-        version = lifecycle.serving(self.runtime, base, defined)
-        if version is None or version not in defined:
-            raise InvalidInputError(
-                f"readers of {base!r} see version {version}, which this app does not define"
-                if version is not None
-                else f"unknown processor {name!r}"
-            )
-        return defined[version]
-
-    def table(self, name: str, processor: str | None = None) -> str:
-        """The full name of table ``name`` of the version of ``processor`` that serves
-        readers: ``{prefix}name`` for version 1, ``{prefix}name__vN`` once version N is
-        promoted. Without ``processor``: the one processor of the app that declares the table
-        (``tables=[...]``). Read on every call, so a promotion in another process counts at
-        once."""
-        try:
-            check_table_name(name)
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-        if processor is None:
-            bases = sorted({p.base for p in self.processors.values() if name in p.tables})
-            if len(bases) != 1:
-                raise InvalidInputError(
-                    f"no processor of this app declares table {name!r} (tables=[...])"
-                    if not bases
-                    else f"table {name!r} is declared by {', '.join(bases)}: name the processor"
-                )
-            processor = bases[0]
-        base = validate_base_name(processor)
-        defined = [p.version for p in self._versions_of(base)]
-        return lifecycle.table_name(self.runtime, name, base, defined)
-
     def close(self) -> None:
         """Stop what still runs and close the app's stores and connections."""
-        if self._runners or self._ingest_runners:
+        if self.running:
             self.stop()
         self.runtime.close()
-
-
-def _check_versions(old: Processor, new: Processor) -> None:
-    """Two versions of one processor must be the same kind and, where replays are told per
-    part, route events alike: a new version's replays are the events the old one had handled,
-    known per segment of the old one's routing."""
-    low, high = sorted((old, new), key=lambda p: p.version)
-    if type(low) is not type(high):
-        raise InvalidInputError(
-            f"{high._kind} {high.name!r} is version {high.version} of {low._kind} {low.name!r}: "
-            "versions of a processor must be of the same kind"
-        )
-    if high._routes_as_versions and low.policy.routing != high.policy.routing:
-        raise InvalidInputError(
-            f"processor {high.name!r} routes events by {high.policy.name}, its version "
-            f"{low.version} by {low.policy.name}: a new version must route as the old one "
-            "does (the events the old one had handled are known per segment of its routing); "
-            "pass the same policy to both (one function object for a custom one)"
-        )

@@ -52,11 +52,13 @@ def is_newer(offsets: dict[str, list[Any]], coords: Coordinates) -> bool:
 
 
 def record(offsets: dict[str, list[Any]], coords: Coordinates) -> None:
+    """``coords`` as the newest folded of its source (an own root: ``(source, "", path)``)."""
     source, partition, path = coords
     offsets[source] = [partition, list(path)]
 
 
 def own_path(offsets: dict[str, list[Any]], source: str) -> tuple[int, ...] | None:
+    """The path recorded for ``source``'s own events (their root partition ""), if any."""
     seen = offsets.get(source)
     return tuple(seen[1]) if seen is not None and seen[0] == "" else None
 
@@ -73,7 +75,7 @@ def state_chain(name: str, offsets: dict[str, Any]) -> Chain:
 
 
 def coordinates_chain(name: str, source: str, partition: str, path: Any) -> Chain:
-    """A chain whose root coordinates are ``(source, partition, path)`` (chains.coordinates)."""
+    """A chain whose root coordinates are ``(source, partition, path)`` (:func:`coordinates`)."""
     steps = [int(x) for x in path] or [0]
     chain = [{"source": source, "partition": partition, "offset": steps[0],
               "out": steps[1] if len(steps) > 1 else 0}]  # fmt: skip

@@ -33,6 +33,11 @@ class SequencingPolicy:
         #: The key function itself unless a built-in policy says what it is.
         self.routing = key if routing is None else routing
 
+    @property
+    def key_function(self) -> KeyFunction:
+        """The function this policy keys events by (a Spark replay ships its module)."""
+        return self._key
+
     def key(self, event: Event) -> str | None:
         """The event's sequence key (None: it may run in parallel with anything)."""
         value = self._key(event)

@@ -61,14 +61,13 @@ def retry_dead_letters(
         events = events_at(rt, [d.position for d in group])
         with ExitStack() as traced:
             if tracer is not None:  # a span per key, child of the caller's, linked to appends
-                base = spans.base_attributes(proc.name, None, proc.guarantee.value,
-                                             getattr(proc, "version", None))  # fmt: skip
+                base = spans.base_attributes(proc.name, None, proc.guarantee.value, proc.version)
                 extra = {spans.KEY: key} if group[0].seq_key is not None else None
                 traced.enter_context(spans.batch(tracer, "retry", base, events, root=False,
                                                  extra=extra))  # fmt: skip
             try:
                 with db.transaction() as conn:
-                    ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
+                    ctx = Context.for_batch(db, proc.name, connection=conn)
                     dispatch.run(events, ctx, False)
                     rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
                 handled += len(events)

@@ -8,8 +8,9 @@ and ``read_wait`` names that transaction. A processor is unhealthy when a segmen
 a dead letter is parked, its lag exceeds a limit, or readers have waited behind one
 transaction for ``READ_WAIT_WARNING`` seconds.
 
-:class:`ReadOnlyInspector` builds the same views from a store URL alone (no app module): it
-reads the token, node, dead-letter and event tables with plain SELECTs and never writes (it
+:class:`~eventlanes.admin.inspect.ReadOnlyInspector` builds the same views (with the same
+builder, :func:`~eventlanes.admin.views.processor_view`) from a store URL alone (no app module):
+it reads the token, node, dead-letter and event tables with plain SELECTs and never writes (it
 refuses a store that does not exist instead of creating it).
 """
 

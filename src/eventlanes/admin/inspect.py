@@ -9,12 +9,19 @@ from .. import schema
 from ..db import Database, open_database
 from ..db.url import parse_url
 from ..errors import InvalidInputError, SchemaError
-from ..names import split_version, versioned_name
+from ..names import split_version
 from ..segments import Segment
 from ..store.base import ReadWait, committed_head, recorded_after
-from ..tokens import DEFAULT_CLAIM_TIMEOUT, Token
+from ..tokens import DEFAULT_CLAIM_TIMEOUT, SegmentStatus, Token
 from ..tokens.base import RETIRED, VersionRecord
-from .views import ProcessorView, SegmentView, VersionView, serving_version
+from .views import (
+    ProcessorView,
+    VersionView,
+    measured_head,
+    processor_view,
+    serving_version,
+    version_view,
+)
 
 
 class ReadOnlyInspector:
@@ -93,19 +100,21 @@ class ReadOnlyInspector:
                 VersionRecord(p, b, v, *(None if t is None else t / 1000 for t in times))
                 for p, b, v, *times in found
             ]
-        started = [r.version for r in records if r.started_at and r.retired_at is None]
         lowest = self.db.sql(
             f"SELECT min(position), max(owner) FROM {self.tokens} WHERE processor = ?"
         )
-        v1 = self.db.query(lowest, (base,))[0]
-        if v1[0] is not None and v1[1] != RETIRED:
-            started.append(1)
-        current = serving_version(records, started)
-        behind = None
-        if current is not None and current != version:
-            at = self.db.query(lowest, (versioned_name(base, current),))[0][0]
-            behind = None if at is None else max(0, at - position)
-        return VersionView(base, version, current == version, current, behind)
+
+        def first_ran() -> bool:  # token rows of version 1, not all of them the retired marker
+            at, owner = self.db.query(lowest, (base,))[0]
+            return at is not None and owner != RETIRED
+
+        current = serving_version(records, first_ran)
+        mine = next((r for r in records if r.version == version), None)
+
+        def lowest_position(stored: str) -> int | None:
+            return self.db.query(lowest, (stored,))[0][0]
+
+        return version_view(base, version, current, position, lowest_position, mine)
 
     def head(self) -> int:
         return committed_head(self.db, self.events)
@@ -120,55 +129,69 @@ class ReadOnlyInspector:
     def first_after(self, position: int) -> datetime | None:
         return recorded_after(self.db, self.events, position)
 
-    def view(self, name: str) -> ProcessorView:
+    def segments(self, name: str) -> list[SegmentStatus]:
+        """The token rows of processor ``name``; a claim whose deadline passed is held by
+        nobody (any node may take it)."""
         db, now = self.db, self.db.now_ms
         rows = db.query(
             db.sql(
                 f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
-                        claim_deadline, request, last_error, errors, retry_at, {now}
+                        claim_deadline, request, last_error, errors, retry_at, updated_at, {now}
                     FROM {self.tokens} WHERE processor = ? ORDER BY segment_id"""
             ),
             (name,),
         )
+        found = []
+        for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
+                updated, at in rows:  # fmt: skip
+            live = owner if owner and deadline is not None and deadline >= at else None
+            found.append(
+                SegmentStatus(
+                    name,
+                    Segment(seg_id, mask),
+                    Token.from_row(pos, detail),
+                    live,
+                    (at - since) / 1000 if live and since is not None else None,
+                    (deadline - at) / 1000 if live else None,
+                    request,
+                    error,
+                    updated / 1000,
+                    errors,
+                    (retry_at - at) / 1000 if retry_at and retry_at > at else None,
+                )
+            )
+        return found
+
+    def live_nodes(self, name: str) -> list[str]:
+        """Nodes seen within the default claim timeout (the app's is not stored)."""
+        if not self._has_nodes:
+            return []
+        sql = self.db.sql(
+            f"SELECT node FROM {self.nodes} WHERE processor = ? "
+            f"AND last_seen > {self.db.now_ms} - ? ORDER BY node"
+        )
+        return [r[0] for r in self.db.query(sql, (name, int(DEFAULT_CLAIM_TIMEOUT * 1000)))]
+
+    def dead_letters(self, name: str) -> int:
+        if not self._has_letters:
+            return 0
+        sql = self.db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
+        return int(self.db.query(sql, (name,))[0][0])
+
+    def view(self, name: str) -> ProcessorView:
+        """The status of processor ``name`` as its tables tell it (no guarantee, pause or
+        declared segments: those are the app's)."""
+        rows = self.segments(name)
         if not rows:
             raise InvalidInputError(f"no processor {name!r} in this store's token table")
         wait = self.read_wait()
-        head = wait.committed if wait is not None else self.head()
-        segments = []
-        for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
-                at in rows:  # fmt: skip
-            token = Token.from_row(pos, detail)
-            # A claim whose deadline passed is held by nobody (any node may take it).
-            live_owner = owner if owner and deadline is not None and deadline >= at else None
-            segments.append(
-                SegmentView(
-                    Segment(seg_id, mask),
-                    pos,
-                    max(0, head - pos),
-                    live_owner,
-                    (at - since) / 1000 if live_owner and since is not None else None,
-                    pos >= head,
-                    token.replaying,
-                    error,
-                    errors,
-                    (retry_at - at) / 1000 if retry_at and retry_at > at else None,
-                    request,
-                    token,
-                )
-            )
-        nodes: list[str] = []
-        if self._has_nodes:  # seen within the default claim timeout (the app's is not stored)
-            sql = db.sql(
-                f"SELECT node FROM {self.nodes} WHERE processor = ? "
-                f"AND last_seen > {now} - ? ORDER BY node"
-            )
-            nodes = [r[0] for r in db.query(sql, (name, int(DEFAULT_CLAIM_TIMEOUT * 1000)))]
-        letters = 0
-        if self._has_letters:
-            sql = db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
-            letters = int(db.query(sql, (name,))[0][0])
-        position = min(s.position for s in segments)
-        return ProcessorView(
-            name, head, segments, nodes, letters, read_wait=wait,
+        position = min(s.position for s in rows)
+        return processor_view(
+            name,
+            measured_head(wait, self.head),
+            rows,
+            self.live_nodes(name),
+            self.dead_letters(name),
+            read_wait=wait,
             version=self.version(name, position),
-        )  # fmt: skip
+        )

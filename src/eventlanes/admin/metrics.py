@@ -22,7 +22,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,30 +31,35 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from ..errors import InvalidInputError
+from ..kafka import status as kafka_status
 from ..observe import Observer
 from .health import segment_lag_seconds, store_first_after
+from .status import status
+from .versions import defined_versions
+from .views import measured_head
 
 if TYPE_CHECKING:
-    from ..store import EventStore
+    from ..processing.processor import Processor
+    from ..processing.runtime import Runtime
+    from ..store.base import ReadWait
+    from .health import FirstAfter
     from .views import ProcessorView
 
 
-class Inspected(Protocol):
-    """What the status collector reads (an ``App`` is one): the store, the processors' names
-    and their status."""
+class Watched(Protocol):
+    """What the status collector reads: the runtime and the definitions of the processors and
+    ingestors it reports on (an ``App`` holds them). It builds their views itself
+    (:func:`eventlanes.admin.status.status`, :func:`eventlanes.kafka.status.view`)."""
 
     @property
-    def store(self) -> EventStore: ...
+    def runtime(self) -> Runtime: ...
 
     @property
-    def processors(self) -> Mapping[str, object]: ...
-
-    def status(self, name: str) -> ProcessorView: ...
+    def processors(self) -> Mapping[str, Processor]: ...
 
     @property
     def ingestors(self) -> Mapping[str, object]: ...
-
-    def ingest_status(self, name: str) -> Any: ...
 
 
 log = logging.getLogger("eventlanes.admin.metrics")
@@ -134,101 +139,128 @@ class StatusCollector(Collector):
     consecutive errors, dead letters waiting. ``eventlanes_status_up`` is 0 when the read
     failed (database down), so an alert can tell "no lag" from "no data"."""
 
-    def __init__(self, app: Inspected, processors: list[str] | None = None) -> None:
-        self.app = app
+    def __init__(self, watched: Watched, processors: list[str] | None = None) -> None:
+        self.watched = watched
         self.names = processors
         self._lock = threading.Lock()  # one scrape at a time reads the database
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        def family(name: str, doc: str, labels: tuple[str, ...] = LABELS) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=list(labels))
-
-        lag = family("eventlanes_lag_events", "Events between the head and the segment's token")
-        lag_s = family(
-            "eventlanes_lag_seconds",
-            "Age of the oldest unhandled event of the segment (0 when caught up)",
-        )
-        position = family("eventlanes_position", "The segment's token position")
-        errors = family(
-            "eventlanes_segment_errors", "Consecutive failed attempts of the segment (0: healthy)"
-        )
-        head = family("eventlanes_head_position", "The event store's committed head position", ())
-        readable = family(
-            "eventlanes_readable_head_position",
-            "The highest position readers can read now (below the head while they wait)",
-            (),
-        )
-        waiting = family(
-            "eventlanes_read_wait_seconds",
-            "Age of the open transaction readers wait behind (present only while they wait)",
-            ("pid", "application_name"),
-        )
-        letters = family(
-            "eventlanes_dead_letters", "Dead letters waiting for retry or discard", ("processor",)
-        )
-        serving = family(
-            "eventlanes_version_serving",
-            "1 for the version of its processor that readers see, 0 for the others",
-            ("processor",),
-        )
-        behind = family(
-            "eventlanes_version_behind_events",
-            "Positions a version is behind the serving version of its processor",
-            ("processor",),
-        )
-        up = family("eventlanes_status_up", "1 if the last status read succeeded", ())
+        store = _StoreFamilies()
+        procs = _ProcessorFamilies()
         kafka = _KafkaFamilies()
+        up = GaugeMetricFamily("eventlanes_status_up", "1 if the last status read succeeded",
+                               labels=[])  # fmt: skip
         ok = 1.0
         with self._lock:
             try:
-                now = datetime.now(UTC)
-                first_after = store_first_after(self.app.store)
-                wait = self.app.store.read_wait()
-                store_head = wait.committed if wait is not None else self.app.store.committed_head()
-                head.add_metric([], store_head)
-                readable.add_metric([], wait.readable if wait is not None else store_head)
-                if wait is not None:
-                    labels = [str(wait.pid or ""), wait.application_name or ""]
-                    waiting.add_metric(labels, wait.age)
-                ingestors = getattr(self.app, "ingestors", {})
-                for name in self.names or list(ingestors):
-                    if name in ingestors:
-                        kafka.add(self.app.ingest_status(name), letters)
-                for name in self.names or list(self.app.processors):
-                    if name in ingestors:
-                        continue
-                    view = self.app.status(name)
-                    letters.add_metric([name], view.dead_letters)
-                    if view.version is not None:
-                        serving.add_metric([name], float(view.version.serving))
-                        if view.version.behind is not None:
-                            behind.add_metric([name], view.version.behind)
-                    for s in view.segments:
-                        labels = [name, str(s.segment)]
-                        lag.add_metric(labels, s.lag)
-                        lag_s.add_metric(
-                            labels, segment_lag_seconds(first_after, s, view.head, now)
-                        )
-                        position.add_metric(labels, s.position)
-                        errors.add_metric(labels, s.errors)
+                self._read(store, procs, kafka)
             except Exception as exc:  # noqa: BLE001 - a scrape must answer, even without data
                 log.warning("metrics: reading the status failed: %s", exc)
                 ok = 0.0
         up.add_metric([], ok)
-        yield from (
-            lag,
-            lag_s,
-            position,
-            errors,
-            head,
-            readable,
-            waiting,
-            letters,
-            serving,
-            behind,
-            up,
-            *kafka.families,
+        yield from (*procs.segment_families, *store.families, *procs.processor_families, up,
+                    *kafka.families)  # fmt: skip
+
+    def _read(
+        self, store: _StoreFamilies, procs: _ProcessorFamilies, kafka: _KafkaFamilies
+    ) -> None:
+        rt = self.watched.runtime
+        now = datetime.now(UTC)
+        first_after = store_first_after(rt.store)
+        store.add(rt.store.read_wait(), rt.store.committed_head)
+        ingestors = self.watched.ingestors
+        for name in self.names or list(ingestors):
+            if name in ingestors:
+                kafka.add(kafka_status.view(rt.db, name, rt.claim_timeout), procs.letters)
+        definitions = self.watched.processors
+        for name in self.names or list(definitions):
+            if name in ingestors:
+                continue
+            proc = definitions.get(name)
+            if proc is None:
+                raise InvalidInputError(f"unknown processor {name!r}")
+            defined = defined_versions(definitions.values(), proc.base)
+            procs.add(status(rt, proc, defined), first_after, now)
+
+
+def _family(name: str, doc: str, labels: tuple[str, ...] = LABELS) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+class _StoreFamilies:
+    """The event store's committed and readable heads, and the transaction readers wait behind
+    (PostgreSQL)."""
+
+    def __init__(self) -> None:
+        self.head = _family(
+            "eventlanes_head_position", "The event store's committed head position", ()
         )
+        self.readable = _family(
+            "eventlanes_readable_head_position",
+            "The highest position readers can read now (below the head while they wait)",
+            (),
+        )
+        self.waiting = _family(
+            "eventlanes_read_wait_seconds",
+            "Age of the open transaction readers wait behind (present only while they wait)",
+            ("pid", "application_name"),
+        )
+        self.families = (self.head, self.readable, self.waiting)
+
+    def add(self, wait: ReadWait | None, committed_head: Callable[[], int]) -> None:
+        head = measured_head(wait, committed_head)
+        self.head.add_metric([], head)
+        self.readable.add_metric([], wait.readable if wait is not None else head)
+        if wait is not None:
+            self.waiting.add_metric([str(wait.pid or ""), wait.application_name or ""], wait.age)
+
+
+class _ProcessorFamilies:
+    """Per processor and segment: lag (events, seconds), position, consecutive errors; per
+    processor: dead letters waiting (ingestors' too), whether its version serves and how far
+    behind the serving one it is."""
+
+    def __init__(self) -> None:
+        self.lag = _family(
+            "eventlanes_lag_events", "Events between the head and the segment's token"
+        )
+        self.lag_s = _family(
+            "eventlanes_lag_seconds",
+            "Age of the oldest unhandled event of the segment (0 when caught up)",
+        )
+        self.position = _family("eventlanes_position", "The segment's token position")
+        self.errors = _family(
+            "eventlanes_segment_errors", "Consecutive failed attempts of the segment (0: healthy)"
+        )
+        self.letters = _family(
+            "eventlanes_dead_letters", "Dead letters waiting for retry or discard", ("processor",)
+        )
+        self.serving = _family(
+            "eventlanes_version_serving",
+            "1 for the version of its processor that readers see, 0 for the others",
+            ("processor",),
+        )
+        self.behind = _family(
+            "eventlanes_version_behind_events",
+            "Positions a version is behind the serving version of its processor",
+            ("processor",),
+        )
+        self.segment_families = (self.lag, self.lag_s, self.position, self.errors)
+        self.processor_families = (self.letters, self.serving, self.behind)
+
+    def add(self, view: ProcessorView, first_after: FirstAfter, now: datetime) -> None:
+        name = view.name
+        self.letters.add_metric([name], view.dead_letters)
+        if view.version is not None:
+            self.serving.add_metric([name], float(view.version.serving))
+            if view.version.behind is not None:
+                self.behind.add_metric([name], view.version.behind)
+        for s in view.segments:
+            labels = [name, str(s.segment)]
+            self.lag.add_metric(labels, s.lag)
+            self.lag_s.add_metric(labels, segment_lag_seconds(first_after, s, view.head, now))
+            self.position.add_metric(labels, s.position)
+            self.errors.add_metric(labels, s.errors)
 
 
 class _KafkaFamilies:
@@ -285,19 +317,20 @@ class _WorkerFiles(Collector):
 
 
 def registry_for(
-    app: Inspected,
+    watched: Watched,
     observer: PrometheusObserver | None = None,
     processors: list[str] | None = None,
 ) -> CollectorRegistry:
     """What one scrape returns: this process's observer (or, in multiprocess mode, the sum of
-    the workers' files) plus the status collector."""
+    the workers' files) plus the status collector of ``watched``'s processors and ingestors
+    (``processors``: these names only)."""
     if observer is not None and observer.registry is not None:
         registry = observer.registry
     else:
         registry = CollectorRegistry()
         if os.environ.get(MULTIPROC_ENV):
             registry.register(_WorkerFiles())
-    registry.register(StatusCollector(app, processors))
+    registry.register(StatusCollector(watched, processors))
     return registry
 
 

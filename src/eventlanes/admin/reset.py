@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,18 +11,19 @@ from ..errors import InvalidInputError
 from ..processing.handlers import runs_on_replay
 from ..processing.handling.context import Context
 from ..processing.handling.dispatch import Dispatch
-from ..processing.processor import Guarantee, Processor
+from ..processing.options import Guarantee
+from ..processing.processor import Processor
 from ..processing.republisher import Republisher
 from ..processing.runtime import Runtime
 from ..segments import Segment
-from ..tokens import Token
+from ..tokens import Token, TokenRecord
 from ..tokens.base import resolve_initial
 from ..tokens.claims import claim_all, node_name, release_all
 
 
 def _claim_every_segment(
     rt: Runtime, proc: Processor, owner: str, wait: bool, timeout: float | None
-) -> list[Any]:
+) -> list[TokenRecord]:
     rt.initialize(*proc.token_spec())
     return claim_all(rt.tokens, proc.name, owner, wait, timeout)
 
@@ -45,7 +47,9 @@ def _reset_targets(rt: Runtime, proc: Processor, to: str | int | datetime) -> di
     return {"": target, **targets}
 
 
-def _reset_token(before: Token, segment: Segment, targets: dict[str, int], context: Any) -> Token:
+def _reset_token(
+    before: Token, segment: Segment, targets: Mapping[str, int], context: Any
+) -> Token:
     """A segment's token after a reset: per source, every event it had passed is a replay
     (per part of the segment, see :meth:`Token.reset`)."""
     token = Token.reset(before, targets[""], context, segment)
@@ -117,7 +121,7 @@ def reset_plan(
     for name, target in targets.items():
         store = rt.source_store(proc.sources[name]) if name else rt.store
         total = store.count(until=store.head()) - store.count(until=target)
-        again = _replayed(store, proc, name, target, after)
+        again = _replayed(rt, store, proc, name, target, after)
         replays += again
         first_time += total - again
     held = [
@@ -131,7 +135,12 @@ def reset_plan(
 
 
 def _replayed(
-    store: Any, proc: Processor, name: str, target: int, tokens: list[tuple[Segment, Token]]
+    rt: Runtime,
+    store: Any,
+    proc: Processor,
+    name: str,
+    target: int,
+    tokens: list[tuple[Segment, Token]],
 ) -> int:
     """How many events of source ``name`` after ``target`` the reset tokens flag as replays."""
     sources = [tok.source(name) for _, tok in tokens]
@@ -144,7 +153,7 @@ def _replayed(
         return store.count(until=end) - store.count(until=target)
     # Ends that differ per segment or part: each event is routed as the processor routes it.
     routing_hash = proc.policy.routing_hash
-    upcast = proc.runtime.upcasters.upcast  # routed as the reader routes it: current shapes
+    upcast = rt.upcasters.upcast  # routed as the reader routes it: current shapes
     count = 0
     for event in store.iter_events(after=target, until=end):
         h = routing_hash(upcast(event))
@@ -209,14 +218,30 @@ def reset(
     owner = f"reset:{node_name()}"
     records = _claim_every_segment(rt, proc, owner, wait, timeout)
     try:
-        db = rt.db
-        with db.transaction() as conn:
-            ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-            Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
-            for record in records:
-                token = _reset_token(record.token, record.segment, targets, context)
-                rt.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
-            rt.dead_letters.clear(conn, proc.name)
+        rewind(rt, proc, owner, records, targets, context)
     finally:
         release_all(rt.tokens, proc.name, owner, records)
     return targets[""]
+
+
+def rewind(
+    rt: Runtime,
+    proc: Processor,
+    owner: str,
+    records: Sequence[TokenRecord],
+    targets: Mapping[str, int],
+    context: Any = None,
+) -> None:
+    """The reset transaction (a reset, and a projection's replay on Spark before it runs):
+    ``proc``'s ``on_reset`` handlers run, each segment's token goes back to ``targets`` (per
+    source, "" the app's own store) with what it had passed flagged as replays, and the
+    processor's parked dead letters are dropped (the replay delivers them again), all in one
+    transaction. ``owner`` holds every segment's claim (``records``)."""
+    db = rt.db
+    with db.transaction() as conn:
+        ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
+        Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
+        for record in records:
+            token = _reset_token(record.token, record.segment, targets, context)
+            rt.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
+        rt.dead_letters.clear(conn, proc.name)

@@ -4,61 +4,46 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 from ..errors import InvalidInputError
 from ..processing.processor import Processor
 from ..processing.runtime import Runtime
-from ..segments import Segment
 from ..tokens import Token
 from ..tokens.base import resolve_initial
+from . import versions
 from .dead_letters import events_at
-from .views import ProcessorView, SegmentView, segment_view, with_sources
+from .views import ProcessorView, measured_head, processor_view, unstarted, with_sources
 
 
-def status(rt: Runtime, proc: Processor) -> ProcessorView:
-    """Lags are measured to the committed head: events committed behind an open transaction
+def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> ProcessorView:
+    """Where ``proc`` is, per segment, and which version of its processor it is: whether it
+    serves, how far behind the one that does (``defined``: the versions of its processor the
+    app defines; its own counts without being named). Reads only: nothing is created.
+
+    Lags are measured to the committed head: events committed behind an open transaction
     (PostgreSQL) count, and ``read_wait`` says why they are not read yet. A processor with
     other sources counts their events too, each to its own store's committed head."""
     wait = rt.store.read_wait()
-    head = wait.committed if wait is not None else rt.store.committed_head()
+    head = measured_head(wait, rt.store.committed_head)
     rows = rt.tokens.status(proc.name)
     started = bool(rows)
-    if started:
-        views = [segment_view(head, s) for s in rows]
-    else:  # not run yet: what it would start with, without writing anything
-        position = resolve_initial(proc.initial, rt.store)
-        views = [
-            SegmentView(
-                seg,
-                position,
-                max(0, head - position),
-                None,
-                None,
-                position >= head,
-                False,
-                None,
-                0,
-                None,
-                None,
-                Token(position),
-            )  # fmt: skip
-            for seg in Segment.initial(proc.segments)
-        ]
-    if proc.sources:
-        views = [with_sources(rt, proc, v) for v in views]
-    parked = rt.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0
-    return ProcessorView(
+    if not started:  # not run yet: what it would start with, without writing anything
+        rows = unstarted(proc.name, proc.segments, resolve_initial(proc.initial, rt.store))
+    view = processor_view(
         proc.name,
         head,
-        views,
+        rows,
         rt.tokens.live_nodes(proc.name) if started else [],
-        parked,
-        proc.guarantee.value,
-        started,
-        rt.tokens.is_paused(proc.name),
-        wait,
-        proc.segments,
+        rt.dead_letters.count(proc.name) if proc.on_error == "dead_letter" else 0,
+        read_wait=wait,
+        definition=proc,
+        started=started,
+        paused=rt.tokens.is_paused(proc.name),
     )
+    if proc.sources:
+        view = replace(view, segments=[with_sources(rt, proc, v) for v in view.segments])
+    return replace(view, version=versions.view(rt, proc, view, [proc.version, *defined]))
 
 
 def caught_up(rt: Runtime, proc: Processor, head: int) -> bool:

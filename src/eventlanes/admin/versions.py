@@ -30,12 +30,17 @@ from ..processing.runtime import Runtime
 from ..schema import roles
 from ..tokens.base import RETIRED, SegmentStatus, VersionRecord
 from ..tokens.claims import claim_all, node_name, release_all
-from .views import ProcessorView, VersionView, serving_version
+from .views import ProcessorView, VersionView, serving_version, version_view
 
 
 def _ran(rows: list[SegmentStatus]) -> bool:
     """Token rows of a version that has run (and was not retired)."""
     return bool(rows) and not all(s.owner == RETIRED for s in rows)
+
+
+def defined_versions(procs: Iterable[Processor], base: str) -> list[int]:
+    """The versions of processor ``base`` among ``procs`` (an app's definitions), lowest first."""
+    return sorted(p.version for p in procs if p.base == base)
 
 
 def serving(
@@ -48,12 +53,12 @@ def serving(
     ``records``: its rows of ``{prefix}versions`` when already read."""
     if records is None:
         records = rt.tokens.versions(base)
-    if any(r.promoted_at is not None and r.retired_at is None for r in records):
-        return serving_version(records, ())
-    started = [r.version for r in records if r.started_at is not None and r.retired_at is None]
-    if _ran(rt.tokens.status(base)):
-        started.append(1)
-    return serving_version(records, started, defined)
+    return serving_version(records, lambda: _ran(rt.tokens.status(base)), defined)
+
+
+def _lowest_position(rt: Runtime, name: str) -> int | None:
+    rows = rt.tokens.status(name)
+    return min(s.token.position for s in rows) if rows else None
 
 
 def view(
@@ -63,25 +68,12 @@ def view(
     version that does (that one's lowest segment position minus its own)."""
     records = rt.tokens.versions(proc.base)
     if not records and proc.version == 1:  # an app that never used versions: one query
-        current = serving_version((), [1] if status.started else [], defined)
-        return VersionView(proc.base, 1, current == 1, current, None)
-    current = serving(rt, proc.base, defined, records)
-    behind = None
-    if current is not None and current != proc.version:
-        rows = rt.tokens.status(versioned_name(proc.base, current))
-        if rows:
-            behind = max(0, min(s.token.position for s in rows) - status.position)
+        current = serving_version((), lambda: status.started, defined)
+    else:
+        current = serving(rt, proc.base, defined, records)
     mine = next((r for r in records if r.version == proc.version), None)
-    return VersionView(
-        proc.base,
-        proc.version,
-        current == proc.version,
-        current,
-        behind,
-        mine.started_at if mine else None,
-        mine.promoted_at if mine else None,
-        mine is not None and mine.retired_at is not None,
-    )
+    return version_view(proc.base, proc.version, current, status.position,
+                        lambda name: _lowest_position(rt, name), mine)  # fmt: skip
 
 
 def refusals(rt: Runtime, proc: Processor) -> list[str]:

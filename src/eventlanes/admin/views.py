@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from ..names import versioned_name
 from ..processing.processor import Processor
 from ..processing.runtime import Runtime, layout_note
 from ..segments import Segment
@@ -76,6 +77,12 @@ class ProcessorView:
         return max((s.lag for s in self.segments), default=0)
 
 
+def measured_head(wait: ReadWait | None, committed_head: Callable[[], int]) -> int:
+    """The head lags are measured to: the committed one (``wait`` knows it when readers wait
+    behind an open transaction; otherwise ``committed_head`` reads it)."""
+    return wait.committed if wait is not None else committed_head()
+
+
 def segment_view(head: int, s: SegmentStatus) -> SegmentView:
     position = s.token.position
     return SegmentView(
@@ -91,6 +98,48 @@ def segment_view(head: int, s: SegmentStatus) -> SegmentView:
         s.retry_in,
         s.request,
         s.token,
+    )
+
+
+def unstarted(name: str, segments: int, position: int) -> list[SegmentStatus]:
+    """The segments a processor that never ran would start with, at ``position`` (nothing is
+    written: status shows them until a node creates its token rows)."""
+    return [SegmentStatus(name, seg, Token(position), None, None, None, None, None, 0.0)
+            for seg in Segment.initial(segments)]  # fmt: skip
+
+
+def processor_view(
+    name: str,
+    head: int,
+    rows: Sequence[SegmentStatus],
+    live_nodes: list[str],
+    dead_letters: int,
+    *,
+    read_wait: ReadWait | None = None,
+    version: VersionView | None = None,
+    definition: Processor | None = None,
+    started: bool = True,
+    paused: bool = False,
+) -> ProcessorView:
+    """The one builder of a :class:`ProcessorView`, from what the caller could read: the
+    app's status (``definition``: the processor as defined, for its guarantee and declared
+    segments) or a store's tables alone (the read-only inspector: no definition)."""
+    segments = [segment_view(head, s) for s in rows]
+    if definition is None:
+        return ProcessorView(name, head, segments, live_nodes, dead_letters, started=started,
+                             paused=paused, read_wait=read_wait, version=version)  # fmt: skip
+    return ProcessorView(
+        name,
+        head,
+        segments,
+        live_nodes,
+        dead_letters,
+        definition.guarantee.value,
+        started,
+        paused,
+        read_wait,
+        definition.segments,
+        version,
     )
 
 
@@ -127,17 +176,49 @@ class VersionView:
 
 
 def serving_version(
-    records: Iterable[VersionRecord], started: Iterable[int], defined: Iterable[int] = ()
+    records: Iterable[VersionRecord], first_ran: Callable[[], bool], defined: Iterable[int] = ()
 ) -> int | None:
     """The version readers see: the last one promoted (and not retired); before any promotion,
-    the lowest version that has run (``started``: versions with token rows, retired ones not
-    included); before anything ran, the lowest version defined (None when none is)."""
+    the lowest version that has run and was not retired (version 1 has no row of its own
+    before it is promoted: ``first_ran`` says whether its token rows exist, not retired; it is
+    asked only when no promotion decides); before anything ran, the lowest version defined
+    (None when none is)."""
+    records = list(records)
     promoted = [r for r in records if r.promoted_at is not None and r.retired_at is None]
     if promoted:
         last = max(promoted, key=lambda r: (r.promoted_at, r.version))
         return last.version
-    ran = sorted(started)
+    if first_ran():  # the lowest version there is
+        return 1
+    ran = [r.version for r in records if r.started_at is not None and r.retired_at is None]
     if ran:
-        return ran[0]
+        return min(ran)
     known = sorted(defined)
     return known[0] if known else None
+
+
+def version_view(
+    base: str,
+    version: int,
+    serving: int | None,
+    position: int,
+    lowest_position: Callable[[str], int | None],
+    record: VersionRecord | None = None,
+) -> VersionView:
+    """What status says of ``version`` of ``base`` (at ``position``, its lowest segment's),
+    when ``serving`` serves: how far behind that one it is (``lowest_position`` of a stored
+    processor name; None: it has no token rows), and ``record``'s times."""
+    behind = None
+    if serving is not None and serving != version:
+        at = lowest_position(versioned_name(base, serving))
+        behind = None if at is None else max(0, at - position)
+    return VersionView(
+        base,
+        version,
+        serving == version,
+        serving,
+        behind,
+        record.started_at if record else None,
+        record.promoted_at if record else None,
+        record is not None and record.retired_at is not None,
+    )

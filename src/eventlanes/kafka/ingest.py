@@ -25,7 +25,6 @@ weather: the runner logs once, waits (1 s doubling to 30 s), and goes on.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -33,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..db import weather
 from ..errors import ClaimLostError, InvalidInputError
-from ..tokens import SQLTokenStore, Token
-from ..tokens.claims import Heartbeat
+from ..tokens import SegmentStatus, SQLTokenStore, Token
+from ..tokens.claims import HOLD_OFF_ROUNDS, Heartbeat, claimable, fair_share
 from ..tracing import propagation, spans
 from . import client, parking
 from .partitions import PartitionTable, segment
@@ -315,22 +314,16 @@ class IngestRunner:
             return client.latest_offset(consumer, self.ing.topic, partition, self.timeout)
         return max(0, client.low_watermark(consumer, self.ing.topic, partition, self.timeout))
 
-    def _claim(self, rows: dict[int, Any]) -> None:
-        live = max(1, len(self.tokens.live_nodes(self.name)))
-        limit = math.ceil(len(rows) / live)
-        if self.ing.max_partitions is not None:
-            limit = min(limit, self.ing.max_partitions)
-        while len(self.claimed) > limit:  # leave the surplus to nodes that wait for it
-            p = max(self.claimed)
+    def _claim(self, rows: dict[int, SegmentStatus]) -> None:
+        live = len(self.tokens.live_nodes(self.name))
+        limit, surplus = fair_share(len(rows), live, self.ing.max_partitions, self.claimed)
+        for p in surplus:  # leave the surplus to nodes that wait for it
             self._forget(p)
-            self.tokens.release(self.name, p, self.owner, hold_off=self.interval * 3)
+            self.tokens.release(self.name, p, self.owner, hold_off=self.interval * HOLD_OFF_ROUNDS)
         for p in sorted(rows):
             if len(self.claimed) >= limit:
                 break
-            row = rows[p]
-            if p in self.claimed or row.retry_in:
-                continue
-            if row.owner not in (None, self.owner) and (row.claim_expires_in or 0) > 0:
+            if p in self.claimed or not claimable(rows[p], self.owner):
                 continue
             record = self.tokens.claim(self.name, p, self.owner)
             if record is None:

@@ -3,184 +3,71 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
-from ..callables import check
 from ..errors import InvalidInputError
-from ..names import table_suffix, validate_base_name, validate_version, versioned_name
-from ..policies import KeyFunction, SequencingPolicy, as_policy
-from ..segments import Segment
+from ..names import check_table_name, table_suffix, validate_base_name, versioned_name
 from ..tokens.base import Initial
+from ..upcasting import Upcasters
 from .handlers import Handler, HandlerSet, ResetHandler
-from .handling.context import check_table_name
-from .options import OrderKey, oldest_first, validate_sources
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
-MODES = ("pooled", "tracking")
-ERROR_MODES = ("retry", "dead_letter")
-
-
-class Guarantee(StrEnum):
-    """What a processor promises about its effects; shown by ``status``."""
-
-    #: handlers' writes (``ctx.execute``) and the token commit in one transaction
-    EXACTLY_ONCE = "exactly-once"
-    #: handlers run outside the token's transaction (lanes, side effects); after a crash the
-    #: events past the stored token run again, so effects must be idempotent
-    AT_LEAST_ONCE = "at-least-once"
-    #: folds deduplicated by source offsets, states written with the token (aggregations)
-    AGGREGATION = "aggregation"
-
-
-def _tables(name: str, tables: object) -> tuple[str, ...]:
-    if isinstance(tables, str) or not isinstance(tables, list | tuple):
-        raise InvalidInputError(
-            f"processor {name!r}: tables= is a list of table names, got {tables!r}"
-        )
-    try:
-        return tuple(check_table_name(t) for t in tables)
-    except ValueError as exc:
-        raise InvalidInputError(f"processor {name!r}: tables=: {exc}") from None
-
-
-def _guarantee(name: str, value: object) -> Guarantee:
-    if isinstance(value, str) and value in {g.value for g in Guarantee}:
-        return Guarantee(value)
-    choices = f"{Guarantee.EXACTLY_ONCE.value!r}, {Guarantee.AT_LEAST_ONCE.value!r}"
-    raise InvalidInputError(
-        f"processor {name!r}: guarantee must be one of {choices}, got {value!r}"
-    )
+from .options import Guarantee, ProcessorOptions, RunOptions
 
 
 class Processor:
-    """Named consumer of the store. Many processes with the same name share its segments."""
+    """Named consumer of the store. Many processes with the same name share its segments.
+
+    Made by the App's factories, which pass what the definition needs from the app: the
+    store's table ``prefix`` (known without connecting) and its ``upcasters``."""
 
     #: what this kind of processor is called in messages
-    _kind = "processor"
+    kind = "processor"
     #: its versions route events alike (checked where both are defined): the replays of a new
     #: version follow the parts of the old one's segments exactly
-    _routes_as_versions = True
+    routes_as_versions = True
 
     def __init__(
         self,
-        runtime: Runtime,
         name: str,
         *,
-        guarantee: str = "exactly-once",
-        segments: int = 1,
-        policy: SequencingPolicy | KeyFunction | None = None,
-        batch_size: int = 500,
-        mode: str = "pooled",
-        max_segments: int | None = None,
-        workers: int | None = None,
-        on_error: str = "retry",
-        initial: Initial = "tail",
-        sources: dict[str, Any] | None = None,
-        order: OrderKey | None = None,
-        lanes: int = 1,
-        handler_timeout: float = 30.0,
-        lane_window: int | None = None,
-        pipeline: bool = False,
-        version: int = 1,
-        tables: list[str] | tuple[str, ...] = (),
+        prefix: str,
+        upcasters: Upcasters,
+        **options: Unpack[ProcessorOptions],
     ) -> None:
-        self.runtime = runtime
         #: the name it was defined with; ``name`` is the stored one (``orders@v2``)
         self.base = validate_base_name(name)
+        #: the options checked (:class:`~eventlanes.processing.options.RunOptions`); each is
+        #: also an attribute of its own name, which is what the executors read
+        self.options = run = RunOptions.check(name, self.kind, options)
         #: ``version=N``: a new version of processor ``base`` with its own tokens and tables
         #: (``eventlanes.admin.versions``); 1, the default, is the processor as it always was
-        self.version = validate_version(version, name)
+        self.version = run.version
         self.name = versioned_name(self.base, self.version)
         #: the tables its handlers build (``ctx.table`` names): what ``app.table(name)``
         #: looks up and what retiring a version drops
-        self.tables = _tables(name, tables)
-        self.guarantee = _guarantee(name, guarantee)
-        if self.guarantee is Guarantee.AGGREGATION and type(self) is Processor:
-            raise InvalidInputError(
-                f"processor {name!r}: guarantee 'aggregation' is for app.aggregation(...)"
-            )
-        try:
-            Segment.initial(segments)
-        except ValueError as exc:
-            raise InvalidInputError(f"processor {name!r}: {exc}") from None
-        self.segments = segments
-        self.policy = as_policy(policy, f"processor {name!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidInputError(
-                f"processor {name!r}: batch_size must be >= 1, got {batch_size!r}"
-            )
-        self.batch_size = batch_size
-        if mode not in MODES:
-            raise InvalidInputError(
-                f"processor {name!r}: mode must be one of {MODES}, got {mode!r}"
-            )
-        self.mode = mode
-        if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
-            raise InvalidInputError(f"processor {name!r}: max_segments must be >= 1")
-        self.max_segments = max_segments
-        if workers is not None and (not isinstance(workers, int) or workers < 1):
-            raise InvalidInputError(f"processor {name!r}: workers must be >= 1")
-        self.workers = workers
-        if on_error not in ERROR_MODES:
-            raise InvalidInputError(
-                f"processor {name!r}: on_error must be one of {ERROR_MODES}, got {on_error!r}"
-            )
-        self.on_error = on_error
-        self.initial = initial
+        self.tables = run.tables
+        self.guarantee = run.guarantee
+        self.segments = run.segments
+        self.policy = run.policy
+        self.batch_size = run.batch_size
+        self.mode = run.mode
+        self.max_segments = run.max_segments
+        self.workers = run.workers
+        self.on_error = run.on_error
+        self.initial = run.initial
         #: other stores to read besides the app's own: name -> URL or EventStore
-        self.sources = validate_sources(sources)
-        if order is not None:
-            check(order, f"processor {name!r}: order=", ("event",),
-                  why_sync="the merge compares the keys at once")  # fmt: skip
-        self.order = order or oldest_first
-        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-            raise InvalidInputError(f"processor {name!r}: lanes must be >= 1, got {lanes!r}")
-        if lanes > 1 and self.guarantee is Guarantee.EXACTLY_ONCE:
-            raise InvalidInputError(
-                f"processor {name!r}: lanes={lanes} run handlers outside the token's "
-                "transaction; declare guarantee='at-least-once' (and make effects idempotent)"
-            )
-        if lanes > 1 and type(self) is not Processor:  # would be ignored: refused instead
-            raise InvalidInputError(
-                f"{self._kind} {name!r}: lanes={lanes} are for app.processor(..., "
-                "guarantee='at-least-once') handlers"
-            )
-        if self.guarantee is not Guarantee.EXACTLY_ONCE and on_error == "dead_letter":
-            raise InvalidInputError(
-                f"{self._kind} {name!r}: dead letters are parked in the token's transaction; "
-                "on_error='dead_letter' needs guarantee='exactly-once'"
-            )
-        if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
-            raise InvalidInputError(f"processor {name!r}: handler_timeout must be > 0 seconds")
-        if lane_window is not None and (
-            isinstance(lane_window, bool) or not isinstance(lane_window, int) or lane_window < 1
-        ):
-            raise InvalidInputError(f"processor {name!r}: lane_window must be >= 1")
-        if lane_window is not None and (
-            self.guarantee is not Guarantee.AT_LEAST_ONCE or type(self) is not Processor
-        ):  # would be ignored: refused instead
-            raise InvalidInputError(
-                f"{self._kind} {name!r}: lane_window bounds the events in flight in the lanes "
-                "of an app.processor(..., guarantee='at-least-once'); this one has none"
-            )
-        self.lanes = lanes
-        self.handler_timeout = float(handler_timeout)
+        self.sources = run.sources
+        self.order = run.order
+        self.lanes = run.lanes
+        self.handler_timeout = run.handler_timeout
         #: events in flight in a segment's lanes (backpressure; at-least-once processors)
-        self.lane_window = 1000 if lane_window is None else lane_window
-        if not isinstance(pipeline, bool):
-            raise InvalidInputError(f"processor {name!r}: pipeline must be True or False")
-        if pipeline and (
-            self.guarantee is not Guarantee.EXACTLY_ONCE or type(self) is not Processor
-        ):
-            raise InvalidInputError(
-                f"{self._kind} {name!r}: pipeline=True pipelines the batch's transaction of "
-                "exactly-once handlers; this one has none"
-            )
-        #: PostgreSQL pipeline mode for exactly-once batches (see worker.SegmentWorker)
-        self.pipeline = pipeline
+        self.lane_window = run.lane_window
+        #: PostgreSQL pipeline mode for exactly-once batches (see executors.exactly_once)
+        self.pipeline = run.pipeline
+        #: the store's table prefix, for :meth:`table`
+        self.prefix = prefix
+        #: the app's upcasters: the types they turn into others are refused here, and readers
+        #: read this processor's events in their current shapes (``eventlanes.upcasting``)
+        self.upcasters = upcasters
         self.handlers = HandlerSet(self.name)
 
     def on(self, *types: str) -> Callable[[Handler], Handler]:
@@ -234,20 +121,20 @@ class Processor:
     def refuse_upcast(self, types: tuple[str, ...] | frozenset[str]) -> None:
         """Refuse handling a type that an upcaster turns into another: its handler would never
         run (``eventlanes.upcasting``)."""
-        self.runtime.upcasters.refuse_handled(types, f"{self._kind} {self.name!r}")
+        self.upcasters.refuse_handled(types, f"{self.kind} {self.name!r}")
 
     def table(self, name: str) -> str:
         """The full name of this version's table ``name`` (what ``ctx.table(name)`` gives its
         handlers): the store's prefix, the name, and ``__vN`` from version 2 on; for the DDL
         that creates it and for readers of this version."""
-        return f"{self.runtime.prefix}{check_table_name(name)}{table_suffix(self.name)}"
+        return f"{self.prefix}{check_table_name(name)}{table_suffix(self.name)}"
 
     def token_spec(self) -> tuple[str, int, Initial, tuple[str, ...], bool]:
         """What the token store needs to create this processor's rows: for a version, the
         earlier versions whose handled events are replays for it, and whether their segments'
         parts can be mapped onto its own (they route events as it does)."""
         earlier = tuple(versioned_name(self.base, v) for v in range(1, self.version))
-        return self.name, self.segments, self.initial, earlier, self._routes_as_versions
+        return self.name, self.segments, self.initial, earlier, self.routes_as_versions
 
     def describe(self) -> dict[str, Any]:
         """What the processor is, for start lines and status: name, guarantee, mode, segments,
@@ -265,3 +152,22 @@ class Processor:
     def __repr__(self) -> str:
         how = f"{self.guarantee.value}, {self.mode}, {self.segments} segments"
         return f"<{type(self).__name__} {self.name} ({how})>"
+
+
+def check_versions(old: Processor, new: Processor) -> None:
+    """Two versions of one processor must be the same kind and, where replays are told per
+    part, route events alike: a new version's replays are the events the old one had handled,
+    known per segment of the old one's routing."""
+    low, high = sorted((old, new), key=lambda p: p.version)
+    if type(low) is not type(high):
+        raise InvalidInputError(
+            f"{high.kind} {high.name!r} is version {high.version} of {low.kind} {low.name!r}: "
+            "versions of a processor must be of the same kind"
+        )
+    if high.routes_as_versions and low.policy.routing != high.policy.routing:
+        raise InvalidInputError(
+            f"processor {high.name!r} routes events by {high.policy.name}, its version "
+            f"{low.version} by {low.policy.name}: a new version must route as the old one "
+            "does (the events the old one had handled are known per segment of its routing); "
+            "pass the same policy to both (one function object for a custom one)"
+        )

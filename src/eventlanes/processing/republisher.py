@@ -13,32 +13,38 @@ never stored partially.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 from ..callables import check
 from ..errors import InvalidInputError
 from ..events import Event
 from ..store import EventStore
+from ..upcasting import Upcasters
 from .handlers import FunctionsByType
+from .options import RepublisherOptions
 from .processor import Processor
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 Republish = Callable[[Event], Any]
 
 
 class Republisher(Processor):
-    _kind = "republisher"
+    """``app.republisher(name, to_stream=..., to_store=None)``: ``@rep.on(type)`` registers
+    ``fn(event)``, whose outputs are appended to ``to_stream`` of the app's store or of
+    ``to_store``. ``stores(url)`` opens that store (None: the app's own) when the outputs are
+    first appended."""
+
+    kind = "republisher"
 
     def __init__(
         self,
-        runtime: Runtime,
         name: str,
         *,
         to_stream: str | Callable[[Event], str],
         to_store: str | EventStore | None = None,
-        **options: Any,
+        stores: Callable[[str | None], EventStore],
+        prefix: str,
+        upcasters: Upcasters,
+        **options: Unpack[RepublisherOptions],
     ) -> None:
         if "guarantee" in options:
             raise InvalidInputError(
@@ -51,7 +57,9 @@ class Republisher(Processor):
                 "version of a republisher would append the outputs of all history again (its "
                 "mappings run on replays too): define a republisher of another name"
             )
-        super().__init__(runtime, name, guarantee="at-least-once", **options)
+        super().__init__(
+            name, prefix=prefix, upcasters=upcasters, guarantee="at-least-once", **options
+        )
         if not (isinstance(to_stream, str) and to_stream):
             if not callable(to_stream):
                 raise InvalidInputError(
@@ -61,6 +69,7 @@ class Republisher(Processor):
                   why_sync="the stream is named when the outputs are appended")  # fmt: skip
         self.to_stream = to_stream
         self.to_store = to_store
+        self.stores = stores
         self.functions = FunctionsByType(
             f"republisher {name!r}", role="mapping", params=("event",), awaited=True
         )
@@ -89,8 +98,6 @@ class Republisher(Processor):
 
     def target(self) -> EventStore:
         """The store the outputs are appended to (the app's own unless ``to_store``)."""
-        if self.to_store is None:
-            return self.runtime.store
-        if isinstance(self.to_store, str):
-            return self.runtime.source_store(self.to_store)
+        if self.to_store is None or isinstance(self.to_store, str):
+            return self.stores(self.to_store)
         return self.to_store  # an EventStore, or anything with its append()

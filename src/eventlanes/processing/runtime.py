@@ -114,6 +114,11 @@ class Runtime:
                 self._sources[target] = open_store(target)
             return self._sources[target]
 
+    def store_at(self, url: str | None) -> EventStore:
+        """The app's own store (``url`` None) or another one, opened once per runtime: where
+        a republisher appends its outputs."""
+        return self.store if url is None else self.source_store(url)
+
     def initialize(
         self,
         name: str,

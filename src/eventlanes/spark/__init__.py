@@ -12,7 +12,7 @@ __all__ = ["get_session", "replay", "export_parquet"]
 
 
 def replay(*args, **kwargs):
-    from .replay import replay as _replay
+    from .bulk_replay import replay as _replay
 
     return _replay(*args, **kwargs)
 

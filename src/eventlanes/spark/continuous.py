@@ -35,9 +35,9 @@ from ..signals import run_until_signal
 from ..tokens import Token
 from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
 from ..tracing import spans
+from .bulk_replay import collect_states, fold_aggregation, fold_stages, functions_of, save_states
 from .fold import spec_of
 from .input import check_read, upcasters_of
-from .replay import collect_states, fold_aggregation, fold_stages, functions_of, save_states
 from .session import get_session, partitions_of
 from .ship import executor_url, first_line, preflight
 from .source import read_events

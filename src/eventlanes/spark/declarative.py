@@ -4,7 +4,7 @@ The plan reads the declared properties with one ``from_json`` per event (FAILFAS
 the wrong type fails the replay, as it fails the local engine), and the root of each event's
 source chain with another (only for events whose metadata mention one).
 
-Exactly-once, as the local engine (``processing/chains.py``): per key and root source, in
+Exactly-once, as the local engine (``aggregating/dedupe.py``): per key and root source, in
 position order, an input is dropped unless its root partition differs from the previous one's
 or its path is greater than every path before it in the same run of partitions. For a key
 none of whose events carries a chain, every event is its own root with a growing position:
@@ -33,18 +33,11 @@ _PARTIAL = re.compile(r"f\d+|at\d+|events")  # the columns of partial folds (sou
 
 
 def _json(col: Any) -> Any:
-    """A column's value as JSON text."""
+    """A column's value as JSON text (a string column's: a JSON string literal, escaped by
+    Spark's JSON writer)."""
     from pyspark.sql import functions as F
 
     text = F.to_json(F.array(col))  # [...]
-    return F.substring(text, 2, F.length(text) - 2)
-
-
-def _quoted(col: Any) -> Any:
-    """A string column as a JSON string literal (escaped by Spark's JSON writer)."""
-    from pyspark.sql import functions as F
-
-    text = F.to_json(F.array(col))  # ["..."]
     return F.substring(text, 2, F.length(text) - 2)
 
 
@@ -90,41 +83,7 @@ def _rows(
     False when no event of the folded types has a source chain (metadata is not read)."""
     from pyspark.sql import functions as F
 
-    columns = columns or {}
-    ok = F.col("type").isin(sorted(decl.types))
-    values: dict[str, Any] = {}
-    # A store's read (source.Declared): every declared property typed where ``typed`` says
-    # it was read exactly, parsed here otherwise.
-    flagged = "typed" in df.columns
-    for p, t in decl.columns.items():
-        value = None if flagged else _typed(p, t, columns.get(p), decl)
-        if value is not None:
-            values[p] = value
-    parse = {p: t for p, t in decl.columns.items() if p not in values}
-    chain = F.when(
-        ok & F.col("metadata").contains('"source_chain"'),
-        F.from_json("metadata", CHAIN_SCHEMA, {"mode": "FAILFAST"}).getField("source_chain"),
-    )
-    if not chains:
-        chain = F.lit(None).cast(CHAIN_SCHEMA.split(" ", 1)[1])
-    typed = [F.col(PREFIX + p) for p in columns if p in values]
-    if flagged:
-        typed = [F.col("typed"), *(F.col(PREFIX + p) for p in parse)]
-    first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed,
-             *keep]  # fmt: skip
-    if parse:  # one parse per event, however many properties it gives
-        schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in parse.items())
-        unread = ok & ~F.col("typed") if flagged else ok
-        first.append(F.when(unread, F.from_json("data", schema, {"mode": "FAILFAST"})).alias("d"))
-        if flagged:
-            values.update(
-                {p: F.when(F.col("typed"), F.col(PREFIX + p)).otherwise(F.col("d").getField(p))
-                 for p in parse}
-            )  # fmt: skip
-        else:
-            values.update({p: F.col("d").getField(p) for p in parse})
-    given = [F.when(F.col("ok"), v).alias(f"v_{p}") for p, v in values.items()]
-    parsed = df.select(*first).select("position", "ok", "chain", *given, *keep)
+    parsed = _parsed(decl, df, columns or {}, chains, keep)
     root = F.col("chain").getItem(0)
     chained = F.coalesce(F.size("chain") > 0, F.lit(False))
     bad = f"aggregation {decl.name!r}: malformed source_chain in event "
@@ -162,6 +121,49 @@ def _rows(
     ]
     cols += [F.col(f"v_{p}").alias(f"c_{p}") for p in decl.columns if p != decl.key]
     return parsed.select(*cols, *keep)
+
+
+def _parsed(
+    decl: Declaration, df: Any, columns: dict[str, str], chains: bool, keep: tuple[str, ...]
+) -> Any:
+    """position, ok, the source chain (``chain``), each declared property's value
+    (``v_<name>``, null for rows of other types) and the columns ``keep`` (see :func:`_rows`)."""
+    from pyspark.sql import functions as F
+
+    ok = F.col("type").isin(sorted(decl.types))
+    values: dict[str, Any] = {}
+    # A store's read (source.Declared): every declared property typed where ``typed`` says
+    # it was read exactly, parsed here otherwise.
+    flagged = "typed" in df.columns
+    for p, t in decl.columns.items():
+        value = None if flagged else _typed(p, t, columns.get(p), decl)
+        if value is not None:
+            values[p] = value
+    parse = {p: t for p, t in decl.columns.items() if p not in values}
+    chain = F.when(
+        ok & F.col("metadata").contains('"source_chain"'),
+        F.from_json("metadata", CHAIN_SCHEMA, {"mode": "FAILFAST"}).getField("source_chain"),
+    )
+    if not chains:
+        chain = F.lit(None).cast(CHAIN_SCHEMA.split(" ", 1)[1])
+    typed = [F.col(PREFIX + p) for p in columns if p in values]
+    if flagged:
+        typed = [F.col("typed"), *(F.col(PREFIX + p) for p in parse)]
+    first = [F.col("position"), F.col("type"), ok.alias("ok"), chain.alias("chain"), *typed,
+             *keep]  # fmt: skip
+    if parse:  # one parse per event, however many properties it gives
+        schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in parse.items())
+        unread = ok & ~F.col("typed") if flagged else ok
+        first.append(F.when(unread, F.from_json("data", schema, {"mode": "FAILFAST"})).alias("d"))
+        if flagged:
+            values.update(
+                {p: F.when(F.col("typed"), F.col(PREFIX + p)).otherwise(F.col("d").getField(p))
+                 for p in parse}
+            )  # fmt: skip
+        else:
+            values.update({p: F.col("d").getField(p) for p in parse})
+    given = [F.when(F.col("ok"), v).alias(f"v_{p}") for p, v in values.items()]
+    return df.select(*first).select("position", "ok", "chain", *given, *keep)
 
 
 def _column(decl: Declaration, prop: str) -> Any:
@@ -247,9 +249,7 @@ def _offset_entry(src: Any, part: Any, path: Any) -> Any:
     """``"src":["part",[path]]`` (one source of the offsets object)."""
     from pyspark.sql import functions as F
 
-    return F.concat(
-        _quoted(src), F.lit(":["), _quoted(part), F.lit(","), F.to_json(path), F.lit("]")
-    )
+    return F.concat(_json(src), F.lit(":["), _json(part), F.lit(","), F.to_json(path), F.lit("]"))
 
 
 def plan(

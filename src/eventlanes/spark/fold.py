@@ -16,7 +16,12 @@ from typing import Any
 from ..events import Event
 from ..lineage import CHAIN_KEY, Coordinates, coordinates, is_newer, own_path, record
 from ..processing.aggregating.aggregation import Aggregation
-from ..processing.aggregating.folds import check_fresh_state, check_output, returned_value
+from ..processing.aggregating.folds import (
+    check_fresh_state,
+    check_output,
+    output_event,
+    returned_value,
+)
 from ..processing.tables.states import (  # the local engine's: same stored text
     Entry,
     encode,
@@ -71,15 +76,18 @@ def spec_of(agg: Aggregation, source: str) -> FoldSpec:
 
 
 def _rows(batch: Any) -> Iterator[tuple[Any, ...]]:
-    columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-    return zip(*columns, strict=True)
+    return zip(*_columns(batch), strict=True)
 
 
 def _event_rows(batch: Any) -> Iterator[tuple[Any, ...]]:
     """Rows of ``FIELDS`` (+ key), ``data`` decoded where that is exact and cheap."""
-    columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+    columns = _columns(batch)
     columns[4] = decoded_data(batch.column(4), columns[4])
     return zip(*columns, strict=True)
+
+
+def _columns(batch: Any) -> list[list[Any]]:
+    return [batch.column(i).to_pylist() for i in range(batch.num_columns)]
 
 
 def decoded_data(array: Any, texts: list[Any]) -> list[Any]:
@@ -138,23 +146,11 @@ def fold_sorted(
 
     Fast path: an event without a source chain is its own root, ``(store, "", (position,))``;
     those are deduplicated against a per-key local and recorded in the offsets once per key.
-    Chained events take the general :mod:`chains` path (the local is written back first)."""
-
+    Chained events take the general :mod:`eventlanes.lineage` path (the local is written back
+    first)."""
     out: list[tuple[Any, ...]] = []
-
-    def flush_rows() -> Any:
-        batch = state_batch(out)
-        out.clear()
-        return batch
-
-    rows: Iterator[tuple[Any, ...]] = chain.from_iterable(map(_event_rows, batches))
-    if load is not None:  # a micro-batch is small: read all, then load its keys in one go
-        materialised = list(rows)
-        stored = load(sorted({r[8] for r in materialised}))
-        rows = iter(materialised)
-    else:
-        stored = {}
-    source = spec.source
+    rows, stored = _with_stored(chain.from_iterable(map(_event_rows, batches)), load)
+    source, name = spec.source, spec.name
     folds_of: dict[str, list[Callable[..., Any]]] = {}
     current: str | None = None
     entry = Entry(None)
@@ -162,14 +158,14 @@ def fold_sorted(
     dirty = False  # ``last`` is ahead of entry.offsets
 
     stages = bool(spec.stages)
+    # The dedupe of aggregating.dedupe (own roots against a local, chains by lineage), inlined
+    # here per key: a call per event would slow this loop, Spark's hottest.
     for pos, stream_id, version, type_, data, meta, recorded_at, rhash, key in rows:
         if key != current:
             if current is not None:
-                if dirty:
-                    entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
-                out.append(_state_row(spec.name, current, entry))
+                out.append(_state_of(name, current, entry, source, last if dirty else None))
                 if len(out) >= 5000:
-                    yield flush_rows()
+                    yield _flushed(out)
             current = key
             entry = stored.get(key) or Entry(spec.initial())
             last, dirty = own_path(entry.offsets, source), False
@@ -183,7 +179,7 @@ def fold_sorted(
             coords: Coordinates | None = None  # (source, "", path), built only for stages
         else:
             if dirty:
-                entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
+                record(entry.offsets, (source, "", last))  # type: ignore[arg-type]
                 dirty = False
             event = Event(pos, stream_id, version, type_, data, meta, recorded_at, rhash)
             coords = coordinates(event, source)
@@ -200,15 +196,40 @@ def fold_sorted(
             if produced is not None and stages:
                 _emit(spec, key, event, coords or (source, "", (pos,)), produced, out)
                 if len(out) >= 5000:
-                    yield flush_rows()
+                    yield _flushed(out)
             elif produced is not None and produced is not entry.value:
-                returned_value(spec.name, key, event, fold, produced)  # as the local engine
+                returned_value(name, key, event, fold, produced)  # as the local engine
     if current is not None:
-        if dirty:
-            entry.offsets[source] = ["", list(last)]  # type: ignore[arg-type]
-        out.append(_state_row(spec.name, current, entry))
+        out.append(_state_of(name, current, entry, source, last if dirty else None))
     if out:
-        yield flush_rows()
+        yield _flushed(out)
+
+
+def _with_stored(
+    rows: Iterator[tuple[Any, ...]], load: Callable[[list[str]], dict[str, Entry]] | None
+) -> tuple[Iterator[tuple[Any, ...]], dict[str, Entry]]:
+    """The rows, and the states stored so far of their keys (none without ``load``)."""
+    if load is None:
+        return rows, {}
+    materialised = list(rows)  # a micro-batch is small: read all, then load its keys in one go
+    return iter(materialised), load(sorted({r[8] for r in materialised}))
+
+
+def _state_of(
+    name: str, key: str, entry: Entry, source: str, unrecorded: tuple[int, ...] | None
+) -> tuple[Any, ...]:
+    """A key's state row, once its own path folded last (``unrecorded``: not yet in the
+    offsets) is recorded."""
+    if unrecorded is not None:
+        record(entry.offsets, (source, "", unrecorded))
+    return _state_row(name, key, entry)
+
+
+def _flushed(out: list[tuple[Any, ...]]) -> Any:
+    """The rows of ``out`` as a batch; ``out`` emptied."""
+    batch = state_batch(out)
+    out.clear()
+    return batch
 
 
 def _emit(
@@ -248,12 +269,6 @@ def state_batch(rows: list[tuple[Any, ...]]) -> Any:
 def _state_row(name: str, key: str, entry: Entry) -> tuple[Any, ...]:
     return ("state", name, key, encode_state(name, key, entry.value), encode(entry.offsets),
             entry.dropped, None, None, None)  # fmt: skip
-
-
-def output_event(out: Any, position: int, source: str, path: tuple[int, ...]) -> Event:
-    """A fold output as the event a downstream stage folds (as the local engine builds it)."""
-    meta = {**out.metadata, CHAIN_KEY: [{"source": source, "partition": "", "offset": path[0]}]}
-    return Event(position, source, 0, out.type, out.data, meta, 0, 0, source)
 
 
 def fold_stage(

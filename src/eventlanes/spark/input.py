@@ -66,7 +66,6 @@ def read_input(
     by a data property reads the events it folds, their keys read on the executors."""
     from pyspark.sql import functions as F
 
-    from ..processing.aggregating.declarative import TYPES
     from .source import FIELDS, SCHEMA, Declared, read_events
 
     if parquet:  # the export's end: the live processor folds what came after it
@@ -96,8 +95,7 @@ def read_input(
     if decl is None:
         df, counter = read_events(spark, url, 0, end, n, keyed, upcasters)
         return ReplayInput(df, end, app.store.count(until=end), counter.total)
-    kinds, types = {p: TYPES[t] for p, t in decl.columns.items()}, tuple(sorted(decl.types))
-    fields = tuple((op.kind, op.field, op.where) for op in decl.fields.values())
+    kinds, types, fields = decl.kinds(), tuple(sorted(decl.types)), decl.partials()
     # Folded on the executors as read; the events alone for the plan with source chains.
     df, counter = read_events(spark, url, 0, end, n, Declared(kinds, types, fields, decl.key),
                               upcasters)  # fmt: skip
@@ -124,7 +122,7 @@ def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
 
 def upcasters_of(proc: Any) -> Upcasters | None:
     """The upcasters into the types ``proc`` handles (shipped with the job; None: none)."""
-    return proc.runtime.upcasters.into(proc.handled_types())
+    return proc.upcasters.into(proc.handled_types())
 
 
 def check_read(name: str, what: str, read: int | None, expected: int) -> int:

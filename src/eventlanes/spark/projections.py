@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..admin.reset import rewind
 from ..processing.handling.context import Context
 from ..processing.handling.dispatch import Dispatch
+from ..processing.runtime import Runtime
 from ..tokens import Token
 from .input import ReplayInput, check_read
 
@@ -72,8 +74,7 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
         todo = [e for e in pending if e.position > stored.position]
         if todo:
             with db.transaction() as conn:
-                ctx = Context(spec.name, Segment(seg_id, masks[seg_id]), stored, conn,
-                              db.backend, db.param, db.prefix)  # fmt: skip
+                ctx = Context.for_batch(db, spec.name, Segment(seg_id, masks[seg_id]), stored, conn)
                 spec.dispatch.run(todo, ctx, stored)  # per-event and on_batch handlers
                 done = stored.advance(todo[-1].position)
                 tokens.store(spec.name, seg_id, done, spec.owner, conn=conn)
@@ -104,14 +105,15 @@ def _handle(spec: _ProjectionSpec, batches: Any) -> Any:
 def replay_projection(
     app: Any, proc: Any, source: ReplayInput, url: str, owner: str, records: list
 ) -> int:
-    dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
     from pyspark import StorageLevel
     from pyspark.sql.types import LongType, StructField, StructType
 
+    rt = app.runtime
+    dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
     df = source.events
     segments = [(r.segment.id, r.segment.mask) for r in records]
     spec = _ProjectionSpec(proc.name, url, owner, dispatch, proc.policy, segments,
-                           app.tokens.claim_timeout, 5000)  # fmt: skip
+                           rt.claim_timeout, 5000)  # fmt: skip
     schema = StructType([*df.schema.fields, StructField("seg", LongType())])
     routed = df.mapInArrow(lambda it: _route(spec, it), schema)
     routed = routed.persist(StorageLevel.MEMORY_AND_DISK)
@@ -120,39 +122,31 @@ def replay_projection(
         routed.count()
         check_read(proc.name, "read", source.read(), source.expected)
         source.verify()
-        return _run_projection(app, proc, dispatch, spec, routed, source, owner, records)
+        return _run_projection(rt, proc, spec, routed, source, owner, records)
     finally:
         routed.unpersist()
 
 
 def _run_projection(
-    app: Any,
+    rt: Runtime,
     proc: Any,
-    dispatch: Dispatch,
     spec: _ProjectionSpec,
     routed: Any,
     source: ReplayInput,
     owner: str,
     records: list,
 ) -> int:
-    db = app.db
-    with db.transaction() as conn:  # a reset: reset handlers, tokens back to the start
-        ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
-        dispatch.reset(ctx)
-        for record in records:
-            # What each segment (each part of it) had handled is a replay; the rest is new,
-            # also for the live processor if the replay stops half-way.
-            token = Token.reset(record.token, 0, segment=record.segment)
-            app.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
-        app.dead_letters.clear(conn, proc.name)  # the replay delivers parked events again
+    # A reset to the start: what each segment (each part of it) had handled is a replay; the
+    # rest is new, also for the live processor if the replay stops half-way.
+    rewind(rt, proc, owner, records, {"": 0})
     n = len(spec.segments)
     ordered = routed.repartition(n, "seg").sortWithinPartitions("seg", "position")
     counts = ordered.mapInArrow(lambda it: _handle(spec, it), "seg long, events long").collect()
     # Each segment's token is at the last event its handlers committed; all move to the end
     # only if every event of the store was handled.
     handled = check_read(proc.name, "handled", sum(r["events"] for r in counts), source.expected)
-    with db.transaction() as conn:
+    with rt.db.transaction() as conn:
         for record in records:
-            done = (app.tokens.token(proc.name, record.segment.id) or Token(0)).advance(source.end)
-            app.tokens.store(proc.name, record.segment.id, done, owner, conn=conn)
+            done = (rt.tokens.token(proc.name, record.segment.id) or Token(0)).advance(source.end)
+            rt.tokens.store(proc.name, record.segment.id, done, owner, conn=conn)
     return handled

@@ -1,4 +1,5 @@
-"""Holding claims: the heartbeat that extends them, and claiming every segment at once.
+"""Holding claims: the heartbeat that extends them, each node's fair share of them, and
+claiming every segment at once.
 
 One heartbeat serves the runners, the Spark replay and the continuous Spark runner. It survives
 database errors (a restart, a network blip): it logs, waits and tries again, and reports which
@@ -6,23 +7,32 @@ segments it still holds, so the owner learns of a claim it lost instead of commi
 (every token write is fenced anyway). A watchdog beside it notices a beat that does not return
 (a frozen server answers no error, it just does not answer): outages and freezes are logged
 once when they start and once when they end.
+
+The fair share is one rule for every kind of claimed row: a processor's segments (the
+coordinator) and an ingestor's partitions (the Kafka ingest runner).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 
 from ..db.weather import Outage
 from ..errors import ProcessorBusyError
-from . import TokenRecord, TokenStore
+from . import SegmentStatus, TokenRecord, TokenStore
 
 log = logging.getLogger("eventlanes.processing")
+
+#: a node lets its surplus go with a hold-off of this many coordination rounds, so that the
+#: nodes short of their share claim it first
+HOLD_OFF_ROUNDS = 3
 
 #: seconds a beat may take before the database counts as not answering (a beat is two small
 #: writes: milliseconds when the database is well)
@@ -106,6 +116,48 @@ class Heartbeat:
         for thread in (self._thread, self._watchdog):
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join()
+
+
+def fair_share(
+    total: int, live: int, cap: int | None, held: Collection[int]
+) -> tuple[int, list[int]]:
+    """How many of ``total`` rows (segments, partitions) a node may hold among ``live`` nodes
+    (the ceiling of an even split, at most ``cap``), and which of the ``held`` row ids it lets
+    go to get there, the highest first (released with a hold-off: :data:`HOLD_OFF_ROUNDS`)."""
+    limit = math.ceil(total / max(1, live))
+    if cap is not None:
+        limit = min(limit, cap)
+    surplus = sorted(held, reverse=True)[: max(0, len(held) - limit)]
+    return limit, surplus
+
+
+def claimable(row: SegmentStatus, owner: str) -> bool:
+    """Whether ``owner`` may try to claim ``row`` now: not backing off after a failure, and not
+    held by another node whose claim still runs."""
+    if row.retry_in:
+        return False
+    return row.owner in (None, owner) or (row.claim_expires_in or 0) <= 0
+
+
+def gives_way(rows: Iterable[SegmentStatus], live: list[str], owner: str, held: int) -> bool:
+    """Whether ``owner``, holding ``held`` rows, lets one go for a live node that holds less
+    than the floor of the fair share while every row is held: the cap alone (the ceiling) lets
+    two nodes hold 2 + 2 of 4 segments and a third none, for as long as they run. Only the node
+    holding the most gives (ties: the name that sorts first), one row at a time."""
+    if len(live) < 2:
+        return False
+    rows = list(rows)
+    floor = len(rows) // len(live)
+    if held <= floor:
+        return False
+    holds: Counter[str] = Counter()
+    for row in rows:
+        if row.owner is None or (row.claim_expires_in or 0) <= 0:
+            return False  # one is free: the node short of its share takes that one
+        holds[row.owner] += 1
+    if all(holds[node] >= floor for node in live):
+        return False
+    return min([*live, owner], key=lambda node: (-holds[node], node)) == owner
 
 
 def claim_all(

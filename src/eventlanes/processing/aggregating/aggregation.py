@@ -20,23 +20,21 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 from ...callables import check
 from ...errors import InvalidInputError
 from ...events import Event
 from ...names import validate_base_name, validate_processor_name, versioned_name
 from ...policies import SequencingPolicy
+from ...upcasting import Upcasters
 from ..handlers import FunctionsByType
+from ..options import AggregationOptions
 from ..processor import Processor
 from ..tables.states import StateTable
 from .declarative import Declaration, Op
 from .folds import check_fresh_state
 from .publish import sink_of
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
-
 
 log = logging.getLogger("eventlanes.aggregation")
 Fold = Callable[[Any, Event], Any]
@@ -90,16 +88,16 @@ class Aggregation(Processor):
     ``batch_size``: the events read at a time by rows (states are written every
     ``persist_every`` seconds whatever it is). A declarative aggregation (``fields=``) over a
     SQLite store is folded inside SQLite over larger ranges when that is exact
-    (:mod:`.pushdown`); ``pushdown=False`` always folds by rows."""
+    (:mod:`.pushdown`); ``pushdown=False`` always folds by rows. ``states()``: the table
+    the states are written to (opened on first use)."""
 
-    _kind = "aggregation"
+    kind = "aggregation"
     #: a new version may fold by another key (routing otherwise): its replay flags (shown by
     #: status; folds do not depend on them) take only what every part of the old one passed
-    _routes_as_versions = False
+    routes_as_versions = False
 
     def __init__(
         self,
-        runtime: Runtime,
         name: str,
         *,
         key: Callable[[Event], Any] | str,
@@ -109,7 +107,10 @@ class Aggregation(Processor):
         on: str | list[str] | None = None,
         pushdown: bool = True,
         publish: Any = None,
-        **options: Any,
+        states: Callable[[], StateTable],
+        prefix: str,
+        upcasters: Upcasters,
+        **options: Unpack[AggregationOptions],
     ) -> None:
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
@@ -145,7 +146,11 @@ class Aggregation(Processor):
         policy = SequencingPolicy(route, f"aggregation({name})")
         if "guarantee" in options:
             raise InvalidInputError(f"aggregation {name!r}: the guarantee is 'aggregation'")
-        super().__init__(runtime, name, policy=policy, guarantee="aggregation", **options)
+        super().__init__(
+            name, prefix=prefix, upcasters=upcasters, policy=policy, guarantee="aggregation",
+            **options,
+        )  # fmt: skip
+        self._states = states
         if not isinstance(persist_every, int | float) or persist_every < 0:
             raise InvalidInputError(f"aggregation {name!r}: persist_every must be >= 0 seconds")
         self.persist_every = float(persist_every)
@@ -201,7 +206,7 @@ class Aggregation(Processor):
     @property
     def states(self) -> StateTable:
         """The table the states are written to."""
-        return self.runtime.states
+        return self._states()
 
     def get(self, key: str) -> Any:
         """The persisted state of ``key`` (None if nothing was folded for it yet)."""

@@ -10,7 +10,7 @@ declaration runs four ways, with one meaning:
   (the reference for the next one);
 * :mod:`.pushdown` -- the local engine over a SQLite store: ranges folded inside SQLite, one
   grouped statement each, where that provably equals ``fold_batch`` (else ``fold_batch``); over
-  PostgreSQL, ranges read into Arrow and aggregated there (:mod:`.pushdown_postgres`);
+  PostgreSQL, ranges read into Arrow and aggregated there (:mod:`.pushdown.postgres`);
 * ``eventlanes.spark.declarative`` -- Spark column expressions (``from_json``, window and
   ``groupBy`` aggregates), no Python on the executors.
 
@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...columnar.fold import Field as ColumnarField
 from ...errors import FieldTypeError, InvalidInputError
 from ...events import Event, datas
 from ..tables.states import Entry
@@ -44,7 +45,8 @@ __all__ = ["Declaration", "Op", "count", "first", "last", "max", "min", "sum"]
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TYPES: dict[type, str] = {int: "long", float: "double", str: "string", bool: "boolean"}
 KINDS = ("count", "sum", "min", "max", "first", "last")
-_INT64 = (-(2**63), 2**63 - 1)
+#: the integers a declared ``int`` holds (64-bit, as Spark's ``long``)
+INT64 = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def convert(value: Any, type_: type, name: str, event: Event) -> Any:
     if type_ is str:
         return value if cls is str else json.dumps(value)
     if type_ is int:
-        if cls is int and _INT64[0] <= value <= _INT64[1]:
+        if cls is int and INT64[0] <= value <= INT64[1]:
             return value
     elif type_ is float:
         if cls is float or cls is int:
@@ -213,6 +215,15 @@ class Declaration:
 
     def initial(self) -> dict[str, Any]:
         return {out: op.initial for out, op in self.fields.items()}
+
+    def kinds(self) -> dict[str, str]:
+        """Every data property read -> its Spark type name (what the Arrow reads type)."""
+        return {p: TYPES[t] for p, t in self.columns.items()}
+
+    def partials(self) -> tuple[ColumnarField, ...]:
+        """Per state field ``(kind, data property or None, where)``: what the Arrow folds
+        (:mod:`eventlanes.columnar.fold`) compute of it."""
+        return tuple((op.kind, op.field, op.where) for op in self.fields.values())
 
     def key_of(self, event: Event) -> str:
         return self._key(event.data, event)
@@ -334,7 +345,7 @@ class Declaration:
             if type_ is not int:
                 return col
             ints: list[int] = [v for v in col if v is not None]
-            if _INT64[0] <= builtins.min(ints) and builtins.max(ints) <= _INT64[1]:
+            if INT64[0] <= builtins.min(ints) and builtins.max(ints) <= INT64[1]:
                 return col
         elif kinds == {float} and type_ is float:
             return col

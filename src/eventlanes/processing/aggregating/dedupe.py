@@ -146,14 +146,14 @@ def _dedupe_each(
             entry = entries[key]
             coords = coordinates(event, source)
             if (key, coords[0]) in own:  # the local is ahead of the offsets: write it back
-                entry.offsets[coords[0]] = ["", list(own.pop((key, coords[0])))]
+                record(entry.offsets, (coords[0], "", own.pop((key, coords[0]))))
             if not is_newer(entry.offsets, coords):
                 entry.dropped += 1
                 continue
             record(entry.offsets, coords)
         accepted.append(i)
     for (key, src), path in own.items():
-        entries[key].offsets[src] = ["", list(path)]
+        record(entries[key].offsets, (src, "", path))
     return accepted
 
 

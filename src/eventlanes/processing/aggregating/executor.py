@@ -10,24 +10,26 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ClaimLostError, InvalidInputError
-from ...events import Event, NewEvent, datas, types
+from ...events import Event, NewEvent, datas, recorded_raw, types
 from ...lineage import Coordinates, coordinates, is_newer, record
 from ...policies import key_text
 from ...segments import Segment
 from ...tracing import spans
-from ..executors.exactly_once import SegmentWorker
+from ..executors.base import Executor
 from ..handling.failures import describe
 from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from .aggregation import Aggregation, Fold, Stage
 from .dedupe import Marks, dedupe
-from .folds import as_event, check_fresh_state, check_output, not_awaitable, returned_value
+from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
 from .publish import publish_states
-from .pushdown.sqlite import Folded
+from .pushdown.base import Folded
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from ..runtime import Runtime
 
 
@@ -53,7 +55,7 @@ def _keyless(key: Any, event: Event, name: str) -> str:
     return key_text(key, f"aggregation {name!r}", event)
 
 
-class AggregationWorker(SegmentWorker):
+class AggregationExecutor(Executor):
     """Folds a segment's batches into states held in memory; writes the states changed since
     the last write, with the segment's token, every ``persist_every`` seconds.
 
@@ -269,35 +271,18 @@ class AggregationWorker(SegmentWorker):
         seg = st.segment.id
         if not st.dirty:
             return
-        db = self.runtime.db
         started = time.perf_counter()
-        entries = self.entries.get(seg, {})
-        marks = self.marks.get(seg)
-        commit = self._commit_span(st)
         try:
-            self._flush_downstream(seg)
-            if self.agg.publish is not None:
-                publish_states(self.agg.publish, self.name, entries, self.changed.get(seg, ()),
-                                marks.encode_offsets if marks is not None else None)  # fmt: skip
-            with db.transaction() as conn:
-                self.table.save(conn, self.name, entries, self.changed.get(seg, ()),
-                                marks.encode_offsets if marks is not None else None)  # fmt: skip
-                self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
-        except ClaimLostError as exc:
-            spans.ended(commit, exc)
-            st.mark_lost()
+            self._write(st)
+        except ClaimLostError:
+            self.lost(st)
             self._discard(seg)
             return
         except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
-            spans.ended(commit, exc)
             log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
             self._discard(seg)
             self.back_off(st, exc)
             return
-        except BaseException as exc:
-            spans.ended(commit, exc)
-            raise
-        spans.ended(commit)
         self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
         st.committed(st.token)
         self.flushed_at[seg] = st.persisted_at
@@ -307,18 +292,35 @@ class AggregationWorker(SegmentWorker):
             self.entries.pop(seg, None)  # bounded memory: read back from the table
             self.marks.pop(seg, None)
 
-    def _commit_span(self, st: SegmentState) -> Any:
+    def _write(self, st: SegmentState) -> None:
+        """The states changed (downstream stages first, then published, then the segment's
+        own with its token in one transaction), all in the commit span."""
+        seg = st.segment.id
+        entries = self.entries.get(seg, {})
+        marks = self.marks.get(seg)
+        offsets = marks.encode_offsets if marks is not None else None
+        changed = self.changed.get(seg, ())
+        with self.committing(st, st.token.position):
+            self._flush_downstream(seg)
+            if self.agg.publish is not None:
+                publish_states(self.agg.publish, self.name, entries, changed, offsets)
+            with self.runtime.db.transaction() as conn:
+                self.table.save(conn, self.name, entries, changed, offsets)
+                # Not commit_token: the commit span is this whole write, states and token.
+                self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
+
+    def commit_span(self, st: SegmentState, position: int) -> Span | None:
         """The span of a state write: in the batch's span when one runs, else on its own (a
         write when caught up, or when the segment is let go); None when tracing is off."""
         traced = spans.current()
         if traced is not None:
-            return traced.commit(st.token.position)
+            return traced.commit(position)
         tracer = spans.tracer()
         if tracer is None:
             return None
         base = spans.base_attributes(self.name, st.segment, self.agg.guarantee.value,
-                                     getattr(self.agg, "version", None))  # fmt: skip
-        return spans.commit(tracer, base, st.token.position)
+                                     self.agg.version)  # fmt: skip
+        return spans.commit(tracer, base, position)
 
     def _flush_downstream(self, seg: int) -> None:
         """Apply buffered outputs to the downstream stages' rows, read under a row lock, so
@@ -347,7 +349,7 @@ class AggregationWorker(SegmentWorker):
                     if not is_newer(entry.offsets, coords):
                         entry.dropped += 1
                         continue
-                    event = as_event(out, src, coords)
+                    event = output_event(out, src.position, coords[0], coords[2], recorded_raw(src))
                     value = entry.value
                     for fold in stage.folds.for_type(event.type):
                         if (produced := fold(value, event)) is not None and produced is not value:

@@ -1,21 +1,17 @@
 """The fold kernel shared by the local engine and Spark: fresh states, returned values, checked
-outputs.
+outputs and the events a downstream stage folds.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...callables import name_of
 from ...errors import InvalidInputError
 from ...events import Event, NewEvent, encode_object
-from ...lineage import CHAIN_KEY, Coordinates
-
-if TYPE_CHECKING:
-    pass
-
+from ...lineage import CHAIN_KEY
 
 #: states a fold cannot change in place: ``state += 1`` rebinds the fold's own name only
 _IMMUTABLE = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
@@ -76,11 +72,11 @@ def check_output(name: str, key: str, event: Event, index: int, out: Any) -> Non
     encode_object(out.metadata, f"{where} ({out.type}) metadata")
 
 
-def as_event(out: Any, source: Event, coords: Coordinates) -> Event:
-    """A fold output as an event for the downstream folds (position: its input's)."""
-    if not isinstance(out, NewEvent):
-        raise InvalidInputError(f"fold outputs must be el.NewEvent, got {type(out).__name__}")
-    metadata = {**out.metadata, CHAIN_KEY: [{"source": coords[0], "partition": coords[1],
-                                             "offset": coords[2][0]}]}  # fmt: skip
-    return Event(source.position, coords[0], 0, out.type, out.data, metadata,
-                 source._recorded_at, 0, coords[0])  # fmt: skip
+def output_event(
+    out: NewEvent, position: int, source: str, path: tuple[int, ...], recorded_at: Any = 0
+) -> Event:
+    """A fold output as the event a downstream stage folds, on both engines: at its input's
+    ``position``, from ``source`` (``"aggregation:key"``), with the root of ``path`` as its
+    chain; ``recorded_at``: its input's as read (Spark's stages have none: 0)."""
+    meta = {**out.metadata, CHAIN_KEY: [{"source": source, "partition": "", "offset": path[0]}]}
+    return Event(position, source, 0, out.type, out.data, meta, recorded_at, 0, source)

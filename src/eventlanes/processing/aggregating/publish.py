@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import InvalidInputError
 from ...lineage import Coordinates, coordinates_chain, state_chain
 from ..tables.states import Entry
-
-if TYPE_CHECKING:
-    pass
 
 
 def sink_of(name: str, publish: Any, version: int) -> Any:

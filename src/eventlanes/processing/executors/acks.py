@@ -1,4 +1,4 @@
-"""Ordered acknowledgement of events handled in parallel lanes (DESIGN.md section 4).
+"""Ordered acknowledgement of events handled in parallel lanes.
 
 A segment's events are dispatched in store order to concurrent lanes and finish out of order. A
 token may only move to the highest position whose event and every earlier one are done

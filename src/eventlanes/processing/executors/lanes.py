@@ -31,22 +31,27 @@ from ...events import Event
 from ...hashing import stable_hash
 from ...tracing import spans
 from ..handling.context import Context
-from ..handling.dispatch import never_ran
+from ..handling.dispatch import Dispatch, never_ran
 from ..handling.failures import HandlerFailed
 from ..segment import Outcome, SegmentState, advanced
 from .acks import CommitTracker
-from .exactly_once import SegmentWorker
+from .base import Executor
 
 if TYPE_CHECKING:
+    from ...tracing.spans import Batch
     from ..processor import Processor
     from ..runtime import Runtime
 
 log = logging.getLogger("eventlanes.processing")
 
+#: a lane's queue: (the event's index in the tracker, the event), then None to end
+Lane = asyncio.Queue[tuple[int, Event] | None]
 
-class LaneWorker(SegmentWorker):
+
+class LaneExecutor(Executor):
     def __init__(self, runtime: Runtime, proc: Processor, owner: str) -> None:
         super().__init__(runtime, proc, owner)
+        self.dispatch = Dispatch(proc.name, proc.handlers, proc.policy)
         self.lanes = proc.lanes
         self.handler_timeout = proc.handler_timeout
         self.window = proc.lane_window
@@ -59,88 +64,21 @@ class LaneWorker(SegmentWorker):
             self.observer.batch_handled(self.name, str(st.segment), len(events), seconds)
         return outcome
 
-    def _commit_token(self, st: SegmentState, position: int) -> None:
+    def _commit_done(self, st: SegmentState, position: int) -> None:
+        """Commit the token up to ``position``, the last of the events done so far in order."""
         token = st.token.advance(position)
-        self._store(st, token)
+        self.commit_token(st, token)
         st.committed(token)
-
-    def _store(self, st: SegmentState, token: Any) -> None:
-        """Store the segment's token (in a commit span when the batch is traced)."""
-        traced = spans.current()
-        commit = traced.commit(token.position) if traced is not None else None
-        try:
-            self.tokens.store(self.name, st.segment.id, token, self.owner)
-        except BaseException as exc:
-            spans.ended(commit, exc)
-            raise
-        spans.ended(commit)
 
     async def _run(self, st: SegmentState, events: list[Event], upto: Any) -> Outcome:
         tracker = CommitTracker(window=self.window, commit_every=500, commit_interval=0.5)
-        queues: list[asyncio.Queue[tuple[int, Event] | None]] = [
-            asyncio.Queue() for _ in range(self.lanes)
-        ]
-        db = self.runtime.db
-        ctx = Context(self.name, st.segment, st.token, None, db.backend, db.param, db.prefix)
-        dispatch = self.dispatch
+        queues: list[Lane] = [asyncio.Queue() for _ in range(self.lanes)]
+        ctx = Context.for_batch(self.runtime.db, self.name, st.segment, st.token)
         traced = spans.current()  # the batch span, when recording: a child per handler call
-
-        async def call(handler: Any, event: Event) -> None:
-            result = handler(event, ctx)
-            if inspect.isawaitable(result):
-                await asyncio.wait_for(result, self.handler_timeout)
-            elif result is not None:
-                never_ran(result, handler)
-
-        async def lane(queue: asyncio.Queue[tuple[int, Event] | None]) -> None:
-            stopped = False
-            while (item := await queue.get()) is not None:
-                index, event = item
-                if stopped or st.lost:
-                    continue  # behind a failure, or the claim is gone: runs again elsewhere
-                replay = dispatch.replayed(st.token, event)
-                try:
-                    for handler in dispatch.for_event(event, replay):
-                        if traced is None:
-                            await call(handler, event)
-                        else:
-                            with traced.handler(event, handler, replay):
-                                await call(handler, event)
-                except TimeoutError:
-                    stopped = True
-                    tracker.fail(index, HandlerTimeoutError(
-                        f"event {event.position} ({event.type}): handler did not finish within "
-                        f"{self.handler_timeout} s"))  # fmt: skip
-                except Exception as exc:  # noqa: BLE001 - reported with the event
-                    stopped = True
-                    tracker.fail(index, HandlerFailed(event, self.policy.key(event), exc))
-                else:
-                    tracker.done(index)
-
-        async def committer() -> None:
-            while not st.lost:
-                await asyncio.sleep(0.05)
-                position = tracker.committable()
-                if position is None:
-                    continue
-                try:
-                    self._commit_token(st, position)
-                except ClaimLostError:
-                    st.mark_lost()  # the lanes stop taking events; the batch ends LOST
-                except Exception as exc:  # noqa: BLE001 - retried at the next tick, or at the end
-                    log.warning("%s %s: committing %s failed: %s", self.name, st.segment,
-                                position, exc)  # fmt: skip
-
-        workers = [asyncio.create_task(lane(q)) for q in queues]
-        commits = asyncio.create_task(committer())
+        workers = [asyncio.create_task(self._lane(st, ctx, tracker, q, traced)) for q in queues]
+        commits = asyncio.create_task(self._committer(st, tracker))
         try:
-            for event in events:
-                key = self.policy.key(event)
-                index = await tracker.dispatch_async(event.position)
-                lane_no = stable_hash(key if key is not None else f"#{event.position}") % self.lanes
-                queues[lane_no].put_nowait((index, event))
-            for queue in queues:
-                queue.put_nowait(None)
+            await self._spread(events, tracker, queues)
             await asyncio.gather(*workers)
         except Exception as exc:  # noqa: BLE001 - e.g. backpressure after a failure
             for task in workers:
@@ -148,18 +86,92 @@ class LaneWorker(SegmentWorker):
             return self._finish_failed(st, tracker, exc)
         finally:
             commits.cancel()
+        return self._finish(st, tracker, upto)
+
+    async def _spread(
+        self, events: list[Event], tracker: CommitTracker, queues: list[Lane]
+    ) -> None:
+        """Hand the events out in order, each to the lane of its key (the same key, the same
+        lane), as the tracker's window lets them in; then end every lane."""
+        key_of, lanes = self.policy.key, self.lanes
+        for event in events:
+            key = key_of(event)
+            index = await tracker.dispatch_async(event.position)
+            lane_no = stable_hash(key if key is not None else f"#{event.position}") % lanes
+            queues[lane_no].put_nowait((index, event))
+        for queue in queues:
+            queue.put_nowait(None)
+
+    async def _lane(
+        self,
+        st: SegmentState,
+        ctx: Context,
+        tracker: CommitTracker,
+        queue: Lane,
+        traced: Batch | None,
+    ) -> None:
+        """One lane: its events' handlers in order; a failure stops the lane (later events of
+        its keys must not overtake it) and is reported to the tracker."""
+        dispatch = self.dispatch
+        stopped = False
+        while (item := await queue.get()) is not None:
+            index, event = item
+            if stopped or st.lost:
+                continue  # behind a failure, or the claim is gone: runs again elsewhere
+            replay = dispatch.replayed(st.token, event)
+            try:
+                for handler in dispatch.for_event(event, replay):
+                    if traced is None:
+                        await self._call(handler, event, ctx)
+                    else:
+                        with traced.handler(event, handler, replay):
+                            await self._call(handler, event, ctx)
+            except TimeoutError:
+                stopped = True
+                tracker.fail(index, HandlerTimeoutError(
+                    f"event {event.position} ({event.type}): handler did not finish within "
+                    f"{self.handler_timeout} s"))  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - reported with the event
+                stopped = True
+                tracker.fail(index, HandlerFailed(event, self.policy.key(event), exc))
+            else:
+                tracker.done(index)
+
+    async def _call(self, handler: Any, event: Event, ctx: Context) -> None:
+        result = handler(event, ctx)
+        if inspect.isawaitable(result):
+            await asyncio.wait_for(result, self.handler_timeout)
+        elif result is not None:
+            never_ran(result, handler)
+
+    async def _committer(self, st: SegmentState, tracker: CommitTracker) -> None:
+        """While the lanes run: commit what is done in order, every 50 ms at most."""
+        while not st.lost:
+            await asyncio.sleep(0.05)
+            position = tracker.committable()
+            if position is None:
+                continue
+            try:
+                self._commit_done(st, position)
+            except ClaimLostError:
+                self.lost(st)  # the lanes stop taking events; the batch ends LOST
+            except Exception as exc:  # noqa: BLE001 - retried at the next tick, or at the end
+                log.warning("%s %s: committing %s failed: %s", self.name, st.segment,
+                            position, exc)  # fmt: skip
+
+    def _finish(self, st: SegmentState, tracker: CommitTracker, upto: Any) -> Outcome:
+        """Every lane ended: commit the batch's token, or what is done before a failure."""
         if st.lost:  # events were skipped once the claim went: commit nothing more
             return Outcome.LOST
         try:
             if tracker.failed:
                 return self._finish_failed(st, tracker, None)
             new_token = advanced(st.token, upto)
-            self._store(st, new_token)
+            self.commit_token(st, new_token)
             st.committed(new_token)
             return Outcome.OK
         except ClaimLostError:
-            st.mark_lost()
-            return Outcome.LOST
+            return self.lost(st)
         except Exception as exc:  # noqa: BLE001 - a database error: back off and retry
             return self.back_off(st, exc)
 
@@ -168,13 +180,12 @@ class LaneWorker(SegmentWorker):
         try:
             position = tracker.committable(force=True)
             if position is not None:
-                self._commit_token(st, position)
+                self._commit_done(st, position)
             tracker.raise_if_failed()
             if exc is not None:
                 raise exc
         except ClaimLostError:
-            st.mark_lost()
-            return Outcome.LOST
+            return self.lost(st)
         except Exception as error:  # noqa: BLE001
             return self.back_off(st, error)
         return Outcome.OK

@@ -14,13 +14,13 @@ from ..handling.dispatch import Awaiter
 from ..handling.failures import HandlerFailed
 from ..republisher import Republisher
 from ..segment import Outcome, SegmentState, advanced
-from .exactly_once import SegmentWorker
+from .base import Executor
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
 
 
-class RepublishWorker(SegmentWorker):
+class RepublishExecutor(Executor):
     def __init__(self, runtime: Runtime, rep: Republisher, owner: str) -> None:
         super().__init__(runtime, rep, owner)
         self.rep = rep
@@ -95,16 +95,9 @@ class RepublishWorker(SegmentWorker):
                     self._name_the_output(outs, made_by[stream])
                     raise
             new_token = advanced(st.token, upto)
-            commit = traced.commit(new_token.position) if traced is not None else None
-            try:
-                self.tokens.store(self.name, st.segment.id, new_token, self.owner)
-            except BaseException as exc:
-                spans.ended(commit, exc)
-                raise
-            spans.ended(commit)
+            self.commit_token(st, new_token)
         except ClaimLostError:
-            st.mark_lost()
-            return Outcome.LOST
+            return self.lost(st)
         except Exception as exc:  # noqa: BLE001
             return self.back_off(st, exc)
         st.committed(new_token)

@@ -7,13 +7,16 @@ import sys
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...db.placeholders import for_psycopg, translated
 from ...errors import InvalidInputError
 from ...names import check_table_name, table_suffix
 from ...segments import Segment
 from ...tokens import Token
+
+if TYPE_CHECKING:
+    from ...db import Database
 
 
 class _Opener:
@@ -72,6 +75,19 @@ class Context:
         self.prefix = prefix
         self._cursor: Any = None
         self._suffix = table_suffix(processor)  # a version's own tables: ``__vN``
+
+    @classmethod
+    def for_batch(
+        cls,
+        db: Database,
+        processor: str,
+        segment: Segment | None = None,
+        token: Token | None = None,
+        connection: Any = None,
+    ) -> Context:
+        """The context of a batch (or a reset) of ``processor`` in ``db``, the database its
+        handlers write to: its backend, placeholder style and table prefix."""
+        return cls(processor, segment, token, connection, db.backend, db.param, db.prefix)
 
     def table(self, name: str) -> str:
         """``name`` under the store's table prefix: projections live beside the tokens. In a

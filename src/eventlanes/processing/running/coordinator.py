@@ -8,20 +8,21 @@ batches, so a segment never changes under a batch in flight.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections import Counter
+from collections.abc import Callable
 
 from ...db.weather import Outage
 from ...errors import InvalidInputError
+from ...observe import Observer
 from ...segments import Segment
-from ...tokens import SegmentStatus, Token
-from ..executors.exactly_once import SegmentWorker
+from ...store.read_wait import ReadWaitWatch
+from ...tokens import SegmentStatus, Token, TokenStore
+from ...tokens.claims import HOLD_OFF_ROUNDS, claimable, fair_share, gives_way
 from ..processor import Processor
-from ..segment import SegmentState
+from ..segment import Progress, SegmentState
 from ..tables.dead_letters import DeadLetterStore
-from .requests import Drop, carry_out
+from .requests import Drop, Persist, carry_out
 
 log = logging.getLogger("eventlanes.processing")
 
@@ -31,13 +32,26 @@ def _nothing(st: SegmentState) -> None:
 
 
 class Coordinator:
+    """Holds ``proc``'s segments for ``owner``. Its parts: the token store, the dead letters
+    (parked keys), the observer, the process's commit ``progress`` (each claimed segment
+    tells it of its commits), the ``read_waits`` watch (checked at each heartbeat), and two
+    calls of the executor: ``persist`` (store a segment's token, and what is held for it,
+    before the segment changes or goes) and ``record_crash`` (record an exception that stops
+    the runner as a segment's failure)."""
+
     def __init__(
         self,
         proc: Processor,
-        worker: SegmentWorker,
-        dead_letters: DeadLetterStore,
         owner: str,
-        static: tuple[int, int] | None,
+        *,
+        tokens: TokenStore,
+        dead_letters: DeadLetterStore,
+        observer: Observer,
+        progress: Progress,
+        read_waits: ReadWaitWatch,
+        persist: Persist,
+        record_crash: Callable[[SegmentState, BaseException], None],
+        static: tuple[int, int] | None = None,
         interval: float,
     ) -> None:
         if static is not None:
@@ -46,9 +60,13 @@ class Coordinator:
                 raise InvalidInputError(f"static mode needs 0 <= node index < nodes, got {static}")
         self.proc = proc
         self.name = proc.name
-        self.worker = worker
-        self.tokens = worker.tokens
+        self.tokens = tokens
         self.dead_letters = dead_letters
+        self.observer = observer
+        self.progress = progress
+        self.read_waits = read_waits
+        self.persist = persist
+        self.record_crash = record_crash
         self.owner = owner
         self.static = static
         self.interval = interval
@@ -62,7 +80,7 @@ class Coordinator:
         """Segments whose claim could not be extended are lost: nothing of theirs commits.
         A segment whose handler has run past ``handler_timeout`` is given up the same way and
         recorded as failed (retried with back-off, on any node); its transaction rolls back."""
-        self.worker.runtime.read_waits.check()  # at most every few seconds: a warning if due
+        self.read_waits.check()  # at most every few seconds: a warning if due
         now = time.monotonic()
         timeout = self.proc.handler_timeout
         stuck = []
@@ -80,7 +98,7 @@ class Coordinator:
                 f"handler did not finish within {timeout:g} s (handler_timeout): stuck for "
                 f"{st.stuck_for(now):.0f} s at {st.describe_running()}"
             )
-            self.worker.observer.failed(self.name, str(st.segment), text)
+            self.observer.failed(self.name, str(st.segment), text)
             try:
                 delay = self.tokens.fail(self.name, st.segment.id, self.owner, text)
                 log.error("%s %s: %s; released, retrying in %.0f s", self.name, st.segment,
@@ -127,15 +145,16 @@ class Coordinator:
         else:
             wanted = sorted(status)
             live = self.tokens.live_nodes(self.name)
-            limit = self._limit(len(status), len(live))
-            while len(self.claimed) > limit:  # give the surplus to nodes that are waiting
-                surplus = self.claimed[max(self.claimed)]
-                self.release(surplus, drop, hold_off=self.interval * 3)
-            if self._gives_way(status, live):
-                surplus = self.claimed[max(self.claimed)]
+            limit, surplus = fair_share(len(status), len(live), self.proc.max_segments,
+                                        self.claimed)  # fmt: skip
+            hold_off = self.interval * HOLD_OFF_ROUNDS
+            for seg_id in surplus:  # give the surplus to nodes that are waiting
+                self.release(self.claimed[seg_id], drop, hold_off=hold_off)
+            if gives_way(status.values(), live, self.owner, len(self.claimed)):
+                st = self.claimed[max(self.claimed)]
                 log.info("%s: releasing %s for a node with less than its share", self.name,
-                         surplus.segment)  # fmt: skip
-                self.release(surplus, drop, hold_off=self.interval * 3)
+                         st.segment)  # fmt: skip
+                self.release(st, drop, hold_off=hold_off)
             if len(self.claimed) >= limit:
                 wanted = []
         for seg_id in wanted:
@@ -143,41 +162,11 @@ class Coordinator:
                 continue
             if limit is not None and len(self.claimed) >= limit:
                 break
-            row = status[seg_id]
-            if row.owner not in (None, self.owner) and (row.claim_expires_in or 0) > 0:
-                continue
-            if row.retry_in:
+            if not claimable(status[seg_id], self.owner):
                 continue
             record = self.tokens.claim(self.name, seg_id, self.owner)
             if record is not None:
                 self.acquire(record.segment, record.token)
-
-    def _limit(self, total: int, live: int) -> int:
-        """How many segments this node may hold: its fair share among live nodes."""
-        fair = math.ceil(total / max(1, live))
-        if self.proc.max_segments is not None:
-            fair = min(fair, self.proc.max_segments)
-        return fair
-
-    def _gives_way(self, status: dict[int, SegmentStatus], live: list[str]) -> bool:
-        """Whether this node lets one of its segments go for a live node that holds less than
-        the floor of the fair share while every segment is held: the cap alone (the ceiling)
-        lets two nodes hold 2 + 2 of 4 segments and a third none, for as long as they run.
-        Only the node holding the most gives (ties: the name that sorts first), one segment
-        at a time."""
-        if len(live) < 2:
-            return False
-        floor = len(status) // len(live)
-        if len(self.claimed) <= floor:
-            return False
-        held: Counter[str] = Counter()
-        for row in status.values():
-            if row.owner is None or (row.claim_expires_in or 0) <= 0:
-                return False  # one is free: the node short of its share takes that one
-            held[row.owner] += 1
-        if all(held[node] >= floor for node in live):
-            return False
-        return min([*live, self.owner], key=lambda node: (-held[node], node)) == self.owner
 
     def parked_keys(self) -> list[tuple[str, int]] | None:
         """Keys with parked events (dead-letter mode). Read on the thread that processes the
@@ -194,11 +183,11 @@ class Coordinator:
             st.parked = {k for k, h in parked if st.segment.matches(h)}
 
     def _notify_claims(self) -> None:
-        self.worker.observer.claims(self.name, len(self.claimed))
+        self.observer.claims(self.name, len(self.claimed))
 
     # -- holding and letting go ----------------------------------------------------------------
     def acquire(self, segment: Segment, token: Token) -> SegmentState:
-        st = SegmentState(segment, token, progress=self.worker.runtime.progress)
+        st = SegmentState(segment, token, progress=self.progress)
         self.refresh_parked([st])
         with self.lock:
             self.claimed[segment.id] = st
@@ -211,7 +200,7 @@ class Coordinator:
 
     def release(self, st: SegmentState, drop: Drop, hold_off: float) -> None:
         drop(st)
-        self.worker.persist(st)
+        self.persist(st)
         self.tokens.release(self.name, st.segment.id, self.owner, hold_off=hold_off)
         self.forget(st.segment.id)
 
@@ -234,17 +223,17 @@ class Coordinator:
             if st.lost:
                 continue
             try:
-                self.worker.persist(st)
+                self.persist(st)
             except Exception:  # noqa: BLE001 - its last stored token stays: nothing is lost
                 log.warning("%s %s: storing the token failed", self.name, st.segment)
-            self.worker.crashed(st, exc)
+            self.record_crash(st, exc)
 
     def release_all(self) -> None:
         """On shutdown, after the last batch: persist tokens, release, leave. A database that is
         down does not stop the shutdown: unreleased claims expire by themselves."""
         try:
             for seg_id, st in list(self.claimed.items()):
-                self.worker.persist(st)
+                self.persist(st)
                 self.tokens.release(self.name, seg_id, self.owner)
             self.tokens.leave(self.name, self.owner)
         except Exception as exc:  # noqa: BLE001

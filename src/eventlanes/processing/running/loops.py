@@ -14,7 +14,7 @@ from ...db.weather import Backoff, is_transient
 from ...events import Event
 from ...store.notify import Wakeup
 from ...tokens import Token
-from ..executors.exactly_once import SegmentWorker
+from ..executors.base import Executor
 from ..segment import Outcome, SegmentState, advanced
 from .coordinator import Coordinator
 from .reader import BatchReader, Upto
@@ -67,14 +67,14 @@ class PooledLoop:
         self,
         coordinator: Coordinator,
         reader: BatchReader,
-        worker: SegmentWorker,
+        executor: Executor,
         wakeup: Wakeup,
         stopping: threading.Event,
         threads: int,
     ) -> None:
         self.coordinator = coordinator
         self.reader = reader
-        self.worker = worker
+        self.executor = executor
         self.wakeup = wakeup
         self.stopping = stopping
         self.threads = threads
@@ -107,15 +107,15 @@ class PooledLoop:
     def _round(self) -> None:
         """One batch: coordinate, read (or take the batch read ahead), hand the segments'
         shares to the pool, read the next batch, wait."""
-        coordinator, worker = self.coordinator, self.worker
+        coordinator, executor = self.coordinator, self.executor
         ahead, self.ahead = self.ahead, None  # used once at most, whatever happens
         if coordinator.coordinate():
             ahead = None  # claims, splits, merges may have changed the held segments
             states = [st for st in coordinator.claimed.values() if not st.lost]
             coordinator.refresh_parked(states)
             for st in states:
-                if st.persist_due(worker.persist_every):
-                    worker.persist(st)
+                if st.persist_due(executor.persist_every):
+                    executor.persist(st)
         states = [st for st in coordinator.claimed.values() if not st.lost]
         if not states:
             self.wakeup.wait(self.wakeup.generation, coordinator.interval)
@@ -127,7 +127,7 @@ class PooledLoop:
             events, upto, moved = self.reader.read(states)
         if not events and not moved:
             for st in states:  # idle: a good moment to persist advanced tokens
-                worker.persist_idle(st)
+                executor.persist_idle(st)
             self.wakeup.wait(seen)
             return
         shares, upto, carry = self.reader.cut(self.reader.share(states, events), events, upto)
@@ -135,11 +135,13 @@ class PooledLoop:
         # can change a token).
         tokens = tuple(advanced(st.token, upto) for st in states)
         futures = {
-            self.pool.submit(worker.handle, st, evs, upto): st for st, evs in shares.items() if evs
+            self.pool.submit(executor.handle, st, evs, upto): st
+            for st, evs in shares.items()
+            if evs
         }
         for st, evs in shares.items():
             if not evs:
-                worker.idle(st, upto)
+                executor.idle(st, upto)
         # The events past a cut start the next batch (not read again), the read ahead the rest.
         following = self._read_ahead(states, tokens, carry) if futures or carry else None
         if self._wait(futures):
@@ -216,14 +218,14 @@ class TrackingLoop:
         self,
         coordinator: Coordinator,
         reader: BatchReader,
-        worker: SegmentWorker,
+        executor: Executor,
         wakeup: Wakeup,
         stopping: threading.Event,
         guard: Callable[[Callable[[], None]], Callable[[], None]],
     ) -> None:
         self.coordinator = coordinator
         self.reader = reader
-        self.worker = worker
+        self.executor = executor
         self.wakeup = wakeup
         self.stopping = stopping
         self.guard = guard
@@ -290,24 +292,24 @@ class TrackingLoop:
                 if not is_transient(exc):
                     raise
                 weather(self.coordinator, exc, backoff, self.stopping)
-        self.worker.persist(st)
+        self.executor.persist(st)
 
     def _segment_rounds(self, st: SegmentState) -> None:
-        worker, coordinator = self.worker, self.coordinator
+        executor, coordinator = self.executor, self.coordinator
         refresh_at = time.monotonic() + coordinator.interval
         while not self.stopping.is_set() and not st.stop and not st.lost:
             seen = self.wakeup.generation
             events, upto, moved = self.reader.read([st])
             mine = self.reader.share([st], events)[st] if events else []
             if mine:
-                if worker.handle(st, mine, upto) is not Outcome.OK:
+                if executor.handle(st, mine, upto) is not Outcome.OK:
                     return
             elif moved:
-                worker.idle(st, upto)
-                if st.persist_due(worker.persist_every):
-                    worker.persist(st)
+                executor.idle(st, upto)
+                if st.persist_due(executor.persist_every):
+                    executor.persist(st)
             else:
-                worker.persist_idle(st)
+                executor.persist_idle(st)
                 self.wakeup.wait(seen)
             if time.monotonic() > refresh_at:
                 refresh_at = time.monotonic() + coordinator.interval

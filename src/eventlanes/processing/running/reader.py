@@ -7,11 +7,12 @@ from collections.abc import Iterator, Sequence
 from itertools import takewhile
 from typing import Any
 
-from ...events import Event
+from ...events import Event, set_source
 from ...store import EventStore
 from ...tokens import Token
 from ...upcasting import Upcasters
-from ..aggregating.pushdown.sqlite import Folded, Pushdown
+from ..aggregating.pushdown import build as build_pushdown
+from ..aggregating.pushdown.base import Folded
 from ..options import OrderKey
 from ..processor import Processor
 from ..segment import SegmentState
@@ -33,11 +34,11 @@ class BatchReader:
         self.types = proc.handled_types()
         #: the upcasters into those types: their old types are read too, and every event is
         #: in its current shape before anything routes or handles it (eventlanes.upcasting)
-        self.upcasters = proc.runtime.upcasters.into(self.types)
+        self.upcasters = proc.upcasters.into(self.types)
         if self.upcasters is not None:
             self.types = self.upcasters.reads(self.types)
         #: a declarative aggregation folded in SQL where exact (see pushdown.py)
-        self.pushdown = Pushdown.build(
+        self.pushdown = build_pushdown(
             getattr(proc, "declaration", None),
             [store for _, store in sources],
             getattr(proc, "pushdown", False),
@@ -192,7 +193,7 @@ def read_merged(
         events, upto = store.read_upto(afters[name], limit, segments, types)
         if name:
             for event in events:
-                event._source = name  # which source: set by the reader, before anyone sees it
+                set_source(event, name)  # set by the reader, before anyone sees it
         if upcasters is not None:
             events = upcasters.events(events)
         parts.append((name, events, upto, len(events) == limit))

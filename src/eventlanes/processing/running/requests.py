@@ -13,14 +13,16 @@ from ...errors import ClaimLostError, InvalidInputError, ProcessorBusyError
 from ...segments import Segment
 from ...tokens import SegmentStatus, Token, TokenStore
 from ...tokens.claims import node_name
-from ..executors.exactly_once import SegmentWorker
 from ..processor import Processor
 from ..runtime import Runtime
 from ..segment import SegmentState
 
 log = logging.getLogger("eventlanes.processing")
 
+#: called before a held segment changes or goes (tracking mode stops its thread)
 Drop = Callable[[SegmentState], None]
+#: stores a held segment's token (and what the executor holds for it) before it changes or goes
+Persist = Callable[[SegmentState], None]
 
 
 class Holder(Protocol):
@@ -29,7 +31,7 @@ class Holder(Protocol):
     name: str
     owner: str
     tokens: TokenStore
-    worker: SegmentWorker
+    persist: Persist
     claimed: dict[int, SegmentState]
 
     def acquire(self, segment: Segment, token: Token) -> SegmentState: ...
@@ -50,7 +52,7 @@ def carry_out(c: Holder, status: dict[int, SegmentStatus], drop: Drop) -> None:
                 c.release(st, drop, hold_off=c.tokens.claim_timeout)
             elif request == "split":
                 drop(st)
-                c.worker.persist(st)
+                c.persist(st)
                 keep, new = c.tokens.split(c.name, seg_id, c.owner)
                 st.segment = keep
                 st.token = st.token.for_segment(keep)
@@ -77,7 +79,7 @@ def _merge(c: Holder, st: SegmentState, status: dict[int, SegmentStatus], drop: 
     other = c.claimed[sibling.id]
     for s in (st, other):
         drop(s)
-        c.worker.persist(s)
+        c.persist(s)
     merged = c.tokens.merge(c.name, st.segment.id, c.owner)
     c.forget(st.segment.id)
     c.forget(sibling.id)

@@ -2,10 +2,12 @@
 
 * :class:`~.coordinator.Coordinator`: which segments this process holds (claims, fair share,
   split / merge / release requests);
-* :class:`~.claims.Heartbeat`: extends the claims while handlers run, survives database errors;
+* :class:`~eventlanes.tokens.claims.Heartbeat`: extends the claims while handlers run,
+  survives database errors;
 * :class:`~.reader.BatchReader`: reads the next batch and shares it out among held segments;
 * :class:`~.loops.PooledLoop` or :class:`~.loops.TrackingLoop`: the read-and-handle loop;
-* the processor's executor (:func:`~.executors.executor_for`): runs handlers, commits tokens.
+* the processor's executor (:func:`executor_for`, one per guarantee: :mod:`..executors`):
+  runs handlers, commits tokens.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from ...observe import CRASH
 from ...store.notify import Wakeup, wakeup_for
 from ...tokens.claims import Heartbeat, node_name
 from ..aggregating.aggregation import Aggregation
-from ..aggregating.executor import AggregationWorker
-from ..executors.exactly_once import SegmentWorker
-from ..executors.lanes import LaneWorker
-from ..executors.republish import RepublishWorker
+from ..aggregating.executor import AggregationExecutor
+from ..executors.base import Executor
+from ..executors.exactly_once import TransactionalExecutor
+from ..executors.lanes import LaneExecutor
+from ..executors.republish import RepublishExecutor
 from ..handling.failures import describe_crash
-from ..processor import Guarantee, Processor
+from ..options import Guarantee
+from ..processor import Processor
 from ..republisher import Republisher
 from ..runtime import Runtime
 from ..segment import SegmentState
@@ -76,10 +80,20 @@ class ProcessorRunner:
         self.owner = owner or node_name()
         self.wakeup = wakeup or wakeup_for(runtime.store, runtime.poll_interval)
         self._own_wakeup = wakeup is None
-        self.worker = executor_for(runtime, processor, self.owner)
+        self.executor = executor = executor_for(runtime, processor, self.owner)
         interval = runtime.tokens.claim_timeout / 3
         self.coordinator = Coordinator(
-            processor, self.worker, runtime.dead_letters, self.owner, static, min(1.0, interval)
+            processor,
+            self.owner,
+            tokens=runtime.tokens,
+            dead_letters=runtime.dead_letters,
+            observer=runtime.observer,
+            progress=runtime.progress,
+            read_waits=runtime.read_waits,
+            persist=executor.persist,
+            record_crash=executor.crashed,
+            static=static,
+            interval=min(1.0, interval),
         )
         sources = [("", runtime.store)] + [
             (name, runtime.source_store(target)) for name, target in processor.sources.items()
@@ -96,17 +110,22 @@ class ProcessorRunner:
     def claimed(self) -> dict[int, SegmentState]:
         return self.coordinator.claimed
 
+    def behind(self, head: int) -> bool:
+        """Whether a segment held here (not lost) is still short of ``head``: then it is not
+        caught up, whatever its stored token says (that one is at most the one in memory)."""
+        return any(st.token.position < head and not st.lost for st in list(self.claimed.values()))
+
     def start(self) -> None:
         self.runtime.initialize(*self.processor.token_spec())
         self.runtime.tokens.heartbeat(self.name, self.owner)
         if self.processor.mode == "pooled":
             threads = self.processor.workers or max(1, self.processor.segments)
             loop: PooledLoop | TrackingLoop = PooledLoop(
-                self.coordinator, self.reader, self.worker, self.wakeup, self.stopping, threads
+                self.coordinator, self.reader, self.executor, self.wakeup, self.stopping, threads
             )
         else:
             loop = TrackingLoop(
-                self.coordinator, self.reader, self.worker, self.wakeup, self.stopping, self.guard
+                self.coordinator, self.reader, self.executor, self.wakeup, self.stopping, self.guard
             )
         self._thread = threading.Thread(
             target=self.guard(loop.run), name=f"eventlanes-{self.name}-main", daemon=True
@@ -144,11 +163,12 @@ class ProcessorRunner:
         return clean
 
 
-def executor_for(runtime: Runtime, proc: Processor, owner: str) -> SegmentWorker:
+def executor_for(runtime: Runtime, proc: Processor, owner: str) -> Executor:
+    """The executor of ``proc``'s guarantee."""
     if isinstance(proc, Aggregation):
-        return AggregationWorker(runtime, proc, owner)
+        return AggregationExecutor(runtime, proc, owner)
     if isinstance(proc, Republisher):
-        return RepublishWorker(runtime, proc, owner)
+        return RepublishExecutor(runtime, proc, owner)
     if proc.guarantee is Guarantee.AT_LEAST_ONCE:
-        return LaneWorker(runtime, proc, owner)
-    return SegmentWorker(runtime, proc, owner)
+        return LaneExecutor(runtime, proc, owner)
+    return TransactionalExecutor(runtime, proc, owner)

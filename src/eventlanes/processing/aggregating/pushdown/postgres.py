@@ -1,4 +1,4 @@
-"""The pushdown (:mod:`.pushdown`) on PostgreSQL: a declarative aggregation's ranges read
+"""The pushdown (:mod:`.base`) on PostgreSQL: a declarative aggregation's ranges read
 straight into Arrow (binary COPY, ``scan_arrow``) and folded there
 (:mod:`eventlanes.columnar.fold`, pyarrow's hash aggregates), instead of an
 :class:`~eventlanes.events.Event` per row; returned as the groups the SQLite statement
@@ -25,28 +25,23 @@ from typing import Any
 from ....store.postgres import PostgresEventStore
 from ....upcasting import Upcasters
 from ....upcasting.arrow import upcast_batch
-from ..declarative import TYPES, Declaration
-from .sqlite import _KIND, Pushdown, _Field
+from ..declarative import Declaration
+from .base import Pushdown
 
 
 class PostgresPushdown(Pushdown):
-    """One declaration folded over a PostgreSQL store's ranges in Arrow."""
+    """One declaration folded over a PostgreSQL store's ranges in Arrow (every range: old
+    shapes are upcast in the batches, not left to the row path)."""
 
     store: PostgresEventStore
-    old_by_rows = False  # old shapes are upcast in the batches
 
     def __init__(
         self, decl: Declaration, store: PostgresEventStore, upcasters: Upcasters | None = None
     ) -> None:
         super().__init__(decl, store, upcasters)
-        self.kinds = {p: TYPES[t] for p, t in decl.columns.items()}
-        self.spec = [(op.kind, op.field, op.where) for op in decl.fields.values()]
+        self.kinds = decl.kinds()
+        self.spec = list(decl.partials())
         self.types = sorted(upcasters.reads(decl.types) or () if upcasters else decl.types)
-
-    def _plan(self, decl: Declaration, table: str) -> tuple[str, list[Any], list[str]]:
-        for out, op in decl.fields.items():
-            self.fields.append(_Field(out, _KIND[op.kind], op.type))
-        return "", [], list(decl.columns)
 
     def _range(self, after: int, span: int) -> tuple[list[list[Any]] | None, int]:
         import pyarrow as pa

@@ -70,9 +70,8 @@ def functions_of(proc: Any) -> list[Callable[..., Any]]:
             found += [agg.key, getattr(agg, "initial_state", None), getattr(agg, "initial", None)]
             found += [f for fs in agg.folds.by_type.values() for f in fs] + list(agg.folds.any)
     else:
-        handlers = proc.handlers
-        found += [h for _, h in handlers._entries] + [h for _, h in handlers.batch_handlers]
-        found.append(getattr(proc.policy, "_key", None))
+        found += proc.handlers.handlers()
+        found.append(proc.policy.key_function)
     if (upcasters := upcasters_of(proc)) is not None:
         found += upcasters.functions()
     return [f for f in found if f is not None]

@@ -1,0 +1,195 @@
+"""What every pushdown shares: a range folded in the database (:class:`Folded`, per key the
+partials of each state field), the abstract :class:`Pushdown` that reads such ranges, and the
+merge of their groups into the states, which is the same whatever backend folded them.
+
+A backend (:mod:`.sqlite`, :mod:`.postgres`) says how a range is folded (``_range``); the base
+keeps the last range folded, sends a range it cannot fold exactly to the row path
+(``rows_until``), and shares and merges the groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ....hashing import stable_hash
+from ....upcasting import Upcasters
+from ...tables.states import Entry
+from ..declarative import Declaration
+from ..dedupe import Marks
+
+if TYPE_CHECKING:
+    from ...segment import SegmentState
+
+__all__ = ["KIND", "SPAN", "TEXT_SPAN", "Field", "Folded", "Pushdown", "RowSource"]
+
+log = logging.getLogger("eventlanes.aggregation")
+
+# The tunables live here, together, so that one module sets them (tests take small ranges).
+#: positions folded per range: larger ranges return fewer rows per event (a key seen several
+#: times in the range comes back once). It bounds the memory of a range: the states loaded for
+#: it (one per key), the groups; SQLite's sorter spills to disk past its cache.
+SPAN = 400_000
+#: positions whose text SQLite checks at once (the check's memory)
+TEXT_SPAN = 50_000
+#: a state field's kind as the merge codes it: a group's partial per field is merged by kind
+KIND = {"count": 0, "sum": 1, "min": 2, "max": 3, "first": 4, "last": 5}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One state field of the groups: its name in the state, kind (:data:`KIND`) and type."""
+
+    out: str
+    kind: int
+    type: type
+
+
+class RowSource(Protocol):
+    """What a folded range needs of the reader that folded it (the reader, seen from here
+    without importing it): its pushdown, and the range's events read again by rows."""
+
+    pushdown: Pushdown | None
+
+    def rows_between(
+        self, st: SegmentState, after: int, upto: int, batch_size: int
+    ) -> Iterator[list[Any]]: ...
+
+
+class Folded(list[list[Any]]):
+    """One range folded in the database: per key ``(key, events, first position, last
+    position, partial per field...)``, with ``events`` in all, the range ``(after, upto]`` and
+    the reader to fold it by rows when a segment cannot take it as it is."""
+
+    __slots__ = ("after", "events", "reader", "upto")
+
+    def __init__(
+        self, groups: Iterable[list[Any]], after: int, upto: int, reader: RowSource
+    ) -> None:
+        super().__init__(groups)
+        self.after = after
+        self.upto = upto
+        self.reader = reader
+        self.events = sum(g[1] for g in self)
+
+    def part(self, groups: list[list[Any]]) -> Folded:
+        return Folded(groups, self.after, self.upto, self.reader)
+
+    def rows(self, st: SegmentState, batch_size: int) -> Iterator[list[Any]]:
+        """The range's events for ``st``, read again, in batches (the row path)."""
+        return self.reader.rows_between(st, self.after, self.upto, batch_size)
+
+
+class Pushdown(ABC):
+    """One declaration folded over ranges of one store (how: a backend's ``_range``), and the
+    merge of the groups into states."""
+
+    store: Any  # the backend's store
+
+    def __init__(self, decl: Declaration, store: Any, upcasters: Upcasters | None = None) -> None:
+        self.decl = decl
+        self.store = store
+        #: the upcasters into the folded types (None: none)
+        self.upcasters = upcasters
+        self.fields = [Field(out, KIND[op.kind], op.type) for out, op in decl.fields.items()]
+        #: positions below which reads take the row path (a range refused lately)
+        self.rows_until = 0
+        self._last: Folded | None = None
+
+    @abstractmethod
+    def _range(self, after: int, span: int) -> tuple[list[list[Any]] | None, int]:
+        """The groups of the range after ``after`` (at most ``span`` positions, up to what a
+        reader may see) and its end; None instead of groups: not exact (the row path)."""
+
+    def _native_span(self, after: int) -> tuple[int, int]:
+        """How many positions after ``after`` may be folded in the database, and (when that is
+        0) up to where the row path must fold: all of :data:`SPAN` unless a backend cannot
+        fold some events (:mod:`.sqlite`: those of old types)."""
+        return SPAN, after
+
+    # -- reading (the reader's thread) --------------------------------------------------------
+    def read(self, after: int, reader: RowSource) -> tuple[Folded | None, int]:
+        """The range after ``after`` folded in the database, and its end; None when it must
+        take the row path (then reads take it up to the range's end). The last range folded is
+        kept: a read ahead that the loop let go (it does at every coordination round, about
+        every second, shorter than a large range takes) is asked for again from the same
+        position, and the events up to its end do not change. It is only data: states change
+        when a worker merges it, once per hand-out, as with events read again."""
+        last = self._last
+        if last is not None and last.after == after and last.reader is reader:
+            return last, last.upto
+        try:
+            span, old_until = self._native_span(after)
+            if span == 0 and old_until > after:  # an old shape first: upcast by the row path
+                self.rows_until = old_until
+                return None, old_until
+            groups, upto = self._range(after, span)
+        except Exception as exc:  # noqa: BLE001 - the database's errors included: rows tell
+            log.debug("range after %d folded by rows: %s", after, exc)
+            self.rows_until = after + SPAN
+            return None, after
+        if groups is None:
+            self.rows_until = upto
+            return None, upto
+        folded = Folded(groups, after, upto, reader)
+        if folded:  # an empty range is cheap, and at the head it would hide what comes next
+            self._last = folded
+        return folded, upto
+
+    # -- merging (the worker's thread) --------------------------------------------------------
+    def merge(self, folded: Folded, entries: dict[str, Entry], marks: Marks, source: str) -> bool:
+        """Fold ``folded`` (one segment's share, every key in ``entries``) into the states, as
+        the row path's dedupe fast rule does: False (nothing changed) when a state holds an own
+        position at or above the range's first event."""
+        bound = marks.high.get(source)
+        if bound is not None and min(g[2] for g in folded) <= bound:
+            return False
+        fields = [(f.out, f.kind, i) for i, f in enumerate(self.fields, 4)]
+        for g in folded:
+            st = entries[g[0]].value
+            for out, kind, i in fields:
+                v = g[i]
+                if kind == 0:
+                    st[out] += v
+                elif v is None:
+                    continue
+                elif kind == 1:
+                    st[out] += v
+                elif kind == 2:
+                    cur = st[out]
+                    if cur is None or v < cur:
+                        st[out] = v
+                elif kind == 3:
+                    cur = st[out]
+                    if cur is None or v > cur:
+                        st[out] = v
+                elif kind == 4:
+                    if st[out] is None:
+                        st[out] = v[1]
+                else:
+                    st[out] = v[1]
+        pending = marks.pending.setdefault(source, {})
+        for g in folded:
+            pending[g[0]] = g[3]
+        marks.high[source] = max(g[3] for g in folded)
+        return True
+
+    def share(self, folded: Folded, states: list[SegmentState]) -> dict[SegmentState, list[Any]]:
+        """Each group to the held segment of its key (by the key's stable hash)."""
+        if len(states) == 1 and states[0].segment.mask == 0:
+            return {states[0]: folded}
+        parts: dict[SegmentState, list[list[Any]]] = {st: [] for st in states}
+        by_mask: dict[int, dict[int, SegmentState]] = {}
+        for st in states:
+            by_mask.setdefault(st.segment.mask, {})[st.segment.id] = st
+        for g in folded:
+            h = stable_hash(g[0])
+            for mask, ids in by_mask.items():
+                owner = ids.get(h & mask)
+                if owner is not None:
+                    parts[owner].append(g)
+                    break
+        return {st: folded.part(gs) if gs else [] for st, gs in parts.items()}
