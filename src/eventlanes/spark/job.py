@@ -43,8 +43,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from pyspark.sql import SparkSession
 
-    from .. import spark as els
-    from ..loader import load_app
+    # absolute: spark-submit runs this file as a script, outside its package
+    from eventlanes import spark as els
+    from eventlanes.loader import load_app
 
     spark = SparkSession.builder.appName("eventlanes-replay").getOrCreate()
     try:
