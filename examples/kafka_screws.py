@@ -59,7 +59,7 @@ def build(app: el.App, kafka: el.Kafka) -> tuple[el.Aggregation, el.Stage]:
         "normalise", to_stream=lambda e: f"robot-{e.data['robot']}", segments=2, batch_size=100
     )
     robots = app.aggregation(
-        "screws-per-robot", key=lambda e: e.data["robot"],
+        "screws-per-robot", key=lambda e: str(e.data["robot"]),  # numbered: a key is text
         initial=lambda: {"ok": 0, "failed": 0}, persist_every=0.2, segments=2,
         publish=_CrashingSink(kafka, ROBOTS),
     )  # fmt: skip
@@ -161,8 +161,12 @@ def downstream(url: str, bootstrap: str, timeout: float = 120.0) -> tuple[dict[s
 
     other = el.App(url, claim_timeout=1.5)
     kafka = el.Kafka(bootstrap)
-    other.ingest("robot-totals-in", kafka, topic=ROBOTS, type="RobotTotal")
-    other.ingest("factory-totals-in", kafka, topic=FACTORIES, type="FactoryTotal")
+    # the totals' chains lead back to the readings topic, or to the robots stage: trusted
+    trust = [READINGS, "screws-per-robot"]
+    other.ingest("robot-totals-in", kafka, topic=ROBOTS, type="RobotTotal", trust_chains=trust)
+    other.ingest(
+        "factory-totals-in", kafka, topic=FACTORIES, type="FactoryTotal", trust_chains=trust
+    )
     latest = other.aggregation("latest", key=lambda e: f"{e.type}/{e.stream_id}",
                                initial=dict, persist_every=0.1)  # fmt: skip
 

@@ -50,7 +50,7 @@ def build(app: el.App) -> tuple[el.Republisher, el.Aggregation, el.Stage]:
     )
     screws = app.aggregation(
         "screws-per-robot",
-        key=lambda e: e.data["robot"],
+        key=lambda e: str(e.data["robot"]),  # robots are numbered: a key is text
         initial=lambda: {"ok": 0, "failed": 0},
         persist_every=0.2,
         segments=2,

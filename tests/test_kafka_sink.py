@@ -80,7 +80,7 @@ def test_duplicates_from_a_crash_are_dropped_downstream(kafka_broker) -> None:
     dropped (counted), and the sums equal a plain fold."""
     b = kafka_broker.bootstrap
     topic = create_topic(b, 2)
-    up = el.App(f"sqlite:///{tempfile.mkdtemp()}/up.db", claim_timeout=2)
+    up = el.App(f"sqlite:///{tempfile.mkdtemp()}/up.db?prefix=up_", claim_timeout=2)
     sink = el.KafkaSink(el.Kafka(b), topic)
     proc = up.publisher("out", sink, segments=2, batch_size=50)
     failed: set[int] = set()
@@ -106,7 +106,7 @@ def test_duplicates_from_a_crash_are_dropped_downstream(kafka_broker) -> None:
     duplicates = len(records) - 400
     assert duplicates > 0  # the crash window was hit
     down = el.App(f"sqlite:///{tempfile.mkdtemp()}/down.db", claim_timeout=2)
-    down.ingest("in", el.Kafka(b), topic=topic)
+    down.ingest("in", el.Kafka(b), topic=topic, trust_chains=["up_events"])
     sums = down.aggregation("sums", key="robot", initial=lambda: {"n": 0})
 
     @sums.on("Screwed")

@@ -9,6 +9,7 @@ the Spark pipeline work with, and starts and stops what runs in this process (``
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Unpack
@@ -22,7 +23,7 @@ from .kafka.ingestor import Ingestor, OnBad
 from .kafka.publisher import define_publisher
 from .kafka.records import DEFAULT_MAX_BYTES, Record
 from .kafka.settings import Kafka
-from .node import Node, static_mode
+from .node import DEFAULT_METRICS_HOST, Node, serve_metrics, static_mode
 from .observe import Observer
 from .processing.aggregating.aggregation import Aggregation
 from .processing.aggregating.declarative import Op
@@ -40,10 +41,12 @@ from .processing.tables.dead_letters import DeadLetterStore
 from .processing.tables.states import StateTable
 from .registry import Registry
 from .schema import Migrated
-from .signals import run_until_signal
+from .signals import Stopping, run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
 from .upcasting import Upcasters
+
+log = logging.getLogger("eventlanes.app")
 
 
 class App(Operations):
@@ -205,18 +208,21 @@ class App(Operations):
         batch_size: int = 2000,
         max_record_bytes: int = DEFAULT_MAX_BYTES,
         max_partitions: int | None = None,
+        trust_chains: Any = None,
     ) -> Ingestor:
         """An ingestor appending the records of a Kafka ``topic`` to the store, exactly once
         (see :class:`eventlanes.kafka.Ingestor`, which describes its options: ``stream``,
         ``type`` and ``decode`` make a record an event, ``on_bad`` says what a bad record
         does, ``initial`` where a new partition starts, ``batch_size`` the records per
         transaction, ``max_record_bytes`` the largest record, ``max_partitions`` the
-        partitions per process); ``run`` starts it like a processor. Its name shares the
+        partitions per process, ``trust_chains`` whose ``el-source-chain`` headers are carried
+        on); ``run`` starts it like a processor. Its name shares the
         token table with the processors' names."""
         ingestor = Ingestor(
             self.runtime, name, kafka, topic=topic, stream=stream, type=type, decode=decode,
             on_bad=on_bad, initial=initial, batch_size=batch_size,
             max_record_bytes=max_record_bytes, max_partitions=max_partitions,
+            trust_chains=trust_chains,
         )  # fmt: skip
         return self.registry.add_ingestor(ingestor)
 
@@ -283,10 +289,13 @@ class App(Operations):
         observer: Observer | None = None,
         metrics_port: int | None = None,
         on_ready: Callable[[], None] | None = None,
+        metrics_host: str = DEFAULT_METRICS_HOST,
     ) -> None:
         """Start the processors in background threads of this process; ``balance``: this node
         also splits and merges segments when it is the balancing node (see ``balance``);
-        ``metrics_port``: serve Prometheus metrics there (``observer``: your own
+        ``metrics_port``: serve Prometheus metrics there, on the address ``metrics_host``
+        (all interfaces by default, so a pod is scraped; ``"127.0.0.1"``: this host only;
+        ``observer``: your own
         :class:`Observer` instead, or a ``PrometheusObserver`` to serve). ``on_ready()`` is
         called once every processor runs, unless one has crashed by then (never after a
         crash was logged)."""
@@ -297,7 +306,9 @@ class App(Operations):
         if not selected and not ingest:
             raise InvalidInputError("this app defines no processor to run")
         static = static_mode(node_index, nodes)
-        chosen = self._observe(observer, metrics_port, [*(p.name for p in selected), *ingest])
+        chosen = self._observe(
+            observer, metrics_port, [*(p.name for p in selected), *ingest], metrics_host
+        )
         if chosen is not None:
             self.runtime.observer = chosen
         self.node.start(selected, found, static, balance, on_ready)
@@ -326,9 +337,10 @@ class App(Operations):
         return self.node.ingest_runners
 
     def _observe(
-        self, observer: Observer | None, port: int | None, names: list[str]
+        self, observer: Observer | None, port: int | None, names: list[str], host: str
     ) -> Observer | None:
-        """The observer for this start (None: keep the app's), serving metrics on ``port``."""
+        """The observer for this start (None: keep the app's), serving metrics on ``port``
+        of ``host``."""
         if port is None:
             return observer
         try:
@@ -343,7 +355,8 @@ class App(Operations):
             observer = PrometheusObserver(CollectorRegistry())
         if not isinstance(observer, PrometheusObserver):
             raise InvalidInputError("metrics_port needs no observer or a PrometheusObserver")
-        self._metrics = MetricsServer(registry_for(self, observer, names), port)
+        registry = registry_for(self, observer, names)
+        self._metrics = serve_metrics(lambda p, h: MetricsServer(registry, p, h), port, host)
         return observer
 
     @property
@@ -372,6 +385,7 @@ class App(Operations):
         observer: Observer | None = None,
         metrics_port: int | None = None,
         on_ready: Callable[[], None] | None = None,
+        metrics_host: str = DEFAULT_METRICS_HOST,
     ) -> None:
         """Run until SIGINT/SIGTERM (or ``stop()`` from another thread), then shut down cleanly
         within ``grace`` seconds; a runner that crashed stops the rest and
@@ -380,22 +394,32 @@ class App(Operations):
         if self.running:
             raise RuntimeError("this app is already running")
         self._stop.clear()
-        try:
-            run_until_signal(
-                self._stop,
-                self.node.stopping,
-                start=lambda: self.start(
-                    processors,
-                    node_index=node_index,
-                    nodes=nodes,
-                    balance=balance,
-                    observer=observer,
-                    metrics_port=metrics_port,
-                    on_ready=on_ready,
-                ),
-            )
-        finally:
-            self.stop(grace)  # also what a start that failed half-way had started
+
+        def shut_down(stopping: Stopping) -> None:
+            # also what a start that failed half-way had started; a second signal meanwhile
+            # exits at once (signals.exit_at_once)
+            if stopping.signal is not None and stopping.second_exits:
+                log.info("stopping: finishing the batches in hand (up to %g s; %s again exits "
+                         "at once)", grace, stopping.signal)  # fmt: skip
+            self.stop(grace)
+            if stopping.signal is not None:
+                log.info("stopped cleanly: batches finished, tokens stored, claims released")
+
+        run_until_signal(
+            self._stop,
+            self.node.stopping,
+            start=lambda: self.start(
+                processors,
+                node_index=node_index,
+                nodes=nodes,
+                balance=balance,
+                observer=observer,
+                metrics_host=metrics_host,
+                metrics_port=metrics_port,
+                on_ready=on_ready,
+            ),
+            then=shut_down,
+        )
 
     def close(self) -> None:
         """Stop what still runs and close the app's stores and connections."""

@@ -108,6 +108,21 @@ class UpcastError(CorruptEventError):
         Exception.__init__(self, f"event at position {position} could not be upcast: {reason}")
 
 
+class CorruptTokenError(InvalidInputError):
+    """A stored token row's detail (``token_detail``) cannot be decoded: the message names the
+    processor and the segment. A runner stops that segment with this error (retried with
+    back-off like a failed batch, never skipping the token) and runs the others; fix or reset
+    the row."""
+
+    def __init__(self, processor: str, segment: str, reason: str) -> None:
+        self.processor = processor
+        self.segment = segment
+        self.reason = reason
+        super().__init__(
+            f"processor {processor!r}: the token of segment {segment} is corrupt: {reason}"
+        )
+
+
 class SparkJobError(EventlanesError):
     """A Spark job could not run, or read other data than the store holds (executors missing
     code, a replay that read fewer or more events than the store has)."""

@@ -20,17 +20,76 @@ Coordinates = tuple[str, str, tuple[int, ...]]  # source, partition, path
 Chain = list[dict[str, Any]]
 
 
+#: the keys of a hop, as every release wrote them
+HOP_KEYS = frozenset(("source", "partition", "offset", "out"))
+#: bounds of a chain taken from outside (a Kafka header): hops, and characters of a name
+MAX_HOPS = 64
+MAX_NAME = 300
+_MAX_INT = 2**63 - 1  # offsets and outs are stored as 64-bit integers downstream
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and value.__class__ is not bool and 0 <= value <= _MAX_INT
+
+
+def check_hop(i: int, hop: object, exact: bool) -> None:
+    """ValueError saying what is wrong with hop ``i``. ``exact``: its keys are exactly
+    :data:`HOP_KEYS` (a chain from outside); else ``partition`` and ``out`` may be missing,
+    as :func:`coordinates` has always read them."""
+    if not isinstance(hop, dict):
+        raise ValueError(f"hop {i} is {type(hop).__name__}, not an object")
+    keys = set(hop)
+    if (keys != HOP_KEYS) if exact else not {"source", "offset"} <= keys:
+        raise ValueError(f"hop {i} has keys {sorted(map(str, keys))}, not {sorted(HOP_KEYS)}")
+    source, partition = hop["source"], hop.get("partition", "")
+    if not isinstance(source, str) or not 0 < len(source) <= MAX_NAME:
+        raise ValueError(f"hop {i}: 'source' must be text of 1 to {MAX_NAME} characters, "
+                         f"got {_short(source)}")  # fmt: skip
+    if not isinstance(partition, str) or len(partition) > MAX_NAME:
+        raise ValueError(f"hop {i}: 'partition' must be text of at most {MAX_NAME} characters, "
+                         f"got {_short(partition)}")  # fmt: skip
+    for what in ("offset", "out"):
+        if what in hop and not _whole(hop[what]):
+            raise ValueError(f"hop {i}: {what!r} must be a whole number >= 0 (at most 2**63-1), "
+                             f"got {_short(hop[what])}")  # fmt: skip
+
+
+def check_chain(chain: object) -> Chain:
+    """``chain`` if it is a source chain as eventlanes writes it (a list of 1 to
+    :data:`MAX_HOPS` hops of exactly :data:`HOP_KEYS`); ValueError saying what is wrong."""
+    if not isinstance(chain, list):
+        raise ValueError(f"not a list of hops but {type(chain).__name__}")
+    if not chain:
+        raise ValueError("no hops")
+    if len(chain) > MAX_HOPS:
+        raise ValueError(f"more than {MAX_HOPS} hops ({len(chain)})")
+    for i, hop in enumerate(chain):
+        check_hop(i, hop, exact=True)
+    return chain
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)  # bounded: the value may be as large as a record
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def coordinates(event: Event, default_source: str) -> Coordinates:
     chain = event.metadata.get(CHAIN_KEY) if event.metadata else None
     if not chain:
         return (event.source or default_source, "", (event.position,))
     try:
+        # every hop checked: a coercion (int("5"), True as 1, 1.5 as 1) would fold or drop an
+        # input by a number nobody wrote
+        if not isinstance(chain, list):
+            raise ValueError(f"not a list of hops but {type(chain).__name__}")
+        for i, hop in enumerate(chain):
+            check_hop(i, hop, exact=False)
         root = chain[0]
-        path = (int(root["offset"]), *(int(h.get("out", 0)) for h in chain))
-        return (str(root["source"]), str(root.get("partition", "")), path)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        path = (root["offset"], *(h.get("out", 0) for h in chain))
+        return (root["source"], root.get("partition", ""), path)
+    except ValueError as exc:
         raise InvalidInputError(
-            f"event {event.position}: malformed {CHAIN_KEY} {chain!r} ({exc})"
+            f"event {event.position}: malformed {CHAIN_KEY} {_short(chain, 300)} ({exc})"
         ) from None
 
 

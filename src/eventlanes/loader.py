@@ -1,4 +1,5 @@
-"""Loading ``module:app`` or ``path/to/file.py:app`` specs given on the command line.
+"""Loading ``module:app`` or ``path/to/file.py:app`` specs given on the command line (and
+the store URL of one, for the commands that take a URL or an app: ``info``, ``migrate``).
 
 A file is imported as the top-level module named after it, with its directory first on the
 path (as ``python path/to/file.py`` would see its neighbours); so worker processes and Spark
@@ -43,6 +44,16 @@ def load_app(spec: str) -> App:
     if not isinstance(obj, App):
         raise InvalidInputError(f"{spec!r} is a {type(obj).__name__}, not an eventlanes App")
     return obj
+
+
+def store_url(target: str) -> str:
+    """The store URL of a command that takes one (``info``, ``migrate``): ``target`` itself
+    when it is a URL (it has ``://``), else the URL of the app that ``module:app`` names, as
+    every other command takes it."""
+    scheme = target.partition(":")[0].lower()
+    if "://" in target or ":" not in target or scheme in ("sqlite", "postgresql", "postgres"):
+        return target  # a URL, or not an app either: parse_url names what a URL needs
+    return load_app(target).url
 
 
 def _import_module(spec: str, name: str) -> ModuleType:

@@ -19,6 +19,25 @@ from .processing.runtime import Runtime
 from .store.notify import Wakeup, wakeup_for
 from .tokens.claims import node_name
 
+#: where metrics listen unless told: every interface, so Prometheus scrapes a pod by its IP
+#: (the deployment guide's manifests rely on it); ``127.0.0.1`` keeps them to this host.
+DEFAULT_METRICS_HOST = "0.0.0.0"
+
+
+def serve_metrics(serve: Callable[[int, str], Any], port: int, host: str) -> Any:
+    """``serve(port, host)`` (a ``MetricsServer``: admin is a layer above), with an address
+    that cannot be used (a port in use, a host that is not this machine's) one clear error."""
+    if not isinstance(host, str) or not host.strip():
+        raise InvalidInputError(f"the metrics host must be an address like 127.0.0.1, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InvalidInputError(f"the metrics port must be 0..65535, got {port!r}")
+    try:
+        return serve(port, host)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"metrics cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+
 
 def static_mode(node_index: int | None, nodes: int | None) -> tuple[int, int] | None:
     """``(node_index, nodes)`` of static mode (segments dealt out by index, nothing claimed);

@@ -113,16 +113,61 @@ def _by_mapping(
 
 
 def key_text(value: Any, what: str, event: Event) -> str:
-    """A key that is not a string, as text; an awaitable (a key function that is async, or
-    returns a coroutine) would become a different key each time: refused."""
+    """A sequencing key as text: a string as it is, anything else as ``str()`` renders it (a
+    sequencing key only orders events: 5 and "5" in one lane are handled one after the other,
+    never merged). An awaitable (a key function that is async, or returns a coroutine) would
+    become a different key each time: refused."""
     if isinstance(value, str):
         return value
+    _not_awaitable(value, what, event)
+    return str(value)
+
+
+def state_key(value: Any, what: str, event: Event) -> str:
+    """The key of a state (aggregations, their stages, declared fields, Spark): a string, as it
+    is. Anything else is refused, naming the event and the key's type: no rendering of 5 as
+    text can differ from every string key, so 5 and "5" would be folded into one state (or a
+    lambda key and ``key="robot"`` render ``True`` differently). A key function that means to
+    merge them says so (``str(...)``)."""
+    if value.__class__ is str:
+        return value
+    where = f"{what}: event {event.position} ({event.type})"
+    if value is None:  # never folded into a state named "None"
+        raise InvalidInputError(f"{where}: the {what.split(' ')[0]} key is None")
+    if isinstance(value, str):  # a str subclass (StrEnum...): its text
+        return str.__str__(value)
+    _not_awaitable(value, what, event)
+    raise InvalidInputError(
+        f"{where}: the key is {type(value).__name__} {_shown(value)}: a key must be a string "
+        '(5 and "5" are never one state: render it as text on purpose, e.g. str(...))'
+    )
+
+
+def key_argument(key: Any, what: str) -> str:
+    """``key`` as ``get(key)`` takes it: a string (as :func:`state_key` keys states), else
+    InvalidInputError."""
+    if key.__class__ is str:
+        return key
+    if isinstance(key, str):
+        return str.__str__(key)
+    raise InvalidInputError(
+        f"{what}: a key is a string, got {type(key).__name__} {_shown(key)} (states are keyed "
+        "by text; a key that was not a string is refused when folded, and one an earlier "
+        "release stored as its text reads back by that text)"
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _not_awaitable(value: Any, what: str, event: Event) -> None:
     if hasattr(value, "__await__"):
         raise InvalidInputError(
             f"{what}: the key of event {event.position} is {type(value).__name__}, an "
             "awaitable: key functions must return the key itself"
         )
-    return str(value)
 
 
 def as_policy(policy: SequencingPolicy | KeyFunction | None, what: str = "") -> SequencingPolicy:

@@ -6,18 +6,32 @@ autoscaler that scales in right after scaling out): :func:`interrupt_startup` ma
 and SIGTERM raise :class:`StartupInterrupted` until :func:`run_until_signal` takes over, so
 importing the app or opening the store ends at once, through every ``finally``, with exit
 code 0 (instead of the process dying by the signal, with whatever it had started).
+
+No handler here takes a lock. A Python handler runs in the main thread between two bytecodes,
+also while that thread holds a lock (inside ``Event.wait``, a logging handler, a buffered
+write): a handler that took the same lock (``event.set()``, ``log.info``, ``print``) would
+wait for itself forever. The handlers store plain values and write a byte to a pipe (the
+self-pipe the main thread sleeps on in ``select``); everything else happens in the main loop.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _before: dict[int, Any] = {}  # the handlers interrupt_startup replaced
+_SLICE = 0.05  # how long the loop sleeps before looking at ``stop`` (set by other threads)
+_settings = {"second_exits": True}  # see leave_second_signal_to_parent
+
+log = logging.getLogger("eventlanes.signals")
 
 
 class StartupInterrupted(BaseException):
@@ -25,7 +39,70 @@ class StartupInterrupted(BaseException):
     KeyboardInterrupt: no ``except Exception`` on the way swallows it)."""
 
 
+class Stopping:
+    """The signals one :func:`run_until_signal` received, as its handlers record them (plain
+    stores, no lock): ``signal`` names the first (None: stopped otherwise), ``again`` is the
+    number of one that came while stopping (None: none did)."""
+
+    def __init__(self, second_exits: bool) -> None:
+        self.signal: str | None = None
+        self.again: int | None = None
+        self.stopping = False
+        self.second_exits = second_exits
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stopping:
+            self.again = signum
+            if self.second_exits:
+                exit_at_once(signum)
+        elif self.signal is None:
+            self.signal = name
+        try:
+            os.write(self._write, b"\0")  # wakes the loop's select at once
+        except OSError:
+            pass  # the pipe is full: the loop is awake already
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep until a signal arrives or ``seconds`` pass."""
+        ready, _, _ = select.select([self._read], [], [], max(0.0, seconds))
+        if ready:
+            try:
+                os.read(self._read, 4096)
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+def exit_at_once(signum: int) -> None:
+    """A signal while stopping: say so in one line and end now, ``128 + signum`` as a shell
+    reports a process ended by it. Only system calls (no lock): it runs in a handler."""
+    name = signal.Signals(signum).name
+    os.write(2, f"error: {name} while stopping: exiting at once without finishing the work in "
+                "hand (its claims expire and another node continues)\n".encode())  # fmt: skip
+    os._exit(128 + signum)
+
+
+def leave_second_signal_to_parent() -> None:
+    """In a worker process: a signal while stopping is not an order to exit at once (the
+    supervisor forwards SIGTERM after a Ctrl-C reached the whole process group); the
+    supervisor decides, and kills the workers when it gets a second one."""
+    _settings["second_exits"] = False
+
+
+_taking_over: list[Stopping] = []  # the run installing its handlers (see _interrupt)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if _taking_over:  # run_until_signal is replacing this handler: a stop, not an exception
+        _taking_over[0].handle(signum, frame)
+        return
     raise StartupInterrupted(signal.Signals(signum).name)
 
 
@@ -45,24 +122,56 @@ def run_until_signal(
     done: Callable[[], bool] | None = None,
     interval: float = 0.5,
     start: Callable[[], None] | None = None,
-) -> None:
+    then: Callable[[Stopping], None] | None = None,
+    second_exits: bool | None = None,
+) -> Stopping:
     """Block until a signal arrives, ``stop`` is set (from another thread), or ``done()`` says
     so; ``done`` is also where callers do their periodic work. Signal handlers are installed
-    only on the main thread and restored afterwards (those from before
-    :func:`interrupt_startup`: a second signal during the shutdown acts as it did before).
-    ``start()`` runs once they are installed (so a signal sent as soon as it says "ready"
-    stops cleanly)."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in SIGNALS:
-            replaced = signal.signal(sig, lambda *_: stop.set())
-            previous[sig] = _before.pop(sig, signal.SIG_DFL) if replaced is _interrupt else replaced
+    only on the main thread. ``start()`` runs once they are installed (so a signal sent as
+    soon as it says "ready" stops cleanly); ``then(stopping)`` runs at the end, also after an
+    exception: the shutdown, during which another signal exits at once (or, in a worker
+    process, is only recorded as ``stopping.again``). After it, the handlers from before
+    :func:`interrupt_startup` are back. ``second_exits=False``: ``then`` looks at
+    ``stopping.again`` itself (the supervisor, which kills its workers)."""
+    stopping = Stopping(_settings["second_exits"] if second_exits is None else second_exits)
+    previous: dict[int, Any] = {}
+    main = threading.current_thread() is threading.main_thread()
     try:
+        if main:
+            _taking_over.append(stopping)
+            try:
+                for sig in SIGNALS:
+                    replaced = signal.signal(sig, stopping.handle)
+                    previous[sig] = (
+                        _before.pop(sig, signal.SIG_DFL) if replaced is _interrupt else replaced
+                    )
+            finally:
+                _taking_over.clear()
         if start is not None:
             start()
-        while not stop.wait(interval):
-            if done is not None and done():
-                break
+        _loop(stopping, stop, done, interval)
+        if stopping.signal is not None:
+            log.info("%s received: stopping cleanly", stopping.signal)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stopping.stopping = True
+        try:
+            if then is not None:
+                then(stopping)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            stopping.close()
+    return stopping
+
+
+def _loop(
+    stopping: Stopping, stop: threading.Event, done: Callable[[], bool] | None, interval: float
+) -> None:
+    due = time.monotonic() + interval
+    while stopping.signal is None and not stop.is_set():
+        now = time.monotonic()
+        if now >= due:
+            if done is not None and done():
+                return
+            due = now + interval
+        stopping.sleep(min(_SLICE, due - now))

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..names import split_version
 from ..store.base import READ_WAIT_WARNING, recorded_after
+from ..tokens.base import RETIRED_NOTE
 from .views import ProcessorView, SegmentView
 
 SCHEMA = "eventlanes.status/1"
@@ -96,6 +97,7 @@ def segment_document(s: SegmentView, lag_s: float) -> dict[str, Any]:
         "last_error": s.last_error,
         "retry_in_seconds": _round(s.retry_in),
         "request": s.request,
+        "corrupt": s.corrupt,
     }
 
 
@@ -108,6 +110,8 @@ def processor_document(
                 for s in view.segments]  # fmt: skip
     problems = []
     for s in segments:
+        if s["corrupt"]:  # its token unknown: never shown as a healthy segment
+            problems.append(f"segment {s['segment']}: {s['corrupt']}")
         if s["errors"] or s["last_error"]:
             problems.append(
                 f"segment {s['segment']}: {s['errors']} failed attempt(s): {s['last_error']}"
@@ -126,6 +130,11 @@ def processor_document(
         (problems if wait.age >= READ_WAIT_WARNING else notes).append(wait.describe())
     if view.layout_note is not None:
         notes.append(f"this app {view.layout_note}")
+    if view.retired:
+        notes.append(RETIRED_NOTE)
+    if view.dropped:
+        notes.append(f"{view.dropped:,} duplicate(s) dropped (inputs already folded in, by "
+                     "their source chain)")  # fmt: skip
     return {
         "name": view.name,
         "healthy": not problems,
@@ -141,6 +150,8 @@ def processor_document(
         "read_wait": wait.document() if wait is not None else None,
         "declared_segments": view.declared_segments,
         "notes": notes,
+        "retired": view.retired,
+        "dropped_duplicates": view.dropped,
         **version_fields(view),
         "segments": segments,
     }

@@ -20,8 +20,53 @@ from .views import (
     measured_head,
     processor_view,
     serving_version,
+    unreadable,
     version_view,
 )
+
+#: what decoding a token row raises when its detail is not a token's (JSON or not): the error
+#: the token store raises (a ValueError) or, for shapes it does not check, Python's own
+UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
+
+
+def token_rows(db: Database, table: str, name: str) -> tuple[list[SegmentStatus], dict[int, str]]:
+    """The token rows of processor ``name``, each decoded on its own: one that cannot be read
+    is kept with its position column and named in the second result (segment id -> why), so
+    status still shows every other segment. A claim whose deadline passed is held by nobody
+    (any node may take it)."""
+    now = db.now_ms
+    rows = db.query(
+        db.sql(
+            f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
+                    claim_deadline, request, last_error, errors, retry_at, updated_at, {now}
+                FROM {table} WHERE processor = ? ORDER BY segment_id"""
+        ),
+        (name,),
+    )
+    found, corrupt = [], {}
+    for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
+            updated, at in rows:  # fmt: skip
+        live = owner if owner and deadline is not None and deadline >= at else None
+        try:
+            token = Token.decode(name, Segment(seg_id, mask), pos, detail)
+        except UNREADABLE as exc:  # CorruptTokenError, or Python's own for shapes not checked
+            token, corrupt[seg_id] = Token(pos), str(unreadable(exc))
+        found.append(
+            SegmentStatus(
+                name,
+                Segment(seg_id, mask),
+                token,
+                live,
+                (at - since) / 1000 if live and since is not None else None,
+                (deadline - at) / 1000 if live else None,
+                request,
+                error,
+                updated / 1000,
+                errors,
+                (retry_at - at) / 1000 if retry_at and retry_at > at else None,
+            )
+        )
+    return found, corrupt
 
 
 class ReadOnlyInspector:
@@ -63,6 +108,8 @@ class ReadOnlyInspector:
         self._has_letters = self._exists(self.letters)
         self.versions = self.db.table("versions")
         self._has_versions = self._exists(self.versions)  # not in stores before schema 2
+        self.states = self.db.table("aggregates")
+        self._has_states = self._exists(self.states)
 
     def _exists(self, table: str) -> bool:
         if self.db.backend == "sqlite":
@@ -130,37 +177,18 @@ class ReadOnlyInspector:
         return recorded_after(self.db, self.events, position)
 
     def segments(self, name: str) -> list[SegmentStatus]:
-        """The token rows of processor ``name``; a claim whose deadline passed is held by
-        nobody (any node may take it)."""
-        db, now = self.db, self.db.now_ms
-        rows = db.query(
-            db.sql(
-                f"""SELECT segment_id, mask, position, token_detail, owner, claimed_since,
-                        claim_deadline, request, last_error, errors, retry_at, updated_at, {now}
-                    FROM {self.tokens} WHERE processor = ? ORDER BY segment_id"""
-            ),
-            (name,),
+        """The token rows of processor ``name`` (see :func:`token_rows`)."""
+        return token_rows(self.db, self.tokens, name)[0]
+
+    def dropped(self, name: str) -> int | None:
+        """Inputs aggregation ``name`` dropped as duplicates (None: no states of that name)."""
+        if not self._has_states:
+            return None
+        sql = self.db.sql(
+            f"SELECT count(*), coalesce(sum(dropped), 0) FROM {self.states} WHERE aggregation = ?"
         )
-        found = []
-        for seg_id, mask, pos, detail, owner, since, deadline, request, error, errors, retry_at, \
-                updated, at in rows:  # fmt: skip
-            live = owner if owner and deadline is not None and deadline >= at else None
-            found.append(
-                SegmentStatus(
-                    name,
-                    Segment(seg_id, mask),
-                    Token.from_row(pos, detail),
-                    live,
-                    (at - since) / 1000 if live and since is not None else None,
-                    (deadline - at) / 1000 if live else None,
-                    request,
-                    error,
-                    updated / 1000,
-                    errors,
-                    (retry_at - at) / 1000 if retry_at and retry_at > at else None,
-                )
-            )
-        return found
+        keys, dropped = self.db.query(sql, (name,))[0]
+        return int(dropped) if keys else None
 
     def live_nodes(self, name: str) -> list[str]:
         """Nodes seen within the default claim timeout (the app's is not stored)."""
@@ -181,7 +209,7 @@ class ReadOnlyInspector:
     def view(self, name: str) -> ProcessorView:
         """The status of processor ``name`` as its tables tell it (no guarantee, pause or
         declared segments: those are the app's)."""
-        rows = self.segments(name)
+        rows, corrupt = token_rows(self.db, self.tokens, name)
         if not rows:
             raise InvalidInputError(f"no processor {name!r} in this store's token table")
         wait = self.read_wait()
@@ -194,4 +222,6 @@ class ReadOnlyInspector:
             self.dead_letters(name),
             read_wait=wait,
             version=self.version(name, position),
+            corrupt=corrupt,
+            dropped=self.dropped(name),
         )

@@ -218,7 +218,7 @@ class _StoreFamilies:
 class _ProcessorFamilies:
     """Per processor and segment: lag (events, seconds), position, consecutive errors; per
     processor: dead letters waiting (ingestors' too), whether its version serves and how far
-    behind the serving one it is."""
+    behind the serving one it is, duplicates an aggregation dropped."""
 
     def __init__(self) -> None:
         self.lag = _family(
@@ -245,12 +245,19 @@ class _ProcessorFamilies:
             "Positions a version is behind the serving version of its processor",
             ("processor",),
         )
+        self.dropped = _family(
+            "eventlanes_duplicates_dropped",
+            "Inputs an aggregation dropped as already folded in (by their source chain)",
+            ("processor",),
+        )
         self.segment_families = (self.lag, self.lag_s, self.position, self.errors)
-        self.processor_families = (self.letters, self.serving, self.behind)
+        self.processor_families = (self.letters, self.serving, self.behind, self.dropped)
 
     def add(self, view: ProcessorView, first_after: FirstAfter, now: datetime) -> None:
         name = view.name
         self.letters.add_metric([name], view.dead_letters)
+        if view.dropped is not None:  # aggregations only: a surge of drops is seen
+            self.dropped.add_metric([name], view.dropped)
         if view.version is not None:
             self.serving.add_metric([name], float(view.version.serving))
             if view.version.behind is not None:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from ..errors import InvalidInputError
+from ..processing.options import Guarantee
 from ..processing.processor import Processor
 from ..processing.runtime import Runtime
 from ..tokens import Token
@@ -26,7 +27,7 @@ def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> Process
     other sources counts their events too, each to its own store's committed head."""
     wait = rt.store.read_wait()
     head = measured_head(wait, rt.store.committed_head)
-    rows = rt.tokens.status(proc.name)
+    rows = rt.tokens.status(proc.name)  # a row that cannot be read is marked, not raised
     started = bool(rows)
     if not started:  # not run yet: what it would start with, without writing anything
         rows = unstarted(proc.name, proc.segments, resolve_initial(proc.initial, rt.store))
@@ -40,6 +41,7 @@ def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> Process
         definition=proc,
         started=started,
         paused=rt.tokens.is_paused(proc.name),
+        dropped=rt.states.dropped(proc.name) if proc.guarantee is Guarantee.AGGREGATION else None,
     )
     if proc.sources:
         view = replace(view, segments=[with_sources(rt, proc, v) for v in view.segments])

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from ..errors import CorruptTokenError
 from ..names import versioned_name
 from ..processing.processor import Processor
 from ..processing.runtime import Runtime, layout_note
 from ..segments import Segment
 from ..store.base import ReadWait, recorded_after
 from ..tokens import SegmentStatus, Token
-from ..tokens.base import VersionRecord
+from ..tokens.base import RETIRED, VersionRecord
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class SegmentView:
     #: a processor with other sources (``sources=``): when the oldest event it has not
     #: handled in them was recorded (None: none waits); ``lag`` and ``caught_up`` count them
     sources_waiting_since: datetime | None = None
+    #: why its token row could not be read (its position is the stored column's; the rest of
+    #: the token is unknown): shown as a problem, never as a healthy segment
+    corrupt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,10 @@ class ProcessorView:
     declared_segments: int | None = None  # the app's segments=, None when read without the app
     #: which version of its processor it is, whether it serves, how far behind (App.status)
     version: VersionView | None = None
+    #: retired for good (its one marker row left): shown as such, with no segments
+    retired: bool = False
+    #: inputs an aggregation dropped as duplicates, over its keys (None: not an aggregation)
+    dropped: int | None = None
 
     @property
     def readable_head(self) -> int:
@@ -57,7 +65,7 @@ class ProcessorView:
     @property
     def layout_note(self) -> str | None:
         """Why the segments shown are not the declared count (None when they are)."""
-        if self.declared_segments is None or not self.started:
+        if self.declared_segments is None or not self.started or self.retired:
             return None
         return layout_note(self.declared_segments, [s.segment for s in self.segments])
 
@@ -83,7 +91,15 @@ def measured_head(wait: ReadWait | None, committed_head: Callable[[], int]) -> i
     return wait.committed if wait is not None else committed_head()
 
 
-def segment_view(head: int, s: SegmentStatus) -> SegmentView:
+def unreadable(exc: BaseException | None) -> str | None:
+    """What status says of a token row that cannot be read (None: it can)."""
+    if exc is None:
+        return None
+    why = exc.reason if isinstance(exc, CorruptTokenError) else f"{type(exc).__name__}: {exc}"
+    return f"corrupt token row: {why}"
+
+
+def segment_view(head: int, s: SegmentStatus, corrupt: str | None = None) -> SegmentView:
     position = s.token.position
     return SegmentView(
         s.segment,
@@ -98,6 +114,8 @@ def segment_view(head: int, s: SegmentStatus) -> SegmentView:
         s.retry_in,
         s.request,
         s.token,
+        None,
+        corrupt,
     )
 
 
@@ -120,14 +138,23 @@ def processor_view(
     definition: Processor | None = None,
     started: bool = True,
     paused: bool = False,
+    corrupt: Mapping[int, str] | None = None,
+    dropped: int | None = None,
 ) -> ProcessorView:
     """The one builder of a :class:`ProcessorView`, from what the caller could read: the
     app's status (``definition``: the processor as defined, for its guarantee and declared
-    segments) or a store's tables alone (the read-only inspector: no definition)."""
-    segments = [segment_view(head, s) for s in rows]
+    segments) or a store's tables alone (the read-only inspector: no definition).
+    ``corrupt``: segment id -> why its token row could not be read. A retired processor's
+    marker row is no segment: it is shown retired, with none."""
+    retired = bool(rows) and all(s.owner == RETIRED for s in rows)
+    bad = corrupt or {}
+    segments = [] if retired else [
+        segment_view(head, s, bad.get(s.segment.id) or unreadable(s.corrupt))
+        for s in rows]  # fmt: skip
     if definition is None:
         return ProcessorView(name, head, segments, live_nodes, dead_letters, started=started,
-                             paused=paused, read_wait=read_wait, version=version)  # fmt: skip
+                             paused=paused, read_wait=read_wait, version=version,
+                             retired=retired, dropped=dropped)  # fmt: skip
     return ProcessorView(
         name,
         head,
@@ -140,6 +167,8 @@ def processor_view(
         read_wait,
         definition.segments,
         version,
+        retired,
+        dropped,
     )
 
 

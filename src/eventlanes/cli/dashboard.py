@@ -39,5 +39,6 @@ def dashboard(app_spec: str, host: str, port: int, refresh: float, max_lag: str 
     app = load_app(app_spec)
     access = ("read-only (no token set)" if auth.read_only
               else f"actions need the token of {auth.source}")  # fmt: skip
-    log.info("dashboard of %s on http://%s:%d/, %s", app_spec, host, port, access)
-    serve(app, host, port, refresh, max_lag=limit, auth=auth, name=app_spec)
+    # The success line once the address is bound: a port in use is one error line, no more.
+    ready = lambda url: log.info("dashboard of %s on %s, %s", app_spec, url, access)  # noqa: E731
+    serve(app, host, port, refresh, max_lag=limit, auth=auth, name=app_spec, on_ready=ready)

@@ -4,7 +4,6 @@ bars on a terminal and Prometheus metrics (summed over the workers) on request."
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -31,6 +30,7 @@ from .. import signals
 from ..admin.health import lag_seconds, store_first_after
 from ..errors import InvalidInputError, ProcessorCrashedError, StopTimeoutError
 from ..loader import load_app
+from ..node import DEFAULT_METRICS_HOST, serve_metrics
 from ..tracing import configure_from_env
 from ..tracing import shutdown as shutdown_tracing
 from . import logs as logsetup
@@ -64,6 +64,7 @@ class RunOptions:
     trigger: float
     kafka_options: tuple[str, ...] = ()
     kafka_files: tuple[str, ...] = ()
+    metrics_host: str = DEFAULT_METRICS_HOST
 
 
 def _kafka_options(command: Any) -> Any:
@@ -85,6 +86,8 @@ def _kafka_options(command: Any) -> Any:
 @click.option("--nodes", type=int, help="static mode: how many nodes share the segments")
 @click.option("--progress/--no-progress", default=None, help="progress bars (default: on a tty)")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
+@click.option("--metrics-host", default=DEFAULT_METRICS_HOST, show_default=True,
+              help="the address metrics listen on (127.0.0.1: this host only)")  # fmt: skip
 @click.option("--grace", default=30.0, show_default=True,
               help="seconds SIGTERM waits for the batch in hand; then exit non-zero")  # fmt: skip
 @click.option("--max-restarts", default=5, show_default=True,
@@ -128,7 +131,7 @@ def _run(o: RunOptions) -> None:
     bars, tick = _progress(app, names) if show else (None, None)
     _start_lines(app, names)
     # the runners (and metrics) take the ingestors too
-    metrics = _Metrics(app, everything, o.metrics_port, o.processes)
+    metrics = _Metrics(app, everything, o)
     if o.processes == 1:
         _run_here(app, everything, o, bars, tick)
     else:
@@ -136,12 +139,11 @@ def _run(o: RunOptions) -> None:
 
 
 def _use_kafka_options(options: tuple[str, ...], files: tuple[str, ...]) -> None:
-    """Command-line Kafka options override the app's, here and in worker processes."""
-    from ..kafka.settings import ENV, cli_overrides
+    """Command-line Kafka options override the app's, here and in worker processes (handed
+    to them by the supervisor: secrets stay out of the environment)."""
+    from ..kafka.settings import cli_overrides, use_overrides
 
-    overrides = cli_overrides(options, files)
-    if overrides:
-        os.environ[ENV] = json.dumps(overrides)
+    use_overrides(cli_overrides(options, files))
 
 
 def _run_spark(app: App, o: RunOptions) -> None:
@@ -248,12 +250,12 @@ class _Metrics:
     """``run --metrics-port``: in one process the app serves them; with N processes the
     workers write to a directory made here and this process serves their sum."""
 
-    def __init__(self, app: App, names: list[str], port: int | None, processes: int) -> None:
-        self.port = port
+    def __init__(self, app: App, names: list[str], o: RunOptions) -> None:
+        self.port = o.metrics_port
         self.dir: str | None = None
         self.server: Any = None
         self.marked: set[int] = set()
-        if port is None or processes == 1:
+        if o.metrics_port is None or o.processes == 1:
             return
         self.dir = tempfile.mkdtemp(prefix="eventlanes-metrics-")
         # Set before prometheus-client is imported here (it picks its value store at import),
@@ -261,7 +263,13 @@ class _Metrics:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir
         from ..admin.metrics import MetricsServer, registry_for
 
-        self.server = MetricsServer(registry_for(app, None, names), port)
+        registry = registry_for(app, None, names)
+        try:
+            self.server = serve_metrics(lambda p, h: MetricsServer(registry, p, h),
+                                        o.metrics_port, o.metrics_host)  # fmt: skip
+        except InvalidInputError:
+            self.close()
+            raise
 
     def reap(self, children: list[Any]) -> None:
         """Gauges of a worker that ended stop counting (``livesum``)."""
@@ -295,7 +303,8 @@ def _run_here(
     stop_ticking = threading.Event()
 
     def ready() -> None:  # called by app.run once every processor runs, never after a crash
-        where = f", metrics on port {app.metrics_port}" if o.metrics_port is not None else ""
+        where = (f", metrics on {o.metrics_host}:{app.metrics_port}"
+                 if o.metrics_port is not None else "")  # fmt: skip
         log.info("ready: %d processor(s) running in process %d%s", len(names), os.getpid(),
                  where)  # fmt: skip
 
@@ -310,7 +319,8 @@ def _run_here(
     thread.start()
     try:
         app.run(names, node_index=o.node_index, nodes=o.nodes, metrics_port=o.metrics_port,
-                grace=o.grace, balance=o.balance, on_ready=ready)  # fmt: skip
+                metrics_host=o.metrics_host, grace=o.grace, balance=o.balance,
+                on_ready=ready)  # fmt: skip
     except (StopTimeoutError, ProcessorCrashedError) as exc:
         _stopped_by(exc, bars)
     finally:
@@ -348,7 +358,8 @@ def _supervise(
     from .supervisor import Supervisor
 
     def all_ready() -> None:  # every worker's processors run, and none crashed before
-        where = f", metrics on port {metrics.server.port}" if metrics.server else ""
+        where = (f", metrics on {o.metrics_host}:{metrics.server.port}"
+                 if metrics.server else "")  # fmt: skip
         log.info("ready: %d worker process(es) started for %s%s", o.processes, ", ".join(names),
                  where)  # fmt: skip
 

@@ -20,7 +20,7 @@ from ..admin.health import (
 from ..admin.inspect import ReadOnlyInspector
 from ..errors import InvalidInputError
 from ..kafka import status as kafka_status
-from ..loader import load_app
+from ..loader import load_app, store_url
 from ..store import open_store
 from .base import console, main, print_table
 
@@ -28,8 +28,9 @@ from .base import console, main, print_table
 @main.command()
 @click.argument("url")
 def info(url: str) -> None:
-    """Show an event store's size and head position (reads only: creates nothing)."""
-    with open_store(url, create=False) as store:
+    """Show an event store's size and head position (reads only: creates nothing). URL: a
+    store URL or MODULE:APP (its store)."""
+    with open_store(store_url(url), create=False) as store:
         table = Table(title=f"event store {store.db.url.redacted}")
         table.add_column("backend")
         table.add_column("events", justify="right")
@@ -48,6 +49,7 @@ def migrate(url: str, check: bool) -> None:
     from ..db import open_database
     from ..schema import inspect, latest, migrate
 
+    url = store_url(url)  # MODULE:APP too: its store
     if not check:
         console.print(migrate(url).summary(), highlight=False, soft_wrap=True)
         return

@@ -6,7 +6,10 @@ loses its claims when they time out, the others continue from the stored tokens,
 supervisor starts a replacement after a back-off (1 s doubling to 30 s), at most
 ``max_restarts`` times in all. A worker that stops on a user error (exit code 2: a bad module,
 an unknown processor) is not restarted: the same error would come back. SIGINT/SIGTERM are
-forwarded so every worker finishes its batch, stores its tokens and releases its claims.
+forwarded so every worker finishes its batch, stores its tokens and releases its claims; the
+supervisor logs each worker that is done, and a second signal kills them at once (exit
+``128 + signum``). The workers leave that second signal to it: a Ctrl-C reaches the whole
+process group, so a worker sees it and the supervisor's SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .. import signals
 from ..observe import NO_OBSERVER, Observer
-from ..signals import run_until_signal
+from ..signals import Stopping, run_until_signal
 from .logs import WorkerLogs
 
 log = logging.getLogger("eventlanes.cli.supervisor")
@@ -32,6 +36,28 @@ USER_ERROR = 2  # exit code of a worker stopped by an eventlanes error (see _wor
 
 
 def _worker(
+    spec: str,
+    processors: list[str] | None,
+    grace: float,
+    logs: Any,
+    level: str,
+    balance: bool,
+    kafka: dict[str, str],
+) -> None:
+    from ..kafka.settings import use_overrides
+
+    use_overrides(kafka)  # run --kafka: from the start arguments, never the environment
+    # stopped while it starts: exit 0 at once (not by the signal); a second signal while it
+    # stops is the supervisor's to act on (see the module's docstring)
+    signals.interrupt_startup()
+    signals.leave_second_signal_to_parent()
+    try:
+        _work(spec, processors, grace, logs, level, balance)
+    except signals.StartupInterrupted:
+        sys.exit(0)
+
+
+def _work(
     spec: str, processors: list[str] | None, grace: float, logs: Any, level: str, balance: bool
 ) -> None:
     from ..errors import EventlanesError, ProcessorCrashedError, StopTimeoutError
@@ -99,8 +125,14 @@ class Supervisor:
         self.grace = grace
         self.ctx = mp.get_context("spawn")
         self.logs = None if log_level is None else WorkerLogs(self.ctx, processes, on_ready)
+        from ..kafka.settings import overrides
+
+        # run --kafka options (secrets among them) travel in the start arguments: spawn pickles
+        # them down a pipe to the child, where the environment would show them to every
+        # process started below it and in /proc/PID/environ
         self._args = (
-            spec, processors, grace, self.logs and self.logs.queue, log_level or "info", balance
+            spec, processors, grace, self.logs and self.logs.queue, log_level or "info", balance,
+            overrides(),
         )  # fmt: skip
         self.children: list[BaseProcess] = [self._spawn(i) for i in range(processes)]
         self._due: dict[int, float] = {}  # slot -> when its replacement may start
@@ -117,20 +149,47 @@ class Supervisor:
     def stop(self) -> None:
         self._stop.set()
 
-    def terminate(self, grace: float = 30.0) -> None:
-        for child in self.children:
-            if child.is_alive() and child.pid is not None:
-                child.terminate()  # SIGTERM: a clean shutdown in the worker
+    def terminate(self, grace: float = 30.0, stopping: Stopping | None = None) -> None:
+        """SIGTERM to every worker, then wait for them (logging each that is done) up to
+        ``grace`` seconds, or until ``stopping.again`` (a second signal): then SIGKILL."""
+        alive = [c for c in self.children if c.pid is not None and c.is_alive()]
+        for child in alive:
+            child.terminate()  # SIGTERM: a clean shutdown in the worker
+        if alive and stopping is not None:
+            log.info("stopping %d worker(s): each finishes its batch in hand (up to %.0f s; "
+                     "%s again stops them at once)", len(alive), grace,
+                     stopping.signal or "a signal")  # fmt: skip
         deadline = time.monotonic() + grace
-        for child in self.children:
-            if child.pid is None:
-                continue
-            child.join(max(0.0, deadline - time.monotonic()))
-            if child.is_alive():
-                log.error("worker %s did not stop within %.0f s: killed", child.name, grace)
-                child.kill()
+        pending = [c for c in self.children if c.pid is not None]
+        while pending:
+            for child in [c for c in pending if not c.is_alive()]:
                 child.join()
+                pending.remove(child)
+                if stopping is not None:
+                    log.info("worker %s (pid %s) done, exit code %s; %d still stopping",
+                             child.name, child.pid, child.exitcode, len(pending))  # fmt: skip
+            if not pending:
+                break
+            if stopping is not None and stopping.again is not None:
+                name = signal.Signals(stopping.again).name
+                self._kill(pending, f"error: {name} while stopping: {len(pending)} worker(s) "
+                           "killed at once (their claims expire)")  # fmt: skip
+                self._failed_code = 128 + stopping.again  # as a shell reports it
+                return
+            if time.monotonic() >= deadline:
+                self._kill(pending, f"error: worker(s) {', '.join(c.name for c in pending)} "
+                           f"did not stop within {grace:.0f} s: killed")  # fmt: skip
                 self._failed_code = self._failed_code or 1
+                return
+            time.sleep(0.05)  # a signal handler only sets a flag: looked at here
+
+    @staticmethod
+    def _kill(children: list[BaseProcess], message: str) -> None:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join()
+        print(message, file=sys.stderr, flush=True)
 
     def _watch(self) -> bool:
         """Replace workers that died; True when nothing is left to supervise."""
@@ -178,11 +237,17 @@ class Supervisor:
                     log.warning("status poll failed: %s", exc)
             return self._watch()
 
-        self.start()
-        try:
-            run_until_signal(self._stop, step, interval)
-        finally:
-            self.terminate(self.grace + 5)  # the workers' own grace, then SIGKILL
-            if self.logs is not None:
-                self.logs.close()
+        def shut_down(stopping: Stopping) -> None:
+            try:
+                self.terminate(self.grace + 5, stopping)  # the workers' own grace, then SIGKILL
+            finally:
+                if self.logs is not None:
+                    self.logs.close()
+
+        # signals are taken before the workers start: one during the spawn stops them all
+        stopping = run_until_signal(
+            self._stop, step, interval, start=self.start, then=shut_down, second_exits=False
+        )
+        if stopping.signal is not None and self._failed_code is None:
+            log.info("stopped cleanly: every worker is done")
         return self._failed_code or 0

@@ -1,7 +1,8 @@
 """The dashboard's actions: the App's own admin methods, with the command line's refusals.
 
 ``act`` changes something (retry, discard, split, merge, release, reset, pause, resume,
-promote, retire) and returns one line saying what was done; ``plan`` only reads what a reset
+promote, retire) and returns one line saying what was done (a reset whose plan warns needs
+``"confirm": true``, as the CLI needs ``--yes``); ``plan`` only reads what a reset
 or a retire would do, for the dialog that asks before it. Bad input raises
 :class:`InvalidInputError`; a refused action raises what the App raises (a version not caught
 up, a processor still running): the server answers 400 with its message.
@@ -80,7 +81,9 @@ def act(app: App, name: str, what: str, body: dict[str, Any]) -> str:
         past = "paused" if what == "pause" else "resumed"
         return f"{name}: {past}" if changed else f"{name}: already {past}"
     if what == "reset":
-        position = app.reset(name, _to(body))
+        to = _to(body)
+        _confirmed(app, name, to, body)
+        position = app.reset(name, to)
         return f"{name}: reset; continues from position {position:,} on the next run"
     if what == "promote":
         return app.promote(name)
@@ -88,6 +91,16 @@ def act(app: App, name: str, what: str, body: dict[str, Any]) -> str:
     app.retire_plan(name, keep_tables=keep)  # refused here, with the reasons, as on the CLI
     app.retire(name, keep_tables=keep)
     return f"{name}: retired"
+
+
+def _confirmed(app: App, name: str, to: Any, body: dict[str, Any]) -> None:
+    """A reset whose plan warns (rows written twice...) runs only when ``confirm`` is true, as
+    the CLI asks for ``--yes``: a stale page or a script never resets past a warning unseen."""
+    warnings = app.reset_plan(name, to).warnings
+    if warnings and not _flag(body, "confirm"):
+        raise InvalidInputError(
+            f"reset of {name!r} not done: {'; '.join(warnings)}; confirm to reset anyway"
+        )
 
 
 def plan(app: App, name: str, what: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +113,9 @@ def plan(app: App, name: str, what: str, body: dict[str, Any]) -> dict[str, Any]
         if p.held:
             refused = (f"{name} is running ({', '.join(p.held)}): stop it everywhere before "
                        "resetting it")  # fmt: skip
+        # confirm: the reset is sent with confirm=true only once the operator ticked it
         return {"lines": lines, "warnings": p.warnings, "refused": refused, "to": p.to,
-                "replays": p.replays, "first_time": p.first_time}  # fmt: skip
+                "replays": p.replays, "first_time": p.first_time,
+                "confirm": bool(p.warnings)}  # fmt: skip
     retire = app.retire_plan(name, keep_tables=_flag(body, "keep_tables"))
     return {"lines": [retire.summary()], "warnings": [], "refused": None}

@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     from ..app import App
 
 MAX_LETTERS = 200  # dead letters shown per processor (the count is always exact)
-EXTRA = ("letter_groups", "guarantee", "mode", "on_error", "paused", "started", "retired",
-         "actions")  # fmt: skip
+EXTRA = ("letter_groups", "guarantee", "mode", "on_error", "paused", "started", "actions")
 
 
 def letter_groups(letters: list[DeadLetter], records: bool = False) -> list[dict[str, Any]]:
@@ -97,7 +96,7 @@ def snapshot(app: App, max_lag: MaxLag | None = None) -> dict[str, Any]:
         view = app.status(name)
         doc = processor_document(view, first_after, limit, now)
         letters = app.dead_letter_list(name)[:MAX_LETTERS] if view.dead_letters else []
-        retired = view.version is not None and view.version.retired
+        retired = view.retired or (view.version is not None and view.version.retired)
         doc.update(
             letter_groups=letter_groups(letters),
             guarantee=view.guarantee,

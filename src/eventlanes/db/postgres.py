@@ -30,6 +30,19 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     ConnectionPool = None  # type: ignore[assignment,misc]
 
 
+#: SQLSTATE classes whose errors no retry cures: the value itself is wrong or too large (data
+#: exceptions) or beyond what PostgreSQL stores (program limits: an index row over the page
+#: size). (https://www.postgresql.org/docs/current/errcodes-appendix.html)
+PERMANENT_CLASSES = frozenset({"22", "54"})
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether a psycopg error is a permanent input error (SQLSTATE class 22 or 54), which
+    psycopg files partly under OperationalError (class 54) beside real outages."""
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and state[:2] in PERMANENT_CLASSES
+
+
 def _check_connection(conn: Any) -> None:
     """The pool's checkout check without a round trip on a healthy connection.
 
@@ -190,14 +203,14 @@ class PostgresDatabase(Database):
         if not isinstance(exc, psycopg.Error):
             return None
         cause = f"{first_line(exc)} (PostgreSQL store {self.url.redacted!r})"
+        if is_permanent(exc):  # before OperationalError: psycopg files program limits there
+            return InvalidInputError(f"{operation}: PostgreSQL refused the value: {cause}")
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             # Lost or refused connections, server shutdown or restart, pool timeouts (a
             # PoolTimeout is an OperationalError), disk full, serialization failures.
             return DatabaseUnavailableError(operation, cause)
         if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
             return StoreConnectionError(f"{operation} failed: the store is read-only: {cause}")
-        if isinstance(exc, psycopg.DataError):
-            return InvalidInputError(f"{operation}: PostgreSQL refused the value: {cause}")
         return StoreConnectionError(f"{operation} failed: {cause}")
 
     def _exists(self, kind: str, name: str) -> bool:

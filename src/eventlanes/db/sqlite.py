@@ -26,6 +26,9 @@ _SYNC_LEVELS = {"off", "normal", "full", "extra"}
 #: SQLite primary result codes that pass: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
 TRANSIENT = frozenset({5, 6, 7, 10, 13, 14, 15})
 _READONLY = 8
+#: how a busy timeout passing is told: another connection holds the write lock (another
+#: worker's batch), not an outage
+LOCK_WAIT = "waiting for another writer's lock on"
 
 
 class SQLiteDatabase(Database):
@@ -46,6 +49,11 @@ class SQLiteDatabase(Database):
             self.busy_ms = int(url.options.get("busy_timeout", "60000"))
         except ValueError as exc:
             raise InvalidInputError(f"invalid busy_timeout in {url.url!r}: {exc}") from exc
+        if not 0 <= self.busy_ms <= 2**31 - 1:  # SQLite takes a C int; below 0 it never waits
+            raise InvalidInputError(
+                f"invalid busy_timeout={self.busy_ms} in {url.url!r}: milliseconds to wait for "
+                "a lock, >= 0 and < 2**31"
+            )
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -162,6 +170,11 @@ class SQLiteDatabase(Database):
         code = getattr(exc, "sqlite_errorcode", None)
         primary = None if code is None else code & 0xFF
         cause = f"{first_line(exc)} (SQLite store {self.url.url!r})"
+        if primary in (5, 6):  # BUSY, LOCKED: past busy_timeout
+            cause = (
+                f"{LOCK_WAIT} {self.path} for more than {self.busy_ms / 1000:g} s "
+                f"(busy_timeout; SQLite: {first_line(exc)})"
+            )
         if primary in TRANSIENT:
             return DatabaseUnavailableError(operation, cause)
         if primary == _READONLY:

@@ -37,7 +37,11 @@ class DatabaseURL:
     def redacted(self) -> str:
         """The URL with any password hidden (``user:***@``, ``?password=***``), for error
         messages, logs and the dashboard."""
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises for a malformed host part, as .password may
+        except ValueError:
+            return "<a malformed URL, not shown>"  # it may hold a password we cannot find
         changed = False
         if parts.password:
             parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
@@ -45,7 +49,7 @@ class DatabaseURL:
         query = []
         for part in parts.query.split("&") if parts.query else ():
             name = part.split("=", 1)[0]
-            if unquote_plus(name) in _SECRET_OPTIONS:
+            if unquote_plus(name).lower() in _SECRET_OPTIONS:  # any case: never shown
                 part, changed = f"{name}=***", True
             query.append(part)
         return urlunsplit(parts._replace(query="&".join(query))) if changed else self.url
@@ -69,15 +73,18 @@ _OWN_OPTIONS = {
 
 def parse_url(url: str) -> DatabaseURL:
     if not isinstance(url, str) or "://" not in url:
+        shown = url if isinstance(url, str) else repr(url)
+        if "@" in shown:  # user:password@host without a scheme: the part before @ is hidden
+            shown = "***@" + shown.rsplit("@", 1)[1]
         raise InvalidInputError(
-            f"invalid store URL {url!r}: expected 'sqlite:///path/to/file.db' or "
+            f"invalid store URL {shown!r}: expected 'sqlite:///path/to/file.db' or "
             "'postgresql://user@host/dbname'"
         )
     scheme, rest = url.split("://", 1)
     scheme = scheme.lower()
     if scheme not in SCHEMES:
         raise InvalidInputError(
-            f"unknown store URL scheme {scheme!r} in {url!r}: "
+            f"unknown store URL scheme {scheme!r} in {DatabaseURL(url, scheme, '').redacted!r}: "
             "supported are 'sqlite' and 'postgresql'"
         )
     query = ""
@@ -94,10 +101,12 @@ def parse_url(url: str) -> DatabaseURL:
     if scheme == "sqlite":
         if passthrough:
             names = ", ".join(k for k, _ in passthrough)
-            raise InvalidInputError(f"unknown SQLite store option(s) {names} in {url!r}")
+            where = DatabaseURL(url, scheme, "").redacted
+            raise InvalidInputError(f"unknown SQLite store option(s) {names} in {where!r}")
         if not rest.startswith("/") or rest == "/":
+            where = DatabaseURL(url, scheme, "").redacted
             raise InvalidInputError(
-                f"invalid SQLite URL {url!r}: use 'sqlite:///relative.db' or 'sqlite:////abs/path.db'"
+                f"invalid SQLite URL {where!r}: use 'sqlite:///relative.db' or 'sqlite:////abs/path.db'"
             )
         if rest[1:] == ":memory:":
             raise InvalidInputError(

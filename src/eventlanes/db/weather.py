@@ -15,13 +15,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..errors import DatabaseUnavailableError
+from .postgres import is_permanent
+from .sqlite import LOCK_WAIT
 from .sqlite import TRANSIENT as SQLITE_TRANSIENT
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("eventlanes.processing")
 
@@ -44,6 +42,8 @@ def is_transient(exc: BaseException) -> bool:
     if module.startswith("psycopg"):
         import psycopg
 
+        if is_permanent(exc):  # an index row too large is an OperationalError to psycopg
+            return False
         return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     return False
 
@@ -68,15 +68,39 @@ class Backoff:
         self.failures = 0
 
 
+#: seconds between warnings that SQLite lock waits are long (one wait at most per period)
+LOCK_WARN_EVERY = 300.0
+
+
+def is_lock_wait(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's busy timeout passing while another connection holds the
+    write lock ("database is locked"), raw or translated (:meth:`SQLiteDatabase.translate`)."""
+    if isinstance(exc, DatabaseUnavailableError):
+        return exc.cause.startswith(LOCK_WAIT)
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in (5, 6)  # BUSY, LOCKED
+    return False
+
+
 class Outage:
     """Logs a database outage once when it starts and once when it ends, however many retries
     (or threads) it takes. ``who``: what noticed it (a processor, its heartbeat). Thread-safe:
-    a tracking runner's segment threads share one."""
+    a tracking runner's segment threads share one.
 
-    def __init__(self, who: str) -> None:
+    ``lock_file``: the SQLite file when the database is one. There a call that does not
+    return waits for another writer's lock (another worker's batch): normal contention,
+    logged at DEBUG as such, and once per :data:`LOCK_WARN_EVERY` at WARNING when a wait
+    reaches ``warn_after`` seconds (claims start to expire then)."""
+
+    def __init__(self, who: str, lock_file: str | None = None, warn_after: float = 30.0) -> None:
         self.who = who
+        self.lock_file = lock_file
+        self.warn_after = warn_after
         self.since: float | None = None  # monotonic start of the outage, None while healthy
         self.failures = 0
+        self.locked = False  # the outage in progress is a wait for SQLite's write lock
+        self._warned_at: float | None = None  # monotonic time of the last long-wait warning
         self._lock = threading.Lock()
 
     def failed(self, exc: BaseException, retry_in: float) -> None:
@@ -88,6 +112,9 @@ class Outage:
                           exc, self.failures, retry_in)  # fmt: skip
                 return
             self.since = time.monotonic()
+        if is_lock_wait(exc):  # the busy timeout passed: long, but a lock, not an outage
+            log.warning("%s: %s; retrying in %.0f s", self.who, exc, retry_in)
+            return
         log.warning(
             "%s: database unavailable (%s: %s); retrying until it is back (logged then)",
             self.who, type(exc).__name__, exc,
@@ -95,7 +122,11 @@ class Outage:
 
     def hangs(self, seconds: float) -> None:
         """A call has not returned for ``seconds``: the database does not answer (a frozen
-        server, a network that drops packets, a lock held on SQLite)."""
+        server, a network that drops packets), or on SQLite another writer holds the lock.
+        Called again while the call waits (a long lock wait is then warned of)."""
+        if self.lock_file is not None:
+            self._waits_for_lock(seconds)
+            return
         with self._lock:
             if self.since is not None:
                 return
@@ -105,6 +136,29 @@ class Outage:
             "waiting for it", self.who, seconds,
         )  # fmt: skip
 
+    def _waits_for_lock(self, seconds: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since, self.locked = now - seconds, True
+            warn = (
+                self.locked
+                and seconds >= self.warn_after
+                and (self._warned_at is None or now - self._warned_at >= LOCK_WARN_EVERY)
+            )
+            if warn:
+                self._warned_at = now
+        if first:
+            log.debug("%s: waiting for another writer's lock on %s (%.1f s so far)", self.who,
+                      self.lock_file, seconds)  # fmt: skip
+        if warn:
+            log.warning(
+                "%s: waiting for another writer's lock on %s for %.0f s: another process "
+                "holds a long write transaction (claims may expire meanwhile; said at most "
+                "every %.0f s)", self.who, self.lock_file, seconds, LOCK_WARN_EVERY,
+            )  # fmt: skip
+
     def ok(self) -> None:
         """A call succeeded: the end of the outage, if there was one."""
         if self.since is None:  # the usual case, without taking the lock
@@ -112,8 +166,12 @@ class Outage:
         with self._lock:
             if self.since is None:
                 return
-            seconds, failures = time.monotonic() - self.since, self.failures
-            self.since, self.failures = None, 0
+            seconds, failures, locked = time.monotonic() - self.since, self.failures, self.locked
+            self.since, self.failures, self.locked = None, 0, False
+        if locked and not failures:
+            log.debug("%s: got the write lock on %s after %.1f s", self.who, self.lock_file,
+                      seconds)  # fmt: skip
+            return
         log.warning(
             "%s: database back after %.1f s%s", self.who, seconds,
             f" ({failures} failed attempt(s))" if failures else "",

@@ -100,6 +100,13 @@ class IngestRunner:
                 f"ingestor {self.name!r} needs the token store in the event store's database "
                 "(the default): its tokens commit with the appends"
             )
+        own = self.rt.store.events_table
+        if self.ing.trust_chains and own in self.ing.trust_chains:
+            raise InvalidInputError(
+                f"ingestor {self.name!r}: trust_chains names this store's own events ({own!r}): "
+                "a record from outside cannot be the root of what the store itself holds (a "
+                "store upstream with the same table names? give one of them another prefix=)"
+            )
         self.table = PartitionTable(self.rt.db)
         _ = self.rt.dead_letters  # its table exists before the first record is parked
         self._admin = client.admin(self.ing.kafka)
@@ -108,8 +115,9 @@ class IngestRunner:
     def start(self) -> None:
         if self.table is None:
             self.check()
-        log.info("%s: ingesting topic %s from %s (on_bad=%s)", self.name, self.ing.topic,
-                 self.ing.kafka.bootstrap_servers, self.ing.on_bad)  # fmt: skip
+        log.info("%s: ingesting topic %s from %s (on_bad=%s, trust_chains=%s)", self.name,
+                 self.ing.topic, self.ing.kafka.bootstrap_servers, self.ing.on_bad,
+                 self.ing.trust_chains)  # fmt: skip
         self.heartbeat.start()
         self._thread.start()
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import InvalidInputError
+from ..lineage import MAX_NAME
 from ..names import validate_processor_name
-from .records import DEFAULT_MAX_BYTES, Converter, Record
+from .records import DEFAULT_MAX_BYTES, Converter, Record, Trust
 from .settings import Kafka
 
 if TYPE_CHECKING:
@@ -31,6 +32,31 @@ def valid_topic(topic: object, who: str) -> str:
     return topic
 
 
+def trusted(names: object, topic: str, who: str) -> Trust:
+    """``trust_chains`` checked: None, False, or a list of source names (a topic, an
+    aggregation, a store's events table), never the topic read itself."""
+    if names is None or names is False:
+        return names
+    if isinstance(names, str | bytes) or not isinstance(names, list | tuple | set | frozenset):
+        raise InvalidInputError(
+            f"{who}: trust_chains is a list of upstream source names, or False, got {names!r}"
+        )
+    out = tuple(sorted(names)) if isinstance(names, set | frozenset) else tuple(names)
+    for n in out:
+        # ':' separates an aggregation from its key in a stage's root: a name is matched
+        # whole or as the part before it
+        if not isinstance(n, str) or not 0 < len(n) <= MAX_NAME or ":" in n:
+            raise InvalidInputError(f"{who}: trust_chains: {n!r} is not a source name (1 to "
+                                    f"{MAX_NAME} characters, no ':')")  # fmt: skip
+    if not out:
+        raise InvalidInputError(f"{who}: trust_chains names no source (pass False to ignore "
+                                "chains)")  # fmt: skip
+    if topic in out:
+        raise InvalidInputError(f"{who}: trust_chains names the topic it reads ({topic!r}): a "
+                                "record cannot descend from its own topic")  # fmt: skip
+    return out
+
+
 class Ingestor:
     """Appends a topic's records to the store, exactly once: one token per partition (the next
     offset to append), written in the transaction of the append.
@@ -42,7 +68,13 @@ class Ingestor:
     stream, is parked; the rest goes on); ``initial``: where a partition the ingestor has
     never read starts, ``"earliest"`` (default) or ``"latest"``; ``batch_size``: records per
     transaction at most; ``max_record_bytes``: larger records are bad; ``max_partitions``:
-    at most this many partitions per process (besides the fair share)."""
+    at most this many partitions per process (besides the fair share); ``trust_chains``: what
+    a record's ``el-source-chain`` header (written by an eventlanes sink upstream) does: not
+    given, such a record is bad (a chain is an input: a forged root would make an aggregation
+    drop genuine inputs as duplicates); ``False``, the header is ignored (each record is its
+    own root); or the names of the upstream root sources whose chains are carried on (a name
+    also covers the stages of an aggregation of that name, ``name:key``), every hop checked,
+    and never a root naming the topic read or this store's own events."""
 
     def __init__(
         self,
@@ -59,6 +91,7 @@ class Ingestor:
         batch_size: int = 2000,
         max_record_bytes: int = DEFAULT_MAX_BYTES,
         max_partitions: int | None = None,
+        trust_chains: Any = None,
     ) -> None:
         self.runtime = runtime
         self.name = validate_processor_name(name)
@@ -99,7 +132,11 @@ class Ingestor:
         self.initial = initial
         self.batch_size = batch_size
         self.max_partitions = max_partitions
-        self.converter = Converter(topic, stream, type, decode, max_record_bytes)
+        self.trust_chains = trusted(trust_chains, topic, f"ingestor {name!r}")
+        self.converter = Converter(
+            topic, stream, type, decode, max_record_bytes, self.trust_chains,
+            lambda: runtime.store.events_table,  # resolved when a chain comes: nothing opens here
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"Ingestor({self.name!r}, topic={self.topic!r}, {self.kafka!r})"

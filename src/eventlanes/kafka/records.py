@@ -7,7 +7,10 @@
   repeated header gives a list), and ``source_chain``, whose root is the record's coordinates
   ``(topic, partition, offset)``, or, for a record an eventlanes sink published, the chain it
   carried in its ``el-source-chain`` header with this hop added: an aggregation downstream
-  dedupes on the root and drops what a crash made the sink publish twice; and the record's
+  dedupes on the root and drops what a crash made the sink publish twice. The header is an
+  input, not a fact (a forged root would make genuine inputs drop as duplicates): it is
+  carried only when the ingestor trusts its root source (``trust_chains``), every hop checked
+  (:func:`chain_of`); and the record's
   ``traceparent`` (and ``tracestate``) header when valid, as the event's own trace keys, so
   handlers downstream link to the span that published the record (unless ``trace=False``: a
   store with ``trace=off``).
@@ -20,15 +23,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..events import NewEvent
-from ..lineage import CHAIN_KEY
+from ..lineage import CHAIN_KEY, MAX_HOPS, check_chain
 from ..tracing.propagation import header_fields
 
 CHAIN_HEADER = "el-source-chain"
 TYPE_HEADER = "type"
 DEFAULT_MAX_BYTES = 1_048_576
+#: a chain header's bytes at most: MAX_HOPS hops with long names fit in it; checked before the
+#: header is parsed, so no depth of nesting reaches the JSON parser's recursion
+MAX_CHAIN_BYTES = 65_536
+#: trust_chains: None (not said: a record carrying a chain is bad), False (chains ignored), or
+#: the names of the root sources whose chains are carried
+Trust = tuple[str, ...] | Literal[False] | None
 
 
 class BadRecord(Exception):
@@ -114,8 +123,12 @@ class Converter:
         type_: str | Callable[[Record], str] | None,
         decode: Callable[[bytes | None], Any] | None,
         max_bytes: int,
+        trust: Trust = None,
+        own_source: str | Callable[[], str] | None = None,
     ) -> None:
         self.topic = topic
+        self.trust = trust
+        self._own_source = own_source  # the store's events: resolved when first needed
         self.stream_of = stream or key_stream
         self.type_of: Callable[[Record], str] = (
             _Fixed(type_) if isinstance(type_, str) else (type_ or header_type)
@@ -155,12 +168,57 @@ class Converter:
             raise BadRecord(f"decode() gave {type(data).__name__}, not a dict", stream)
         return NewEvent(type_, data, self.metadata(record, stream, trace))
 
+    def own_source(self) -> str | None:
+        if callable(self._own_source):
+            self._own_source = self._own_source()
+        return self._own_source
+
+    def chain_of(self, raws: list[bytes | None], stream: str) -> list[Any]:
+        """The chain of ``el-source-chain`` header values ``raws``, if it may be carried on;
+        BadRecord otherwise. Never an exception of another kind: whatever a header holds, the
+        record is bad, not the ingestor dead."""
+
+        def bad(why: str) -> BadRecord:
+            return BadRecord(f"header {CHAIN_HEADER!r} {why}", stream)
+
+        if self.trust is None:
+            raise bad("carries lineage this ingestor was not told to trust: pass "
+                      "trust_chains=[the upstream sources] to carry it on, or "
+                      "trust_chains=False to ignore it")  # fmt: skip
+        assert self.trust is not False
+        if len(raws) > 1:
+            raise bad(f"is given {len(raws)} times")
+        raw = raws[0] or b""
+        if len(raw) > MAX_CHAIN_BYTES:
+            raise bad(f"has {len(raw):,} bytes, more than {MAX_CHAIN_BYTES:,}")
+        try:
+            chain = check_chain(json.loads(raw))
+        except RecursionError:
+            raise bad(f"is nested too deep (a chain has at most {MAX_HOPS} hops)") from None
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError included
+            raise bad(f"is malformed: {exc}") from None
+        source = chain[0]["source"]
+        if source == self.topic:
+            raise bad(f"names the ingested topic {source!r} as its root: a record cannot "
+                      "descend from its own topic")  # fmt: skip
+        own = self.own_source()
+        if own is not None and source == own:
+            raise bad(
+                f"names this store's own events ({source!r}) as its root (a store "
+                "upstream with the same table names? give one of them another prefix=)"
+            )
+        if source not in self.trust and source.split(":", 1)[0] not in self.trust:
+            raise bad(f"root source {source!r} is not one of trust_chains {list(self.trust)}")
+        return chain
+
     def metadata(self, record: Record, stream: str, trace: bool = True) -> dict[str, Any]:
         headers: dict[str, Any] = {}
         chain: list[Any] = []
+        raws = [raw for key, raw in record.headers if key == CHAIN_HEADER]
+        if raws and self.trust is not False:
+            chain = self.chain_of(raws, stream)
         for key, raw in record.headers:
             if key == CHAIN_HEADER:
-                chain = _chain(raw, stream)
                 continue
             try:
                 value = None if raw is None else raw.decode("utf-8")
@@ -183,19 +241,6 @@ class Converter:
             if trace:
                 meta.update(header_fields(record.headers))
         return meta
-
-
-def _chain(raw: bytes | None, stream: str) -> list[Any]:
-    try:
-        chain = json.loads(raw or b"")
-        if not isinstance(chain, list) or not all(
-            isinstance(h, dict) and "source" in h and isinstance(h.get("offset"), int)
-            for h in chain
-        ):
-            raise ValueError("not a list of {source, partition, offset, out} hops")
-    except ValueError as exc:
-        raise BadRecord(f"header {CHAIN_HEADER!r} is malformed: {exc}", stream) from None
-    return chain
 
 
 def _describe(exc: BaseException) -> str:

@@ -3,9 +3,11 @@
 ``el.Kafka("broker:9092", {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
 "sasl.username": "...", "sasl.password": "..."})``: the bootstrap servers and any librdkafka
 option, passed through to the client unchanged (SASL, TLS, timeouts). The command line adds
-or overrides options (``run --kafka KEY=VALUE``, ``--kafka-file PATH``); they reach worker
-processes through the environment variable ``EVENTLANES_KAFKA`` (JSON), which ``resolved``
-reads.
+or overrides options (``run --kafka KEY=VALUE``, ``--kafka-file PATH``): :func:`use_overrides`
+holds them in this process, and ``run --processes N`` hands them to each worker in its start
+arguments (a pipe), never through the environment (every child process inherits that, and
+``/proc/PID/environ`` shows it). ``EVENTLANES_KAFKA`` (JSON), when a user sets it, is read
+too; the command line's options win over it.
 
 Secrets never appear in logs or status: ``str()``, ``repr()`` and :meth:`redacted` show
 ``***`` for every option whose name says it holds one.
@@ -24,10 +26,24 @@ from ..errors import EventlanesError, InvalidInputError
 #: options a user may not set: eventlanes owns where reading starts and what is committed
 OWNED = ("group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset",
          "enable.partition.eof", "transactional.id")  # fmt: skip
-#: option names holding secrets (substrings, lower case)
+#: option names holding secrets (substrings, lower case; names are compared in lower case).
+#: ``extensions``: SASL/OAUTHBEARER extensions carry tenant and pool ids, often credentials.
 SECRET_PARTS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem", "token",
-                "ssl.keystore", "private")  # fmt: skip
+                "ssl.keystore", "private", "extensions")  # fmt: skip
 ENV = "EVENTLANES_KAFKA"
+_overrides: dict[str, str] = {}  # the command line's options, for this process
+
+
+def use_overrides(overrides: Mapping[str, str]) -> None:
+    """Options every :class:`Kafka` of this process resolves with, over the app's (the
+    command line's ``--kafka``/``--kafka-file``)."""
+    _overrides.clear()
+    _overrides.update(overrides)
+
+
+def overrides() -> dict[str, str]:
+    """The options :func:`use_overrides` set (for handing them to a worker process)."""
+    return dict(_overrides)
 
 
 class KafkaUnavailableError(EventlanesError):
@@ -109,7 +125,7 @@ class Kafka:
         self.timeout = float(timeout)
 
     def resolved(self) -> dict[str, Any]:
-        """The options with the command line's overrides (``EVENTLANES_KAFKA``) applied."""
+        """The options with ``EVENTLANES_KAFKA`` and the command line's overrides applied."""
         conf = dict(self._config)
         extra = os.environ.get(ENV)
         if extra:
@@ -118,6 +134,7 @@ class Kafka:
             except ValueError:
                 raise InvalidInputError(f"{ENV} is not a JSON object of Kafka options") from None
             conf.update(overrides)
+        conf.update(_overrides)
         if not conf.get("bootstrap.servers"):
             raise InvalidInputError(
                 "no Kafka bootstrap servers: give el.Kafka('host:9092') or run --kafka "

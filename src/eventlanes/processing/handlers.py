@@ -16,6 +16,20 @@ Function = Callable[..., Any]  # aggregation folds take (state, event); republis
 _NO_REPLAY = "__eventlanes_disallow_replay__"
 
 
+def check_types(owner: str, call: str, types: tuple[str, ...], empty: bool = False) -> None:
+    """Event type names of ``owner``'s ``call`` (``"on()"``), refused where they are written
+    when they could never match a stored type: not text, empty, or holding NUL (which neither
+    backend stores; PostgreSQL would refuse it when the runner starts)."""
+    if (not types and not empty) or not all(isinstance(t, str) and t for t in types):
+        raise InvalidInputError(f"{owner}: {call} needs event type names")
+    for t in types:
+        if "\x00" in t:
+            raise InvalidInputError(
+                f"{owner}: {call}: event type {t!r} contains a NUL character, which no stored "
+                "type can hold"
+            )
+
+
 def disallow_replay(handler: Handler) -> Handler:
     """Mark a handler that must not run during replays (e-mails and other side effects)."""
     setattr(handler, _NO_REPLAY, True)
@@ -116,8 +130,7 @@ class FunctionsByType:
         return fn
 
     def on(self, *types: str) -> Callable[[Function], Function]:
-        if not types or not all(isinstance(t, str) and t for t in types):
-            raise InvalidInputError(f"{self.owner}: on() needs event type names")
+        check_types(self.owner, "on()", types)
 
         def register(fn: Function) -> Function:
             self.check(fn)

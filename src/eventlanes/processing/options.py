@@ -22,7 +22,7 @@ from ..names import check_table_name, validate_version
 from ..policies import KeyFunction, SequencingPolicy, as_policy
 from ..segments import Segment
 from ..store import EventStore
-from ..tokens.base import Initial
+from ..tokens.base import Initial, check_seconds
 
 OrderKey = Callable[[Event], Any]
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
@@ -164,11 +164,11 @@ class RunOptions:
         if mode not in MODES:
             raise InvalidInputError(f"{what}: mode must be one of {MODES}, got {mode!r}")
         max_segments = options.get("max_segments")
-        if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
-            raise InvalidInputError(f"{what}: max_segments must be >= 1")
+        if max_segments is not None and not _count(max_segments):
+            raise InvalidInputError(f"{what}: max_segments must be >= 1, got {max_segments!r}")
         workers = options.get("workers")
-        if workers is not None and (not isinstance(workers, int) or workers < 1):
-            raise InvalidInputError(f"{what}: workers must be >= 1")
+        if workers is not None and not _count(workers):
+            raise InvalidInputError(f"{what}: workers must be >= 1, got {workers!r}")
         on_error = options.get("on_error", "retry")
         if on_error not in ERROR_MODES:
             raise InvalidInputError(
@@ -213,9 +213,9 @@ def _lanes(
             f"{kind} {name!r}: dead letters are parked in the token's transaction; "
             "on_error='dead_letter' needs guarantee='exactly-once'"
         )
-    handler_timeout = options.get("handler_timeout", 30.0)
-    if not isinstance(handler_timeout, int | float) or handler_timeout <= 0:
-        raise InvalidInputError(f"{what}: handler_timeout must be > 0 seconds")
+    handler_timeout = check_seconds(
+        options.get("handler_timeout", 30.0), f"{what}: handler_timeout"
+    )
     lane_window = options.get("lane_window")
     if lane_window is not None and (
         isinstance(lane_window, bool) or not isinstance(lane_window, int) or lane_window < 1
@@ -236,6 +236,11 @@ def _lanes(
         )
     window = 1000 if lane_window is None else lane_window
     return lanes, float(handler_timeout), window, pipeline
+
+
+def _count(value: object) -> bool:
+    """A whole number from one (True is an int to Python, not a count)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
 
 
 def _tables(name: str, tables: object) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from ..errors import InvalidInputError
 from ..names import check_table_name, table_suffix, validate_base_name, versioned_name
 from ..tokens.base import Initial
 from ..upcasting import Upcasters
-from .handlers import Handler, HandlerSet, ResetHandler
+from .handlers import Handler, HandlerSet, ResetHandler, check_types
 from .options import Guarantee, ProcessorOptions, RunOptions
 
 
@@ -72,8 +72,7 @@ class Processor:
 
     def on(self, *types: str) -> Callable[[Handler], Handler]:
         """Decorator: handle events of these types (``@proc.on("FrontWheelAdded")``)."""
-        if not types or not all(isinstance(t, str) and t for t in types):
-            raise InvalidInputError(f"processor {self.name!r}: on() needs event type names")
+        check_types(f"processor {self.name!r}", "on()", types)
 
         self.refuse_upcast(types)
 
@@ -93,8 +92,7 @@ class Processor:
         types; all when none are given), in order, in the batch's transaction. For projections
         that fold many events into one write. A failure retries the whole batch (also in
         dead-letter mode: no single event can be blamed)."""
-        if not all(isinstance(t, str) and t for t in types):
-            raise InvalidInputError(f"processor {self.name!r}: on_batch() takes event type names")
+        check_types(f"processor {self.name!r}", "on_batch()", types, empty=True)
         if self.guarantee is not Guarantee.EXACTLY_ONCE:
             raise InvalidInputError(
                 f"processor {self.name!r} is {self.guarantee.value}: on_batch handlers run in "

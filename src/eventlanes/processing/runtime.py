@@ -21,7 +21,7 @@ from ..segments import Segment
 from ..store import EventStore, open_store
 from ..store.read_wait import ReadWaitWatch
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, InMemoryTokenStore, TokenStore, open_token_store
-from ..tokens.base import Initial
+from ..tokens.base import Initial, check_seconds
 from ..upcasting import Upcasters
 from .segment import Progress
 from .tables.dead_letters import DeadLetterStore
@@ -50,8 +50,9 @@ class Runtime:
         self.prefix = parse_url(url).prefix
         if isinstance(token_store, str) and token_store != "memory":
             parse_url(token_store)
-        if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
-            raise InvalidInputError(f"claim_timeout must be > 0 seconds, got {claim_timeout!r}")
+        claim_timeout = check_seconds(claim_timeout, "claim_timeout")
+        if poll_interval is not None:
+            poll_interval = check_seconds(poll_interval, "poll_interval")
         self.url = url
         self._token_store_spec = token_store
         self.claim_timeout = float(claim_timeout)
@@ -137,7 +138,7 @@ class Runtime:
                 per_part=per_part, context={"version": split_version(name)[1]} if after else None,
             )  # fmt: skip
             self._initialized.add(name)
-            if not created:
+            if not created and not self.tokens.retired(name):  # retired: refused below
                 note = layout_note(segments, self.tokens.segments(name))
                 if note is not None:  # once per process: the stored layout is the one that runs
                     log.warning("%s: %s", name, note)

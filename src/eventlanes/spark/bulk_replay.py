@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidInputError, SparkJobError
+from ..errors import FieldTypeError, InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
 from ..tokens import Token
 from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
 from ..tracing import spans
+from .declarative import FIELD_ERROR, string_key
 from .export import PREFIX
 from .fold import (
     KEYED_SCHEMA,
@@ -154,6 +155,9 @@ def _replay(
                 events, keys = replay_projection(app, proc, source, url, owner, records), 0
         except Exception as exc:
             source.verify()  # a stale export: say so, rather than what Spark made of it
+            refused = _refused(exc)
+            if refused is not None:  # an event the local engine refuses too: as it says it
+                raise refused from exc
             if type(exc).__module__.startswith(("pyspark", "py4j")):
                 raise SparkJobError(f"{name}: the Spark job failed: {first_line(exc)}") from exc
             raise
@@ -161,6 +165,27 @@ def _replay(
         beat.stop()
         release_all(app.tokens, proc.name, owner, records)
     return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
+
+
+#: how ``policies.state_key`` ends its refusal of a key that is not a string
+KEY_REFUSED = "render it as text on purpose, e.g. str(...))"
+
+
+def _refused(exc: BaseException) -> InvalidInputError | None:
+    """The input error a Spark failure carries (a key or field the local engine refuses too,
+    raised by Spark or by the key function's check on an executor), or None."""
+    if not type(exc).__module__.startswith(("pyspark", "py4j")):
+        return None
+    text = str(exc)
+    if FIELD_ERROR in text:
+        line = text[text.index(FIELD_ERROR) + len(FIELD_ERROR) :].splitlines()[0]
+        return FieldTypeError(line.split(" SQLSTATE")[0].rstrip(". "))
+    marker = "InvalidInputError: "
+    if marker in text:  # a key the fold refused (policies.state_key): an input error here too
+        line = text[text.rindex(marker) + len(marker) :].splitlines()[0]
+        if line.endswith(KEY_REFUSED) or "key is None" in line:
+            return InvalidInputError(line)
+    return None
 
 
 def fold_aggregation(
@@ -177,17 +202,26 @@ def fold_aggregation(
 
     if spec.key_field is not None and not spec.any:
         # All in the JVM: filter the folded types and extract the key from the JSON data (or
-        # an export's column of it: the same text for strings and integers).
+        # an export's column of strings). A key that is not a string fails the job naming the
+        # event, as the local engine refuses it; so does a missing or null one.
         kind = (columns or {}).get(spec.key_field)
-        if typed is not None and kind in ("string", "long"):
-            key = F.col(PREFIX + spec.key_field).cast("string")
+        folded = F.col("type").isin(list(spec.by_type))
+        if typed is not None and kind == "string":
+            key = F.col(PREFIX + spec.key_field)
             df = typed.select(*df.columns, key.alias("key"))
         else:
-            key = F.get_json_object("data", f"$.{spec.key_field}")
+            key = string_key(F.col("data"), spec.key_field, f"aggregation {spec.name!r}")
             if "key" in df.columns:  # read on the executors where exact (source.Keyed)
                 key = F.coalesce(F.col("key"), key)
-            df = df.withColumn("key", key)
-        keyed = df.where(F.col("type").isin(list(spec.by_type))).where(F.col("key").isNotNull())
+            df = df.withColumn("key", F.when(folded, key))
+        missing = F.concat(
+            F.lit(f"{FIELD_ERROR}event "), F.col("position").cast("string"), F.lit(" ("),
+            F.col("type"), F.lit(f"): no key property {spec.key_field!r} for aggregation "
+                                 f"{spec.name!r} (or its value is null)"),
+        )  # fmt: skip
+        keyed = df.where(folded).withColumn(
+            "key", F.coalesce(F.col("key"), F.raise_error(missing).cast("string"))
+        )
     else:
         keyed = df.mapInArrow(lambda it: add_keys(spec, it), KEYED_SCHEMA)
     seg = F.crc32(F.col("key").cast("binary")).bitwiseAND(partitions - 1)

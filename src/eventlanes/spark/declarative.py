@@ -41,6 +41,58 @@ def _json(col: Any) -> Any:
     return F.substring(text, 2, F.length(text) - 2)
 
 
+#: a JSON value's type as the variant names it -> the Python type the local engine names
+_KINDS = (("BIGINT", "int"), ("INT", "int"), ("SMALLINT", "int"), ("TINYINT", "int"),
+          ("DOUBLE", "float"), ("FLOAT", "float"), ("BOOLEAN", "bool"))  # fmt: skip
+
+
+def string_key(data: Any, prop: str, what: str) -> Any:
+    """Data property ``prop`` of the JSON text ``data`` when it is a JSON string; null when it
+    is absent or null (or the text is not JSON); any other value fails the job naming the event
+    (``FIELD_ERROR``), as the local engine refuses a key that is not a string
+    (``policies.state_key``). Spark's own readings would render 5 as "5" (one state)."""
+    from pyspark.sql import functions as F
+
+    value = F.try_variant_get(F.try_parse_json(data), f"$.{prop}", "variant")
+    kind = F.schema_of_variant(value)
+    named = F.lit(None).cast("string")
+    for variant, python in _KINDS:
+        named = F.when(kind == variant, F.lit(python)).otherwise(named)
+    named = F.coalesce(
+        F.when(kind.startswith("DECIMAL"), F.lit("float")),
+        F.when(kind.startswith("OBJECT"), F.lit("dict")),
+        F.when(kind.startswith("ARRAY"), F.lit("list")),
+        named,
+        F.lower(kind),
+    )
+    error = F.concat(
+        F.lit(f"{FIELD_ERROR}{what}: event "), F.col("position").cast("string"),
+        F.lit(" ("), F.col("type"), F.lit("): the key is "), named, F.lit(" "),
+        F.to_json(value), F.lit(": a key must be a string"),
+    )  # fmt: skip
+    return (
+        F.when(value.isNull() | (kind == "VOID"), F.lit(None).cast("string"))
+        .when(kind == "STRING", F.variant_get(value, "$", "string"))
+        .otherwise(F.raise_error(error).cast("string"))
+    )
+
+
+def refused_key(prop: str, what: str) -> Any:
+    """An export's typed column of the key that is not of strings: each value in it fails
+    the job naming the event (null: none)."""
+    from pyspark.sql import functions as F
+
+    col = F.col(PREFIX + prop)
+    error = F.concat(
+        F.lit(f"{FIELD_ERROR}{what}: event "), F.col("position").cast("string"),
+        F.lit(" ("), F.col("type"), F.lit("): the key is "), _json(col),
+        F.lit(": a key must be a string"),
+    )  # fmt: skip
+    return F.when(col.isNull(), F.lit(None).cast("string")).otherwise(
+        F.raise_error(error).cast("string")
+    )
+
+
 def _typed(prop: str, type_: type, kind: str | None, decl: Declaration) -> Any:
     """Property ``prop`` from the export's typed column (of Spark type ``kind``) as the declared
     ``type_``, failing on a value of another type (naming the event, as the local engine); or
@@ -53,6 +105,8 @@ def _typed(prop: str, type_: type, kind: str | None, decl: Declaration) -> Any:
     want = TYPES[type_]
     if kind == want:
         return col
+    if prop == decl.key:  # a key is a string: refused as the local engine refuses it
+        return refused_key(prop, f"aggregation {decl.name!r}")
     if (want, kind) in (("double", "long"), ("string", "long"), ("string", "boolean")):
         return col.cast(want)  # float(int), and JSON's text of an integer or a boolean
     if want == "string":  # a double's text differs between Java and JSON: parse it
@@ -155,13 +209,18 @@ def _parsed(
         schema = ", ".join(f"`{p}` {TYPES[t]}" for p, t in parse.items())
         unread = ok & ~F.col("typed") if flagged else ok
         first.append(F.when(unread, F.from_json("data", schema, {"mode": "FAILFAST"})).alias("d"))
+        parsed = {p: F.col("d").getField(p) for p in parse}
+        if decl.key in parse:  # from_json would take 5 as "5": the key's JSON type is checked
+            checked = string_key(F.col("data"), decl.key, f"aggregation {decl.name!r}")
+            first.append(F.when(unread, checked).alias("checked_key"))
+            parsed[decl.key] = F.col("checked_key")
         if flagged:
             values.update(
-                {p: F.when(F.col("typed"), F.col(PREFIX + p)).otherwise(F.col("d").getField(p))
-                 for p in parse}
+                {p: F.when(F.col("typed"), F.col(PREFIX + p)).otherwise(v)
+                 for p, v in parsed.items()}
             )  # fmt: skip
         else:
-            values.update({p: F.col("d").getField(p) for p in parse})
+            values.update(parsed)
     given = [F.when(F.col("ok"), v).alias(f"v_{p}") for p, v in values.items()]
     return df.select(*first).select("position", "ok", "chain", *given, *keep)
 

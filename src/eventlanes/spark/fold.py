@@ -15,6 +15,7 @@ from typing import Any
 
 from ..events import Event
 from ..lineage import CHAIN_KEY, Coordinates, coordinates, is_newer, own_path, record
+from ..policies import state_key
 from ..processing.aggregating.aggregation import Aggregation
 from ..processing.aggregating.folds import (
     check_fresh_state,
@@ -125,11 +126,13 @@ def add_keys(spec: FoldSpec, batches: Iterator[Any]) -> Iterator[Any]:
     """Keep the events the aggregation folds and add their key (the user's key function)."""
     import pyarrow as pa
 
+    what = f"aggregation {spec.name!r}"
     for batch in batches:
         rows = []
         for row in _rows(batch):
             if spec.handles(row[3]):
-                rows.append((*row, str(spec.key(Event(*row)))))
+                event = Event(*row)
+                rows.append((*row, state_key(spec.key(event), what, event)))
         if rows:
             cols = list(zip(*rows, strict=True))
             yield pa.RecordBatch.from_arrays([pa.array(c) for c in cols], names=[*FIELDS, "key"])
@@ -249,8 +252,9 @@ def _emit(
         out_event = output_event(o, event.position, source, path)
         raw = json.dumps({"type": o.type, "data": o.data, "metadata": o.metadata})
         for stage in spec.stages:
-            out.append(("out", stage.name, str(stage.key(out_event)), None, source, 0,
-                        event.position, json.dumps(path), raw))  # fmt: skip
+            to = state_key(stage.key(out_event), f"stage {stage.name!r}", event)
+            out.append(("out", stage.name, to, None, source, 0, event.position,
+                        json.dumps(path), raw))  # fmt: skip
 
 
 _STATE_TYPES = ("string", "string", "string", "string", "string", "int64", "int64", "string",

@@ -40,6 +40,11 @@ def segment_pairs(segments: Iterable[SegmentSpec] | None) -> list[tuple[int, int
     return pairs
 
 
+#: the longest stream id and event type, in UTF-8 bytes, on both backends: PostgreSQL's index
+#: entries stop near 2,700 bytes, SQLite has no such limit; one documented bound keeps the two
+#: stores in agreement (and a 10 MB id an input error, not an outage)
+MAX_ID_BYTES = 1024
+
 _MAX = 2**63 - 1  # positions and versions are signed 64-bit integers in both databases
 
 #: seconds readers may wait behind one open transaction before it is a problem (``status``)
@@ -107,6 +112,15 @@ def _check_positive(value: Any, what: str, allow_zero: bool = True) -> int:
     return value
 
 
+def _check_length(value: str, what: str) -> None:
+    size = len(value.encode())
+    if size > MAX_ID_BYTES:
+        raise InvalidInputError(
+            f"{what} {value[:40]!r}... is {size:,} bytes in UTF-8: at most {MAX_ID_BYTES:,} "
+            "bytes are stored (nothing was written)"
+        )
+
+
 class EventStore(ABC):
     """Append-only event log with a global position and per-stream versions."""
 
@@ -166,6 +180,7 @@ class EventStore(ABC):
         if not isinstance(stream_id, str) or not stream_id.strip():
             raise InvalidInputError(f"stream id must be a non-empty string, got {stream_id!r}")
         check_text(stream_id, "stream id")
+        _check_length(stream_id, "stream id")
         if expected_version is not None:
             _check_positive(expected_version, "expected_version")
         if isinstance(events, NewEvent):
@@ -203,6 +218,7 @@ class EventStore(ABC):
         if not isinstance(event.type, str) or not event.type:
             raise InvalidInputError(f"event #{i}: type must be a non-empty string")
         check_text(event.type, f"event #{i}: type")
+        _check_length(event.type, f"event #{i}: type")
         if len(self._checked_types) > 10_000:  # bounded: types are few, but who knows
             self._checked_types.clear()
         self._checked_types.add(event.type)

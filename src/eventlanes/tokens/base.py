@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ClaimLostError, InvalidInputError, ProcessorPausedError
+from ..errors import ClaimLostError, CorruptTokenError, InvalidInputError, ProcessorPausedError
 from ..names import split_version, validate_owner, validate_processor_name
 from ..segments import Segment
 from .token import Token
@@ -59,6 +60,9 @@ class SegmentStatus:
     retry_in: float | None = None  # seconds until a failing segment may be retried
     paused: bool = False  # the processor is paused: nobody may claim the segment
     request_refused: str | None = None  # why the owner refused the last request (until the next)
+    #: the row's token_detail could not be decoded: ``token`` holds only its position column,
+    #: and nothing may run from it (claims refuse it; :meth:`TokenStore.token` raises this)
+    corrupt: CorruptTokenError | None = None
 
     @property
     def position(self) -> int:
@@ -101,15 +105,31 @@ def resolve_initial(initial: Initial, store: EventStore | None) -> int:
     )
 
 
+#: the longest timeout or interval taken (about 31 years): beyond it, milliseconds overflow the
+#: databases' 64-bit deadlines and Python's waits raise OverflowError
+MAX_SECONDS = 1e9
+
+
+def check_seconds(value: object, what: str, zero: bool = False) -> float:
+    """``value`` as seconds, refused unless a finite number above zero (``zero``: or zero):
+    nan and inf pass a ``> 0`` test and then break deadlines far from where they were written."""
+    bound = ">= 0" if zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(f"{what} must be a number of seconds {bound}, got {value!r}")
+    low = value >= 0 if zero else value > 0
+    if not math.isfinite(value) or not low or value > MAX_SECONDS:
+        raise InvalidInputError(
+            f"{what} must be a finite number of seconds, {bound} and <= {MAX_SECONDS:g}, "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
 class TokenStore(ABC):
     """Operations are atomic and fenced by ownership; deadlines use one clock for all nodes."""
 
     def __init__(self, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> None:
-        if not isinstance(claim_timeout, int | float) or claim_timeout <= 0:
-            raise InvalidInputError(
-                f"claim_timeout must be a positive number, got {claim_timeout!r}"
-            )
-        self.claim_timeout = float(claim_timeout)
+        self.claim_timeout = check_seconds(claim_timeout, "claim_timeout")
 
     @property
     def timeout_ms(self) -> int:
@@ -314,6 +334,8 @@ class TokenStore(ABC):
         """The stored token of one segment (None when the segment does not exist)."""
         for s in self.status(processor):
             if s.segment.id == segment_id:
+                if s.corrupt is not None:
+                    raise s.corrupt
                 return s.token
         return None
 

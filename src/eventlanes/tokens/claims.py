@@ -64,7 +64,11 @@ class Heartbeat:
         self.on_held = on_held
         self.announce = announce  # also mark this node live (runners; not one-off commands)
         self.failures = 0
-        self.outage = Outage(f"{processor}: heartbeat")
+        db = getattr(tokens, "db", None)  # SQLite: a beat that waits, waits for a lock
+        lock_file = getattr(db, "path", None) if getattr(db, "backend", None) == "sqlite" else None
+        self.outage = Outage(
+            f"{processor}: heartbeat", lock_file=lock_file, warn_after=tokens.claim_timeout
+        )
         self._busy_since: float | None = None  # monotonic start of the beat in progress
         self._stop = threading.Event()
         self._thread = threading.Thread(

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..db import Database
-from ..errors import ClaimLostError
+from ..errors import ClaimLostError, CorruptTokenError
 from ..names import split_version
 from ..schema import require
 from ..segments import Segment
@@ -180,7 +180,8 @@ class SQLTokenStore(TokenStore):
                     ),
                     tuple(after),
                 ).fetchall()
-                rows = [(n, Segment(i, m), Token.from_row(p, d), o) for n, i, m, p, d, o in found]
+                rows = [(n, Segment(i, m), Token.decode(n, Segment(i, m), p, d), o)
+                        for n, i, m, p, d, o in found]  # fmt: skip
             tokens = succeeding_tokens(processor, segments, position, rows, per_part, context)
             insert = q(
                 f"INSERT INTO {t} (processor, segment_id, mask, position, token_detail, "
@@ -239,7 +240,7 @@ class SQLTokenStore(TokenStore):
     def _retire_in(self, conn: Any, processor: str, owner: str) -> int:
         t, q, now = self.table, self.db.sql, self.db.now_ms
         rows = [
-            (Segment(i, m), Token.from_row(p, d), o)
+            (Segment(i, m), Token.decode(processor, Segment(i, m), p, d), o)
             for i, m, p, d, o in conn.execute(self._rows_sql, (processor,)).fetchall()
         ]
         position = retire_checked(processor, rows, owner)
@@ -274,9 +275,15 @@ class SQLTokenStore(TokenStore):
         if not rows:
             return None
         mask, position, detail = rows[0]
-        return TokenRecord(
-            processor, Segment(segment_id, mask), Token.from_row(position, detail), owner
-        )
+        segment = Segment(segment_id, mask)
+        try:
+            token = Token.decode(processor, segment, position, detail)
+        except CorruptTokenError as exc:
+            # Claimed a moment ago: let it go as a failed attempt (back-off, the error shown on
+            # the segment), so no runner starts from a guess and the stored row stays as it is.
+            self._fail(processor, segment_id, owner, str(exc))
+            raise
+        return TokenRecord(processor, segment, token, owner)
 
     def _extend(self, processor: str, segment_id: int, owner: str) -> None:
         params = (self.timeout_ms, processor, segment_id, owner, processor)
@@ -327,7 +334,10 @@ class SQLTokenStore(TokenStore):
 
     def _locked_rows(self, conn: Any, processor: str) -> dict[int, tuple[int, Token, str | None]]:
         rows = conn.execute(self._rows_sql, (processor,)).fetchall()
-        return {r[0]: (r[1], Token.from_row(r[2], r[3]), r[4]) for r in rows}
+        return {
+            r[0]: (r[1], Token.decode(processor, Segment(r[0], r[1]), r[2], r[3]), r[4])
+            for r in rows
+        }
 
     def _split(self, processor: str, segment_id: int, owner: str) -> tuple[Segment, Segment]:
         t = self.table
@@ -378,11 +388,16 @@ class SQLTokenStore(TokenStore):
         for row in self.db.query(self._status_sql, (processor, processor)):
             (seg_id, mask, pos, detail, owner, since, deadline, request, error, updated, errors,
              retry_at, now, refused, paused) = row  # fmt: skip
+            segment, corrupt = Segment(seg_id, mask), None
+            try:
+                token = Token.decode(processor, segment, pos, detail)
+            except CorruptTokenError as exc:  # shown on its row; the other rows still listed
+                token, corrupt = Token(pos), exc
             result.append(
                 SegmentStatus(
                     processor,
-                    Segment(seg_id, mask),
-                    Token.from_row(pos, detail),
+                    segment,
+                    token,
                     owner,
                     (now - since) / 1000 if owner and since is not None else None,
                     (deadline - now) / 1000 if owner and deadline is not None else None,
@@ -393,6 +408,7 @@ class SQLTokenStore(TokenStore):
                     (retry_at - now) / 1000 if retry_at and retry_at > now else None,
                     bool(paused),
                     refused,
+                    corrupt,
                 )
             )
         return result

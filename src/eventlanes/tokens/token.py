@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import CorruptTokenError, InvalidInputError
 from ..segments import Segment
 
 Part = tuple[int, int, int]  # (segment id, mask, position): a part of a segment and a position
@@ -284,6 +284,24 @@ class Token:
             sorted((n, cls.from_row(p, d)) for n, (p, d) in data.get("sources", {}).items())
         )
         return cls(position, ahead, replays, context, sources)
+
+    @classmethod
+    def decode(cls, processor: str, segment: Segment, position: int, detail: str | None) -> Token:
+        """:meth:`from_row` for a stored row, or CorruptTokenError naming the processor and the
+        segment when its detail is not a token this release can read (never a guess)."""
+        try:
+            return cls.from_row(position, detail)
+        except CorruptTokenError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            # InvalidInputError (parts of a newer release) is a ValueError too.
+            shown = detail if detail is None or len(detail) <= 200 else detail[:200] + "..."
+            reason = (
+                str(exc)
+                if isinstance(exc, InvalidInputError)
+                else (f"token_detail {shown!r} is not a token ({type(exc).__name__}: {exc})")
+            )
+            raise CorruptTokenError(processor, str(segment), reason) from exc
 
     def __str__(self) -> str:
         text = str(self.position)

@@ -161,6 +161,8 @@ function payload() {
   if (to) out.to = to.value.trim();
   const keep = document.getElementById("action-keep-tables");
   if (keep) out.keep_tables = keep.checked;
+  const tick = document.getElementById("action-confirm-warnings");
+  if (tick) out.confirm = tick.checked;
   return out;
 }
 
@@ -182,6 +184,17 @@ function showPlan(answer) {
     p.className = "error";
     p.textContent = answer.refused;
     planBox.append(p);
+  } else if (answer.confirm) {
+    // The plan warns: as the CLI asks for --yes, the action waits for an explicit tick.
+    const label = document.createElement("label");
+    const tick = document.createElement("input");
+    tick.type = "checkbox";
+    tick.id = "action-confirm-warnings";
+    tick.addEventListener("change", () => {
+      confirmButton.disabled = !tick.checked;
+    });
+    label.append(tick, " " + verb(current.what) + " anyway, despite the warnings above");
+    planBox.append(label);
   }
   planBox.hidden = false;
 }
@@ -226,7 +239,7 @@ async function submit(event) {
     showPlan(result.answer);
     current.planned = true;
     confirmButton.textContent = verb(current.what);
-    confirmButton.disabled = Boolean(result.answer.refused);
+    confirmButton.disabled = Boolean(result.answer.refused || result.answer.confirm);
     return;
   }
   dialog.close();

@@ -17,7 +17,6 @@ Table ``{prefix}aggregates``: (aggregation, key) primary key, ``value`` (JSON), 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, Unpack
@@ -26,7 +25,8 @@ from ...callables import check
 from ...errors import InvalidInputError
 from ...events import Event
 from ...names import validate_base_name, validate_processor_name, versioned_name
-from ...policies import SequencingPolicy
+from ...policies import SequencingPolicy, key_argument
+from ...tokens.base import check_seconds
 from ...upcasting import Upcasters
 from ..handlers import FunctionsByType
 from ..options import AggregationOptions
@@ -41,15 +41,22 @@ Fold = Callable[[Any, Event], Any]
 
 
 class _FieldKey:
-    """``key="robot"``: the property as JSON text renders it (strings as they are), which is
-    what Spark's ``get_json_object`` returns, so both engines agree on every key."""
+    """``key="robot"``: the property's value, as ``key=lambda e: e.data["robot"]`` gives it;
+    the fold keeps a string and refuses anything else (``policies.state_key``), as Spark
+    does, so both key forms and both engines agree on every datum."""
 
-    def __init__(self, field: str) -> None:
+    def __init__(self, field: str, name: str) -> None:
         self.field = field
+        self.name = name
 
-    def __call__(self, event: Event) -> str:
-        value = event.data[self.field]
-        return value if isinstance(value, str) else json.dumps(value)
+    def __call__(self, event: Event) -> Any:
+        data = event.data
+        if self.field not in data:
+            raise InvalidInputError(
+                f"event {event.position} ({event.type}): no key property {self.field!r} for "
+                f"aggregation {self.name!r}"
+            )
+        return data[self.field]
 
 
 def _check_callables(name: str, key: Any, initial: Any) -> None:
@@ -76,8 +83,9 @@ class Stage:
         self.on = self.folds.on
 
     def get(self, key: str) -> Any:
-        """The stage's state of ``key`` as last written (None when there is none)."""
-        return self.upstream.states.get(self.name, key)
+        """The stage's state of ``key`` (a string) as last written (None when there is
+        none)."""
+        return self.upstream.states.get(self.name, key_argument(key, f"stage {self.name!r}"))
 
 
 class Aggregation(Processor):
@@ -115,7 +123,8 @@ class Aggregation(Processor):
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
-        key_fn: Callable[[Event], Any] = _FieldKey(key) if isinstance(key, str) and key else key  # type: ignore[assignment]
+        key_fn: Callable[[Event], Any]
+        key_fn = _FieldKey(key, name) if isinstance(key, str) and key else key  # type: ignore[assignment]
         self.folds = FunctionsByType(f"aggregation {name!r}")
         #: fields=...: a declarative aggregation (declarative.py), folded without Python per event
         self.declaration: Declaration | None = None
@@ -151,9 +160,8 @@ class Aggregation(Processor):
             **options,
         )  # fmt: skip
         self._states = states
-        if not isinstance(persist_every, int | float) or persist_every < 0:
-            raise InvalidInputError(f"aggregation {name!r}: persist_every must be >= 0 seconds")
-        self.persist_every = float(persist_every)
+        what = f"aggregation {name!r}: persist_every"
+        self.persist_every = check_seconds(persist_every, what, zero=True)  # nan, inf: refused
         self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
         if self.declaration is not None:
@@ -209,8 +217,8 @@ class Aggregation(Processor):
         return self._states()
 
     def get(self, key: str) -> Any:
-        """The persisted state of ``key`` (None if nothing was folded for it yet)."""
-        return self.states.get(self.name, key)
+        """The persisted state of ``key`` (a string; None if nothing was folded for it yet)."""
+        return self.states.get(self.name, key_argument(key, f"aggregation {self.name!r}"))
 
     def dropped(self) -> int:
         """Inputs dropped because they were already folded in (duplicates)."""

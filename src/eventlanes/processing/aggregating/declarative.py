@@ -18,8 +18,9 @@ Types are strict on every engine, as Spark's ``from_json`` in FAILFAST mode is: 
 holding ``1.5``, ``"3"`` or ``true`` fails the batch with an error naming the event, the field
 and the value; ``null`` or a missing property is skipped by every operation (``count()`` without
 a field counts events). ``str`` fields take a value as JSON text renders it (strings as they
-are), like keys. Sums are of 64-bit integers (Spark fails on overflow; floating-point sums depend
-on the order of additions, so they are left to Python folds).
+are); a key must be a string (``policies.state_key``). Sums are of 64-bit integers (Spark
+fails on overflow; floating-point sums depend on the order of additions, so they are left to
+Python folds).
 
 The state is a JSON object ``{name: value}``: counts and sums start at 0, the others at null.
 """
@@ -36,6 +37,7 @@ from typing import Any
 from ...columnar.fold import Field as ColumnarField
 from ...errors import FieldTypeError, InvalidInputError
 from ...events import Event, datas
+from ...policies import state_key
 from ..tables.states import Entry
 from .dedupe import Marks, dedupe
 
@@ -235,7 +237,7 @@ class Declaration:
                 f"event {event.position} ({event.type}): no key property {self.key!r} "
                 f"for aggregation {self.name!r}"
             )
-        return value if value.__class__ is str else json.dumps(value)
+        return state_key(value, f"aggregation {self.name!r}", event)
 
     # -- one event at a time (the reference) ---------------------------------------------------
     def fold(self, state: dict[str, Any], event: Event) -> None:
@@ -278,7 +280,7 @@ class Declaration:
         kf = self.key
         keys: list[Any] = [d.get(kf) for d in rows]
         if list(map(type, keys)).count(str) != len(keys):
-            # non-string keys (rare) as JSON text; missing: an error naming the event
+            # not a string: refused (policies.state_key), missing: an error naming the event
             for i, k in enumerate(keys):
                 if k.__class__ is not str:
                     keys[i] = self._key(rows[i], events[i])

@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ClaimLostError, InvalidInputError
+from ...errors import ClaimLostError
 from ...events import Event, NewEvent, datas, recorded_raw, types
 from ...lineage import Coordinates, coordinates, is_newer, record
-from ...policies import key_text
+from ...policies import state_key
 from ...segments import Segment
 from ...tracing import spans
 from ..executors.base import Executor
@@ -45,14 +45,6 @@ def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
         if types(events).count(only) == len(events):
             return events
     return [e for e in events if e.type in wanted]
-
-
-def _keyless(key: Any, event: Event, name: str) -> str:
-    if key is None:  # never folded into a state named "None"
-        raise InvalidInputError(
-            f"event {event.position} ({event.type}): the aggregation key is None"
-        )
-    return key_text(key, f"aggregation {name!r}", event)
 
 
 class AggregationExecutor(Executor):
@@ -118,7 +110,8 @@ class AggregationExecutor(Executor):
             keys: list[Any] = [d.get(field) for d in datas(mine)]
             if list(map(type, keys)).count(str) == len(keys):
                 return mine, keys, None
-        keys = [k if (k := key(e)).__class__ is str else _keyless(k, e, self.name) for e in mine]
+        what = f"aggregation {self.name!r}"
+        keys = [k if (k := key(e)).__class__ is str else state_key(k, what, e) for e in mine]
         return mine, keys, None
 
     def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
@@ -336,7 +329,7 @@ class AggregationExecutor(Executor):
             for name, items in by_stage.items():
                 stage = items[0][0]
                 keyed = [
-                    (key_text(stage.key(out), f"stage {name!r}", src), coords, out, src)
+                    (state_key(stage.key(out), f"stage {name!r}", src), coords, out, src)
                     for _, coords, out, src in items
                 ]
                 keys = sorted({k for k, *_ in keyed})

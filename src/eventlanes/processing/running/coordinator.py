@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ...db.weather import Outage
-from ...errors import InvalidInputError
+from ...errors import CorruptTokenError, InvalidInputError
 from ...observe import Observer
 from ...segments import Segment
 from ...store.read_wait import ReadWaitWatch
@@ -164,7 +164,12 @@ class Coordinator:
                 break
             if not claimable(status[seg_id], self.owner):
                 continue
-            record = self.tokens.claim(self.name, seg_id, self.owner)
+            try:
+                record = self.tokens.claim(self.name, seg_id, self.owner)
+            except CorruptTokenError as exc:  # recorded on its row, retried with back-off
+                log.error("%s: %s; segment stopped, retried with back-off", self.name, exc)
+                self.observer.failed(self.name, exc.segment, str(exc))
+                continue
             if record is not None:
                 self.acquire(record.segment, record.token)
 

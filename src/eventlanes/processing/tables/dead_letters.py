@@ -46,6 +46,12 @@ class DeadLetterStore:
         routing_hash: int,
         error: str,
     ) -> None:
+        if key is not None and "\x00" in key:  # SQLite would store it, PostgreSQL refuse it
+            raise InvalidInputError(
+                f"{processor!r}: cannot park the event at position {event.position} (stream "
+                f"{event.stream_id!r}, type {event.type!r}): its key {key!r} contains a NUL "
+                "character, which cannot be stored"
+            )
         conn.execute(
             self.db.sql(
                 f"""INSERT INTO {self.table} (processor, position, seq_key, routing_hash, stream_id,

@@ -1,0 +1,263 @@
+"""Stopping is deterministic and visible: SIGINT/SIGTERM at any moment (start-up, idling,
+work) end a run within its grace period; no signal handler takes a lock (a handler that sets
+a ``threading.Event`` can deadlock on the lock its own thread holds inside ``Event.wait``);
+``run`` says when it starts stopping and when each worker is done; a second signal ends it at
+once, non-zero, and says so."""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import eventlanes as el
+from tests.apps.recorder import create_schema
+from tests.processing_helpers import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SIGNALS_PY = ROOT / "src" / "eventlanes" / "signals.py"
+
+# The smallest real process that runs run_until_signal: signals.py alone (stdlib only, loaded
+# by path: no package import), looping start-up -> run -> stop once per signal received. The
+# main thread waits in Event.wait in a tight loop (interval ~0), where it holds the Event's
+# lock most of the time: the window a handler that takes that lock deadlocks in.
+LOOP = r"""
+import importlib.util, random, sys, threading, time
+spec = importlib.util.spec_from_file_location("signals_alone", sys.argv[1])
+signals = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(signals)
+rng = random.Random(int(sys.argv[3]))
+for i in range(int(sys.argv[2])):
+    how = "started"
+    try:
+        signals.interrupt_startup()
+        print("ready", i, flush=True)
+        time.sleep(rng.random() * 0.001)  # start-up: the signal may land here
+        signals.run_until_signal(threading.Event(), lambda: False, 1e-6,
+                                 start=lambda: time.sleep(rng.random() * 0.0005))
+    except signals.StartupInterrupted:
+        how = "interrupted"
+    print("done", i, how, flush=True)
+"""
+
+
+def _lines(proc: subprocess.Popen) -> queue.Queue:
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _expect(lines: queue.Queue, prefix: str, timeout: float) -> str:
+    line = lines.get(timeout=timeout)
+    assert line is not None and line.startswith(prefix), line
+    return line
+
+
+def _stress_loop(runs: int, seed: int) -> tuple[int, int]:
+    """``runs`` start-up/run/stop rounds in one process, one SIGINT or SIGTERM each at a
+    random moment; fails on the first round that does not end within 2 s (a deadlock)."""
+    rng = random.Random(seed)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOOP, str(SIGNALS_PY), str(runs), str(seed)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = _lines(proc)
+    interrupted = 0
+    try:
+        for i in range(runs):
+            _expect(lines, f"ready {i}", 10)
+            time.sleep(rng.random() * 0.01)
+            proc.send_signal(rng.choice([signal.SIGINT, signal.SIGTERM]))
+            try:
+                done = _expect(lines, f"done {i}", 2)
+            except queue.Empty:
+                raise AssertionError(f"round {i} of {runs}: still running 2 s after a signal "
+                                     "(a handler deadlocked?)") from None  # fmt: skip
+            interrupted += done.endswith("interrupted")
+        assert proc.wait(10) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return runs, interrupted
+
+
+def test_signals_at_random_moments_always_stop_run_until_signal() -> None:
+    """600 rounds, each stopped by a signal at a random moment of start-up or of the wait:
+    every one ends (before the fix, a handler calling ``stop.set()`` deadlocked within a
+    few hundred rounds)."""
+    runs, interrupted = 0, 0
+    for seed in (1, 2, 3):
+        r, i = _stress_loop(200, seed)
+        runs, interrupted = runs + r, interrupted + i
+    assert runs == 600
+    assert 0 < interrupted < runs  # both moments were hit: start-up and running
+
+
+def _env(url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"EVENTLANES_TEST_APP_URL": url, "EVENTLANES_TEST_APP_CLAIM_TIMEOUT": "1.5"})
+    env.update(extra)
+    return env
+
+
+def _run(env: dict[str, str], app: str, *args: str) -> subprocess.Popen:
+    """``eventlanes run`` in a session of its own: a group to send a terminal's Ctrl-C to."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "eventlanes.cli", "run", app, "--no-progress", *args],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _ended_cleanly(proc: subprocess.Popen, sig: int, err: str) -> bool:
+    """Exit 0; or, for a signal that came before Python had run any of eventlanes (the
+    interpreter still starting), its default action: nothing had started."""
+    if proc.returncode == 0:
+        return True
+    if sig == signal.SIGTERM:
+        return proc.returncode == -signal.SIGTERM and not err
+    # a KeyboardInterrupt while modules were imported, before the command ran: every frame
+    # of eventlanes in the traceback is a module's import
+    ours = re.findall(r'File "[^"]*/eventlanes/[^"]*", line \d+, in (\S+)', err)
+    return (proc.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt")
+            and all(f == "<module>" for f in ours))  # fmt: skip
+
+
+def test_real_runs_stopped_at_random_moments_exit_within_the_grace(store_url: str) -> None:
+    """`eventlanes run` (one process, or two workers) is sent SIGTERM or SIGINT at a random
+    moment of its start-up, its idling or its work (6,000 events to handle): every run ends
+    within its grace period, exit 0, and the events handled stay handled exactly once."""
+    app = el.App(store_url, claim_timeout=1.5)
+    app.processor("recorder", segments=4)
+    table = create_schema(app)
+    for i in range(50):
+        app.store.append(f"s-{i}", [el.NewEvent("Step")] * 120)
+    rng = random.Random(11)
+    env = _env(store_url, EVENTLANES_TEST_APP_BATCH="5")
+    grace = 8.0
+    # moments spread over 0..6 s (start-up takes 1-4 s here), jittered
+    plans = [(n * 1.0 + rng.random(), rng.choice([signal.SIGINT, signal.SIGTERM]),
+              ["--processes", "2"] if n % 3 == 2 else []) for n in range(6)]  # fmt: skip
+    after_ready = 0
+    for pair in (plans[i::2] for i in range(2)):  # three at a time, early with late
+        procs = [(_run(env, "tests.apps.recorder:app", "--grace", str(grace), *args), delay, sig)
+                 for delay, sig, args in pair]  # fmt: skip
+        started = time.monotonic()
+        for proc, delay, sig in sorted(procs, key=lambda p: p[1]):
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+            proc.send_signal(sig)
+            sent = time.monotonic()
+            try:
+                proc.wait(grace + 6)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise AssertionError(f"run still alive {grace + 6:g} s after {sig!r}") from None
+            err = proc.stderr.read() if proc.stderr else ""
+            assert _ended_cleanly(proc, sig, err), (proc.returncode, delay, err[-2000:])
+            assert time.monotonic() - sent < grace + 6
+            after_ready += "ready:" in err
+    # nothing lost or doubled by the stops: a last run catches up
+    final = _run(env, "tests.apps.recorder:app")
+    try:
+        wait_for(lambda: any(f":{final.pid}:" in n for n in app.tokens.live_nodes("recorder")),
+                 timeout=60, what="the last run to be up")  # fmt: skip
+        wait_for(lambda: app.status("recorder").lag == 0, timeout=60, what="the catch-up")
+    finally:
+        final.send_signal(signal.SIGTERM)
+        final.wait(30)
+    assert final.returncode == 0
+    assert after_ready > 0  # some stopped while working (or idle), not only while starting
+    rows = app.db.query(f"SELECT position, COUNT(*) FROM {table} GROUP BY position")
+    assert len(rows) == 6000 and all(n == 1 for _, n in rows)
+
+
+def _read_until(lines: queue.Queue, needle: str, seen: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(needle in line for line in seen):
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {needle!r} within {timeout:g} s; log: {seen}") from None
+        if line is None:
+            raise AssertionError(f"ended without {needle!r}; log: {seen}")
+        seen.append(line)
+
+
+def _stderr_lines(proc: subprocess.Popen) -> queue.Queue:
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _hung(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, queue.Queue, list[str]]:
+    """`run` of tests/apps/hang.py with its handler hung at position 1 (a stop cannot finish
+    its batch), up and working."""
+    url = f"sqlite:///{tmp_path}/hang.db"
+    env = _env(url, EVENTLANES_TEST_HANG_AT="1",
+               EVENTLANES_TEST_HANG_UNTIL=str(tmp_path / "never"))  # fmt: skip
+    app = el.App(url)
+    app.processor("hang")
+    proc = _run(env, "tests.apps.hang:app", "--grace", "20", *args)
+    lines, seen = _stderr_lines(proc), []
+    _read_until(lines, "ready:", seen, 60)
+    app.store.append("s", [el.NewEvent("Step")])
+    time.sleep(1.0)  # the handler is in hand (hung)
+    return proc, lines, seen
+
+
+def test_ctrl_c_on_run_processes_2_is_logged_and_a_second_one_ends_it(tmp_path) -> None:
+    """A Ctrl-C (SIGINT to the process group) on `run --processes 2`: the supervisor says it
+    stops, and which worker is done (the idle one), while the other finishes; a second Ctrl-C
+    ends it at once, exit 130, and says so in one error line."""
+    proc, lines, seen = _hung(tmp_path, "--processes", "2")
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        _read_until(lines, "stopping 2 worker(s)", seen, 10)
+        _read_until(lines, "done, exit code 0; 1 still stopping", seen, 15)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(5)
+        _read_until(lines, "error: SIGINT while stopping: 1 worker(s) killed at once", seen, 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, seen
+
+
+def test_a_second_signal_on_run_ends_it_at_once_and_says_so(tmp_path) -> None:
+    """One process: SIGTERM is logged as the start of a clean stop; SIGINT meanwhile ends it
+    at once (exit 130) with one error line."""
+    proc, lines, seen = _hung(tmp_path)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _read_until(lines, "SIGTERM again exits at once", seen, 10)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(5)
+        _read_until(lines, "error: SIGINT while stopping: exiting at once", seen, 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, seen
