@@ -131,7 +131,7 @@ def test_aggregation_states_are_published(tmp_path, kafka_broker) -> None:
     app = el.App(f"sqlite:///{tmp_path}/s.db", claim_timeout=2)
     kafka = el.Kafka(b)
     robots = app.aggregation(
-        "robots", key="robot", initial=lambda: {"ok": 0},
+        "robots", key=lambda e: str(e.data["robot"]), initial=lambda: {"ok": 0},
         publish=el.KafkaSink(kafka, robots_topic), persist_every=0.1,
     )  # fmt: skip
     factories = robots.downstream("factories", key=lambda out: out.data["factory"],

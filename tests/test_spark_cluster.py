@@ -227,7 +227,10 @@ def test_executors_that_cannot_open_the_store_fail_fast_and_change_nothing(
     (line,) = error_lines(result)
     assert "executors cannot open the store" in line and "psycopg" in line, line
     assert "Traceback" not in result.stdout + result.stderr
-    assert time.monotonic() - started < 90
+    # Fast: the preflight's own message (above) says it failed before any read or retry. The
+    # bound only catches a hang: the command took 32 s alone and 98 s beside three busy test
+    # workers on two cores, so it is not a measure of speed.
+    assert time.monotonic() - started < 180
     assert (states(app, "totals"), tokens(app, "totals")) == before
 
 

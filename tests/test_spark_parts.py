@@ -28,7 +28,7 @@ def _fold(state: dict, event: Event) -> el.NewEvent:
     return el.NewEvent("Out", {"d": event.position % 2})  # an output for the downstream stage
 
 
-DOWN = FoldSpec("down", lambda e: e.data["d"], dict, {}, [], STORE)
+DOWN = FoldSpec("down", lambda e: str(e.data["d"]), dict, {}, [], STORE)  # keys are text
 SPEC = FoldSpec("agg", lambda e: e.data["k"], lambda: {"seen": []}, {"T": [_fold]}, [], STORE,
                 [DOWN])  # fmt: skip
 

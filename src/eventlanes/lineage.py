@@ -45,6 +45,9 @@ def check_hop(i: int, hop: object, exact: bool) -> None:
     if not isinstance(source, str) or not 0 < len(source) <= MAX_NAME:
         raise ValueError(f"hop {i}: 'source' must be text of 1 to {MAX_NAME} characters, "
                          f"got {_short(source)}")  # fmt: skip
+    # a stored chain may name its partition by number, as earlier releases read it (str())
+    if not exact and _whole(partition):
+        partition = str(partition)
     if not isinstance(partition, str) or len(partition) > MAX_NAME:
         raise ValueError(f"hop {i}: 'partition' must be text of at most {MAX_NAME} characters, "
                          f"got {_short(partition)}")  # fmt: skip
@@ -86,7 +89,7 @@ def coordinates(event: Event, default_source: str) -> Coordinates:
             check_hop(i, hop, exact=False)
         root = chain[0]
         path = (root["offset"], *(h.get("out", 0) for h in chain))
-        return (root["source"], root.get("partition", ""), path)
+        return (root["source"], str(root.get("partition", "")), path)
     except ValueError as exc:
         raise InvalidInputError(
             f"event {event.position}: malformed {CHAIN_KEY} {_short(chain, 300)} ({exc})"
