@@ -47,7 +47,7 @@ class Operations:
         """Where the processor is, per segment, and for a processor with versions which one
         serves and how far behind it this one is (reads only: nothing is created)."""
         proc = self.get(name)
-        defined = [p.version for p in self.registry.versions_of(proc.base)]
+        defined = lifecycle.defined_versions(self.registry.processors.values(), proc.base)
         return status.status(self.runtime, proc, defined)
 
     def ingest_status(self, name: str) -> Any:
@@ -188,7 +188,7 @@ class Operations:
         (read now), no failing segment, no parked dead letter, not paused. Writes one row
         (no DDL: a role with DML only may promote)."""
         proc = self.get(name)
-        defined = [p.version for p in self.registry.versions_of(proc.base)]
+        defined = lifecycle.defined_versions(self.registry.processors.values(), proc.base)
         return lifecycle.promote(self.runtime, proc, defined)
 
     def retire_plan(self, name: str, *, keep_tables: bool = False) -> lifecycle.RetirePlan:
@@ -250,5 +250,5 @@ class Operations:
                 )
             processor = bases[0]
         base = validate_base_name(processor)
-        defined = [p.version for p in self.registry.versions_of(base)]
+        defined = lifecycle.defined_versions(self.registry.processors.values(), base)
         return lifecycle.table_name(self.runtime, name, base, defined)
