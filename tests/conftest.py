@@ -26,12 +26,15 @@ BACKENDS = ["sqlite", "postgres"]
 _counter = itertools.count()
 
 
-#: Fixtures a test session starts once (a JVM and a cluster; a broker). Under pytest-xdist
+#: Fixtures a test session starts once (a JVM; a cluster; a broker). Under pytest-xdist
 #: (``make test``: ``-n 4 --dist loadgroup``) the tests using them run in one worker per group,
-#: so a run starts one SparkSession and one cluster, and one broker (a second one only in the
-#: Spark worker, for the tests that read a topic with Spark). Other tests spread over the
-#: workers, each with its own PostgreSQL server.
-GROUPS = {"spark": ("spark", "spark_cluster"), "kafka": ("kafka_broker",)}
+#: so a run starts one SparkSession, one cluster and one broker (a second one only in the
+#: Spark worker, for the tests that read a topic with Spark). The session's JVM and the
+#: cluster are two groups: each group's tests run one after the other, and one group of both
+#: was the run's longest chain (23 min of 20). Tests that start a JVM of their own join one of
+#: them (``xdist_group``), so that at most two JVM workloads share the cores at a time. Other
+#: tests spread over the workers, each with its own PostgreSQL server.
+GROUPS = {"cluster": ("spark_cluster",), "spark": ("spark",), "kafka": ("kafka_broker",)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups' marks
@@ -41,14 +44,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         group = next((g for g, fixtures in GROUPS.items() if used & set(fixtures)), None)
+        marked = item.get_closest_marker("xdist_group")
+        if group is None and marked is not None and marked.args[0] in GROUPS:
+            group = marked.args[0]  # a test that starts a JVM of its own
         if group is None:
             rest.append(item)
         else:
-            item.add_marker(pytest.mark.xdist_group(group))
+            if marked is None:
+                item.add_marker(pytest.mark.xdist_group(group))
             first[group].append(item)
     # The groups first (the longest first): each runs in one worker, so one that started
     # last would end the run alone while the other workers wait.
-    items[:] = [*first["spark"], *first["kafka"], *rest]
+    items[:] = [*first["cluster"], *first["spark"], *first["kafka"], *rest]
 
 
 UNGROUPED = pytest.StashKey[str]()

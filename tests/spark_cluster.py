@@ -36,7 +36,6 @@ EXECUTOR_PACKAGES = [
     "tzdata",
     "orjson",
     "adbc_driver_manager",
-    "adbc_driver_sqlite",
     "adbc_driver_postgresql",
     # opentelemetry-api, a dependency of eventlanes itself (its tracing imports it), and its
     # one dependency

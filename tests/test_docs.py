@@ -36,6 +36,12 @@ def _cases() -> list[pytest.ParameterSet]:
     cases = []
     for page in PAGES:
         name = str(page.relative_to(DOCS))
+        if "get_session()" in page.read_text():
+            # The suite's JVM, in its group. SQLite only: a Spark replay of a page's app on
+            # PostgreSQL is tests/test_arrow_reads.py's and test_upcasting.py's.
+            group = pytest.mark.xdist_group("spark")
+            cases.append(pytest.param(page, "sqlite", id=f"{name}-sqlite", marks=group))
+            continue
         cases.append(pytest.param(page, "sqlite", id=f"{name}-sqlite"))
         if _opens_store(page):
             cases.append(pytest.param(page, "postgres", id=f"{name}-postgres"))

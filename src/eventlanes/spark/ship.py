@@ -5,7 +5,8 @@ defines them. Modules the app loaded from its own directories (not from an insta
 environment) are zipped on the fly and added with ``addPyFile``; so is eventlanes itself when
 the executors cannot import it (it is pure Python). Third-party packages the executors lack
 cannot be shipped this way: a preflight job (one task) checks on an executor that its Python
-has pyarrow and pandas (PySpark's Arrow path) and the store's ADBC driver (the range reads),
+has pyarrow and pandas (PySpark's Arrow path) and, for PostgreSQL, the ADBC driver (the range
+reads),
 imports everything, compares eventlanes'
 version with the driver's and opens the store read-only there; any failure stops the run at
 once with one line saying what is missing and how to ship it, instead of a Py4J trace after
@@ -236,12 +237,12 @@ def preflight(
     """Ship the app's modules, check on one executor that eventlanes and they import, that
     the store opens read-only there (at a head not behind ``head``, the driver's view) and,
     when the executors read the store (``reads_store``; not a Parquet replay), that its
-    ADBC driver imports. Raises a one-line error otherwise."""
+    ADBC driver imports (PostgreSQL's: SQLite is read by Python's own library). Raises a
+    one-line error otherwise."""
     functions = list(functions)
     adbc = None
-    if url and reads_store:  # the module store.arrow.driver imports for this backend
-        sqlite = parse_url(url).backend == "sqlite"
-        adbc = "adbc_driver_sqlite.dbapi" if sqlite else "adbc_driver_postgresql.dbapi"
+    if url and reads_store and parse_url(url).backend != "sqlite":  # store.arrow.driver's
+        adbc = "adbc_driver_postgresql.dbapi"
     modules = user_modules(functions)
     # Import on the executor exactly the modules that define the functions (a package's
     # submodule may import what the executors lack).

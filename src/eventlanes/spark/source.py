@@ -1,8 +1,9 @@
 """Reading an eventlanes store (SQLite file or PostgreSQL) into Spark.
 
 No PyPI package ships a SQLite JDBC driver, and one Python reader serves both backends: each
-range is read straight into Arrow record batches by the ADBC drivers (``scan_arrow``: SQLite's
-C library, PostgreSQL's binary COPY). Executors open the store read-only.
+range is read into Arrow record batches (``scan_arrow``: PostgreSQL's binary COPY through its
+ADBC driver; SQLite through Python's own library, the one the executor's writes use).
+Executors open the store read-only.
 
 Batch reads (:func:`read_events`) need no registered data source and no Python planning
 process on the driver: the driver splits the positions ``(after, until]`` into contiguous
@@ -70,7 +71,7 @@ def read_slice(url: str, part: Slice, columns: list[str] | None = None) -> Itera
     segments = [(part.index, part.mask)] if part.mask else None
     store = open_store(url, create=False)
     try:
-        # Straight into Arrow in C (ADBC), read-only: no Python object per row.
+        # Into Arrow batches, read-only.
         yield from store.scan_arrow(part.after, part.until, segments, columns=columns)
     finally:
         store.close()

@@ -1,7 +1,8 @@
-"""Bulk reads straight into Arrow: the rows of a position range as record batches, read by
-the ADBC drivers (C: SQLite's own, PostgreSQL's through binary ``COPY``), without a Python
-object per row. For the bulk paths (Spark's range reads, Parquet exports); the stores'
-``scan_arrow`` is the entry point.
+"""Bulk reads straight into Arrow: the rows of a position range as record batches. PostgreSQL's
+are read by its ADBC driver (binary ``COPY``, in C, without a Python object per row); SQLite's
+by Python's own SQLite library, never a second copy of it in the process (see
+:meth:`eventlanes.store.sqlite.SQLiteEventStore.arrow_connection`). For the bulk paths
+(Spark's range reads, Parquet exports); the stores' ``scan_arrow`` is the entry point.
 
 The batches have the columns of :data:`FIELDS` (``recorded_at`` as epoch microseconds, data
 and metadata as their JSON text), exactly what the row reads give. The reads only ever read:
@@ -36,9 +37,11 @@ def schema() -> Any:
 
 
 def driver(backend: str) -> Any:
-    """The ADBC DB-API module of ``backend`` ("sqlite" or "postgresql"), or a clear error
-    naming the extra."""
-    name = "adbc_driver_sqlite.dbapi" if backend == "sqlite" else "adbc_driver_postgresql.dbapi"
+    """The ADBC DB-API module of ``backend`` (only "postgresql": SQLite is read by Python's
+    own library), or a clear error naming the extra."""
+    if backend != "postgresql":
+        raise ValueError(f"no ADBC reads for {backend!r}")
+    name = "adbc_driver_postgresql.dbapi"
     try:
         module = importlib.import_module(name)
     except ImportError as exc:  # pragma: no cover - the arrow extra installs them

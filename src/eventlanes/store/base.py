@@ -363,8 +363,8 @@ class EventStore(ABC):
         columns: list[str] | None = None,
     ) -> Iterator[Any]:
         """:meth:`scan` as Arrow record batches (``pyarrow.RecordBatch`` of the same columns,
-        :data:`eventlanes.store.arrow.FIELDS`), read in C by the ADBC drivers in one
-        read-only statement (the ``arrow`` extra); ``types``: only events of these types;
+        :data:`eventlanes.store.arrow.FIELDS`), read in one read-only statement (PostgreSQL's
+        in C by its ADBC driver) (the ``arrow`` extra); ``types``: only events of these types;
         ``columns``: only these columns (``position`` always).
         ``until`` must not pass :meth:`head` (PostgreSQL checks it against the visibility
         horizon). CorruptEventError for a row whose text is not valid UTF-8, as

@@ -183,16 +183,18 @@ class SQLiteEventStore(EventStore):
                     raise CorruptEventError(row[0], value.reason)
         return rows
 
-    def arrow_connection(self) -> Any:
-        """A new ADBC connection (DB-API) to the file, read-only whatever the store's: SQLite
-        refuses every write on it (``mode=ro``)."""
-        from . import arrow
-
-        sqlite = arrow.driver("sqlite")
+    def arrow_connection(self) -> sqlite3.Connection:
+        """A new connection to the file, read-only whatever the store's: SQLite refuses every
+        write on it (``mode=ro``). Python's own SQLite, never a second copy of the library (the
+        ADBC driver bundles one): POSIX locks belong to the process, and another library
+        closing its descriptor of the file drops the locks this one holds (a write
+        transaction's among them), letting a second writer in beside it: a malformed file."""
         db: SQLiteDatabase = self.db  # type: ignore[assignment]
-        conn = sqlite.connect(db.read_only_uri())
-        with conn.cursor() as cur:
-            cur.execute(f"PRAGMA busy_timeout = {int(db.busy_ms)}")
+        conn = sqlite3.connect(
+            db.read_only_uri(), uri=True, isolation_level=None, check_same_thread=False,
+            timeout=db.busy_ms / 1000,
+        )  # fmt: skip
+        conn.execute(f"PRAGMA busy_timeout = {int(db.busy_ms)}")
         return conn
 
     def _scan_arrow(
@@ -203,27 +205,37 @@ class SQLiteEventStore(EventStore):
         types: list[str] | None,
         columns: list[str],
     ) -> Iterator[Any]:
+        import pyarrow as pa
+
         from . import arrow
 
-        sqlite = arrow.driver("sqlite")
         cond, params = self._filter(pairs, types)
         sql = (
             f"SELECT {', '.join(columns)} FROM {self.events_table} WHERE position > ? "
             f"AND position <= ?{cond} ORDER BY position"
         )
-        what = f"Arrow scan after position {after}"
-        where = f"SQLite store {self.db.url.url!r}"
+        full = arrow.schema()
+        # Text as bytes, viewed as strings without a copy: arrow.checked validates the UTF-8
+        # of every value in C and names the event whose text is not.
+        kinds = [pa.binary() if full.field(n).type == pa.string() else pa.int64()
+                 for n in columns]  # fmt: skip
+        conn = self.arrow_connection()
+        conn.text_factory = bytes
         try:
-            # One statement: one snapshot.
-            with self.arrow_connection() as conn, conn.cursor() as cur:
-                cur.adbc_statement.set_options(
-                    **{"adbc.sqlite.query.batch_rows": str(arrow.BATCH_ROWS)}
-                )
-                cur.execute(sql, (after, until, *params))
-                for batch in cur.fetch_record_batch():
-                    yield arrow.checked(batch, columns)
-        except sqlite.Error as exc:
-            raise arrow.translate(exc, what, where) from exc
+            # One statement: one snapshot, held until its last row is fetched.
+            cur = conn.execute(sql, (after, until, *params))
+            while rows := cur.fetchmany(arrow.BATCH_ROWS):
+                arrays = [
+                    pa.array(values, type=kind).view(pa.string()) if kind == pa.binary()
+                    else pa.array(values, type=kind)
+                    for values, kind in zip(zip(*rows, strict=True), kinds, strict=True)
+                ]  # fmt: skip
+                yield arrow.checked(pa.RecordBatch.from_arrays(arrays, names=columns), columns)
+        except sqlite3.Error as exc:
+            translated = self.db.translate(exc, f"Arrow scan after position {after}")
+            raise (translated or exc) from exc
+        finally:
+            conn.close()
 
     def _head(self) -> int:
         return self.db.query(f"SELECT coalesce(max(position), 0) FROM {self.events_table}")[0][0]
