@@ -58,6 +58,8 @@ def _backends(config: Any) -> list[str]:
 
 def pytest_configure(config: Any) -> None:
     _backends(config)  # a wrong option is a usage error before any test is collected
+    # The contract's Spark test carries pytest-xdist's mark; known without xdist too.
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's group of a test")
 
 
 def pytest_generate_tests(metafunc: Any) -> None:

@@ -197,6 +197,9 @@ class ProcessorContract:
         finally:
             sc.app.close()
 
+    # With pytest-xdist (--dist loadgroup) it runs in the worker of the session's Spark JVM
+    # (a `spark` fixture's group), not beside it in a JVM of its own.
+    @pytest.mark.xdist_group("spark")
     def test_spark_replay(self, contract_url: str, request: pytest.FixtureRequest) -> None:
         pytest.importorskip("pyspark")
         spark = request.getfixturevalue("spark")
