@@ -26,15 +26,15 @@ BACKENDS = ["sqlite", "postgres"]
 _counter = itertools.count()
 
 
-#: Fixtures a test session starts once (a JVM; a cluster; a broker). Under pytest-xdist
+#: Fixtures a test session starts once (a JVM and a cluster; a broker). Under pytest-xdist
 #: (``make test``: ``-n 4 --dist loadgroup``) the tests using them run in one worker per group,
-#: so a run starts one SparkSession, one cluster and one broker (a second one only in the
-#: Spark worker, for the tests that read a topic with Spark). The session's JVM and the
-#: cluster are two groups: each group's tests run one after the other, and one group of both
-#: was the run's longest chain (23 min of 20). Tests that start a JVM of their own join one of
-#: them (``xdist_group``), so that at most two JVM workloads share the cores at a time. Other
-#: tests spread over the workers, each with its own PostgreSQL server.
-GROUPS = {"cluster": ("spark_cluster",), "spark": ("spark",), "kafka": ("kafka_broker",)}
+#: so a run starts one SparkSession and one cluster, and one broker (a second one only in the
+#: Spark worker, for the tests that read a topic with Spark). Tests that start a JVM of their
+#: own join the Spark group too (``xdist_group("spark")``): one JVM workload at a time on two
+#: cores. Split in two groups, the cluster's tests ran beside the session's and timed out
+#: under load; run beside three more JVMs, one timed out in CI. Other tests spread over the
+#: workers, each with its own PostgreSQL server.
+GROUPS = {"spark": ("spark", "spark_cluster"), "kafka": ("kafka_broker",)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups' marks
@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             first[group].append(item)
     # The groups first (the longest first): each runs in one worker, so one that started
     # last would end the run alone while the other workers wait.
-    items[:] = [*first["cluster"], *first["spark"], *first["kafka"], *rest]
+    items[:] = [*first["spark"], *first["kafka"], *rest]
 
 
 UNGROUPED = pytest.StashKey[str]()

@@ -185,7 +185,7 @@ def test_a_continuous_micro_batch_keeps_a_resets_replay_end(spark, tmp_path) -> 
     assert {s.token.replay_context for s in segments} == {"rebuild"}
 
 
-@pytest.mark.xdist_group("cluster")  # a JVM of its own: beside the cluster's, not a third one
+@pytest.mark.xdist_group("spark")  # a JVM of its own: in the Spark group, not beside it
 def test_continuous_query_killed_and_restarted_from_its_tokens(tmp_path) -> None:
     """`eventlanes run --engine spark` is SIGKILLed mid-run and restarted from its tokens:
     the final states are exact."""

@@ -215,15 +215,21 @@ def _hung(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, queue.Queue, li
     """`run` of tests/apps/hang.py with its handler hung at position 1 (a stop cannot finish
     its batch), up and working."""
     url = f"sqlite:///{tmp_path}/hang.db"
-    env = _env(url, EVENTLANES_TEST_HANG_AT="1",
-               EVENTLANES_TEST_HANG_UNTIL=str(tmp_path / "never"))  # fmt: skip
+    started = tmp_path / "hanging"
+    env = _env(url, EVENTLANES_TEST_HANG_AT="1", EVENTLANES_TEST_HANG_UNTIL=str(tmp_path / "never"),
+               EVENTLANES_TEST_HANG_STARTED=str(started))  # fmt: skip
     app = el.App(url)
     app.processor("hang")
     proc = _run(env, "tests.apps.hang:app", "--grace", "20", *args)
     lines, seen = _stderr_lines(proc), []
     _read_until(lines, "ready:", seen, 60)
     app.store.append("s", [el.NewEvent("Step")])
-    time.sleep(1.0)  # the handler is in hand (hung)
+    # The handler in hand (hung), not a sleep: under load a second was once not enough, and
+    # both workers were idle when the signal came.
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        time.sleep(0.05)
     return proc, lines, seen
 
 

@@ -1,7 +1,8 @@
 """A test app whose handler hangs at one position until a file appears (a hung handler).
 
 EVENTLANES_TEST_APP_URL: the store; EVENTLANES_TEST_HANG_AT: the position that hangs;
-EVENTLANES_TEST_HANG_UNTIL: the file whose existence lets it finish.
+EVENTLANES_TEST_HANG_UNTIL: the file whose existence lets it finish;
+EVENTLANES_TEST_HANG_STARTED (optional): a file it creates once it hangs.
 """
 
 from __future__ import annotations
@@ -20,5 +21,7 @@ proc = app.processor("hang", handler_timeout=float(env("EVENTLANES_TEST_HANG_TIM
 def maybe_hang(event: el.Event, ctx: el.Context) -> None:
     if event.position == int(env("EVENTLANES_TEST_HANG_AT", "0")):
         until = env("EVENTLANES_TEST_HANG_UNTIL", "")
+        if started := env("EVENTLANES_TEST_HANG_STARTED", ""):
+            open(started, "w").close()  # noqa: SIM115 - an empty file: the signal
         while not (until and os.path.exists(until)):
             time.sleep(0.05)
