@@ -108,16 +108,12 @@ def test_replay_refuses_while_running_and_reads_parquet(spark, store_url: str, t
 
 
 def test_replay_of_a_transactional_projection(spark, tmp_path) -> None:
-    from tests.apps.recorder import create_schema, record
+    from tests.apps.recorder import clear, create_schema, record
 
     app = el.App(f"sqlite:///{tmp_path}/proj.db", claim_timeout=5)
     proc = app.processor("recorder", segments=4)
     proc.on_any(record)
-
-    @proc.on_reset
-    def clear(ctx: el.Context) -> None:
-        ctx.execute(f"DELETE FROM {ctx.table('handled')}")
-
+    proc.on_reset(clear)
     table = create_schema(app)
     for i in range(3000):
         app.store.append(f"s-{i % 37}", [E("Step")])

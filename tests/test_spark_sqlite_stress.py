@@ -17,7 +17,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 
 import eventlanes as el
-from tests.apps.recorder import create_schema, record
+from tests.apps.recorder import clear, create_schema, record
 
 E = el.NewEvent
 ROUNDS = 3
@@ -34,11 +34,7 @@ def test_replays_and_exports_leave_one_sqlite_file_whole(spark, tmp_path) -> Non
     totals.on_any(count)
     proc = app.processor("recorder", segments=2)
     proc.on_any(record)
-
-    @proc.on_reset
-    def clear(ctx: el.Context) -> None:
-        ctx.execute(f"DELETE FROM {ctx.table('handled')}")
-
+    proc.on_reset(clear)
     table = create_schema(app)
     for i in range(600):
         app.store.append(f"s-{i % 23}", [E("Step")])

@@ -38,6 +38,11 @@ def create_schema(app: el.App) -> str:
     return table
 
 
+def clear(ctx: el.Context) -> None:
+    """An on_reset handler: the projection table emptied (a replay rebuilds it)."""
+    ctx.execute(f"DELETE FROM {ctx.table('handled')}")
+
+
 @recorder.on_any
 def record(event: el.Event, ctx: el.Context) -> None:
     p = ctx.param
