@@ -302,23 +302,16 @@ def test_a_replay_that_read_other_events_than_the_store_holds_writes_nothing(
 
 
 def test_range_counts_replace_and_flag_disagreement() -> None:
-    from eventlanes.spark.source import RangeCounts, ReadCount
+    from eventlanes.spark.source import ReadCount, merge_reads
 
-    acc = RangeCounts()
-    value = acc.zero({})
-    value = acc.addInPlace(value, {0: (5, ())})
-    value = acc.addInPlace(value, {0: (5, ())})  # a retried task: replaces, never adds
-    value = acc.addInPlace(value, {1: (3, ("T",))})
+    reads = [(0, (5, ())), (0, (5, ())), (1, (3, ("T",)))]  # range 0 twice: replaces, not adds
 
-    class Held:
-        def __init__(self, v: dict) -> None:
-            self.value = v
+    def count(reports: list, ranges: int) -> ReadCount:
+        return ReadCount(None, ranges, merge_reads(reports))  # the count rows, as collected
 
-    count = ReadCount(Held(value), 2)
-    assert count.total() == 8 and count.chained_types() == {"T"}
-    assert ReadCount(Held(value), 3).total() is None  # a range not read
-    value = acc.addInPlace(value, {1: (4, ("T",))})  # two reads of a range disagree
-    assert ReadCount(Held(value), 2).total() is None
+    assert count(reads, 2).total() == 8 and count(reads, 2).chained_types() == {"T"}
+    assert count(reads, 3).total() is None  # a range not read
+    assert count([*reads, (1, (4, ("T",)))], 2).total() is None  # two reads of it disagree
 
 
 def test_declared_replay_from_the_store_equals_the_python_fold(spark, store_url: str) -> None:

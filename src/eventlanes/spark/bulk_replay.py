@@ -47,7 +47,7 @@ from .fold import (
 )
 from .input import ReplayInput, check_read, keyed_of, read_input, upcasters_of
 from .projections import replay_projection
-from .session import get_session, partitions_of
+from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 
 log = logging.getLogger("eventlanes.spark")
@@ -96,12 +96,15 @@ def replay(
     conf: dict[str, str] | None = None,
     py_files: Iterable[str] = (),
     archives: Iterable[str] = (),
+    remote: str | None = None,
 ) -> ReplayResult:
     """Replay ``name`` from the start on ``spark`` (any session: built by the user, by
-    ``spark-submit``, in a notebook) or on a new one for ``master``. With tracing on, the
+    ``spark-submit``, in a notebook; a Spark Connect one too) or on a new one for ``master``
+    (or for the Spark Connect server ``remote``, ``sc://host:port``). With tracing on, the
     replay is one span (``replay NAME``, child of the caller's), never one per event."""
     tracer = spans.tracer()
-    args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives)
+    args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives,
+            remote)  # fmt: skip
     if tracer is None:
         return _replay(*args)
     proc = app.get(name)
@@ -125,6 +128,7 @@ def _replay(
     conf: dict[str, str] | None,
     py_files: Iterable[str],
     archives: Iterable[str],
+    remote: str | None,
 ) -> ReplayResult:
     proc = app.get(name)
     if not isinstance(proc, Aggregation) and (
@@ -136,8 +140,9 @@ def _replay(
         )
     # A store executors cannot see is refused before a JVM starts, where the master says so.
     url = executor_url(app.url, master) if spark is None and master else None
-    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
-    url = url or executor_url(app.url, spark.sparkContext.master)
+    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives,
+                                 remote=remote)  # fmt: skip
+    url = url or executor_url(app.url, master_of(spark))
     n = partitions_of(spark, partitions)
     # Before any write: code and store reachable from an executor, or one clear error.
     preflight(spark, functions_of(proc), url, head=app.store.head(), reads_store=not parquet)

@@ -38,7 +38,7 @@ from ..tracing import spans
 from .bulk_replay import collect_states, fold_aggregation, fold_stages, functions_of, save_states
 from .fold import spec_of
 from .input import check_read, upcasters_of
-from .session import get_session, partitions_of
+from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 from .source import read_events
 
@@ -81,7 +81,7 @@ class ContinuousAggregation:
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
         self.app, self.agg = app, agg
         self.spark = spark or get_session()
-        self.url = executor_url(app.url, self.spark.sparkContext.master)
+        self.url = executor_url(app.url, master_of(self.spark))
         self.n = partitions_of(self.spark, partitions)
         self.trigger_seconds = trigger_seconds
         self.max_rows = max_rows
@@ -216,13 +216,15 @@ def run(
     conf: dict[str, str] | None = None,
     py_files: Any = (),
     archives: Any = (),
+    remote: str | None = None,
     **options: Any,
 ) -> None:
     """``eventlanes run APP --engine spark``: run until SIGINT/SIGTERM, then stop cleanly."""
     names, _ = plan(app, names)
     if spark is None and master:
         executor_url(app.url, master)  # a store executors cannot see: refused before a JVM
-    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives)
+    spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives,
+                                 remote=remote)  # fmt: skip
     runners = [ContinuousAggregation(app, n, spark=spark, **options) for n in names]
 
     def failed() -> bool:

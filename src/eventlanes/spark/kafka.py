@@ -2,8 +2,9 @@
 executors (no spark-sql-kafka jar): the driver plans ``[start, end)`` ranges per partition
 (from the broker's first offsets and the high watermarks its fetch responses report), a
 DataFrame of one range per Spark partition is built in the JVM, and ``mapInArrow`` reads each
-range with confluent-kafka, counting what it read (per range, so a retried task does not count
-twice), as ``spark/source.py`` reads the store.
+range with confluent-kafka, counting what it read as data (a count row per range, the read
+kept by ``localCheckpoint``: the count is that of the rows Spark kept, a retried task cannot
+count twice), as ``spark/source.py`` reads the store.
 
 ``read_topic(spark, kafka, topic)`` returns the records (``topic, partition, offset,
 timestamp, key, value, headers``: headers as a JSON object of UTF-8 text) and a
@@ -19,12 +20,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SparkJobError
 from ..kafka import client
 from ..kafka.settings import Kafka
+from .source import COUNT_SCHEMA, COUNTS, count_row, counted, kept_read, merge_reads
 
 SCHEMA = (
     "topic string, partition int, offset long, timestamp long, key binary, value binary, "
@@ -147,7 +149,16 @@ class TopicRead:
 
     topic: str
     ranges: list[Range]
-    accumulator: Any
+    counts: Any  # the count rows of the kept read (None: nothing planned)
+    _merged: dict[int, int] | None = field(default=None, repr=False)
+
+    def merged(self) -> dict[int, int]:
+        """Records read per range index (-1: two reads of a range disagreed)."""
+        if self._merged is None:
+            rows = [] if self.counts is None else self.counts.collect()
+            reads = merge_reads((r[COUNTS[0]], (r[COUNTS[1]], ())) for r in rows)
+            self._merged = {i: -1 if v is None else v[0] for i, v in reads.items()}
+        return self._merged
 
     @property
     def planned(self) -> int:
@@ -155,14 +166,14 @@ class TopicRead:
 
     def total(self) -> int | None:
         """Records read, or None when a range was not read (or two reads of it disagree)."""
-        counts = self.accumulator.value
+        counts = self.merged()
         if len(counts) != len(self.ranges) or any(v < 0 for v in counts.values()):
             return None
         return sum(counts.values())
 
     def verify(self) -> int:
         """The records read; raises SparkJobError unless they are exactly what was planned."""
-        counts = self.accumulator.value
+        counts = self.merged()
         unread = [r for r in self.ranges if r.index not in counts]
         short = [r for r in self.ranges if counts.get(r.index, r.end - r.start) != r.end - r.start]
         if unread or short:
@@ -176,16 +187,16 @@ class TopicRead:
         return self.planned
 
 
-def _read(config: dict[str, Any], topic: str, counter: Any, batches: Iterator[Any]
-          ) -> Iterator[Any]:  # fmt: skip
+def _read(config: dict[str, Any], topic: str, batches: Iterator[Any]) -> Iterator[Any]:
+    data = _batch([]).schema
     for batch in batches:
         for index, partition, start, end in zip(*(c.to_pylist() for c in batch.columns),
                                                 strict=True):  # fmt: skip
             rows = 0
             for out in read_range(config, topic, Range(index, partition, start, end)):
                 rows += out.num_rows
-                yield out
-            counter.add({index: rows})
+                yield counted(out)
+            yield count_row(data, index, rows)
 
 
 def read_topic(
@@ -200,14 +211,11 @@ def read_topic(
     offset range (at most ``max_records``) per Spark partition, and what was read."""
     from pyspark.sql import functions as F
 
-    from .source import RangeCounts
-
     planned = ranges if ranges is not None else plan(kafka, topic, max_records)
-    counter = spark.sparkContext.accumulator({}, RangeCounts())
     config = kafka.consumer_config()  # executors connect with the same options
     if not planned:
         empty = spark.createDataFrame([], SCHEMA)
-        return empty, TopicRead(topic, [], counter)
+        return empty, TopicRead(topic, [], None)
     k = len(planned)
 
     def column(values: list[int], name: str) -> Any:
@@ -220,5 +228,6 @@ def read_topic(
         column([r.start for r in planned], "start"),
         column([r.end for r in planned], "end"),
     )
-    df = bounds.mapInArrow(lambda it: _read(config, topic, counter, it), SCHEMA)
-    return df, TopicRead(topic, planned, counter)
+    raw = bounds.mapInArrow(lambda it: _read(config, topic, it), f"{SCHEMA}, {COUNT_SCHEMA}")
+    df, counts = kept_read(raw)
+    return df, TopicRead(topic, planned, counts)

@@ -5,6 +5,14 @@ this interpreter, size partitions by the N cores, UI off. For ``spark://``, ``ya
 ``k8s://`` (or a session the user built, e.g. by ``spark-submit`` or in a notebook) none of
 that holds: executors run elsewhere, with their own Python, and the cluster's defaults and the
 user's ``--conf`` settings apply.
+
+Spark Connect (``remote="sc://host:port"`` or ``$SPARK_REMOTE``): the session is a client of a
+server that owns the JVM, the executors and its own settings. There is no SparkContext: code
+ships with ``addArtifacts`` (classic sessions take it too), the log level is the server's, and
+what classic sessions read off the SparkContext (master, parallelism) is read from the
+session's settings where the server shows them. A session is told by its own type
+(:func:`is_connect`), not by the process-wide flag PySpark sets once any Connect session was
+built.
 """
 
 from __future__ import annotations
@@ -23,14 +31,57 @@ def is_local(master: str | None) -> bool:
     return master is None or master == "local" or master.startswith("local[")
 
 
+#: what :func:`master_of` says of a Connect session whose server does not show its master:
+#: executors elsewhere, as on a cluster
+UNKNOWN_REMOTE = "spark-connect (master not shown)"
+
+
+def is_connect(spark: Any) -> bool:
+    """A Spark Connect session (no SparkContext, no RDDs, no accumulators)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def conf_of(spark: Any, key: str) -> str | None:
+    """A setting of the session (None: unset, or a server that does not show it)."""
+    try:
+        value = spark.conf.get(key, None)
+    except Exception:  # noqa: BLE001 - a server may refuse to show a setting
+        return None
+    return None if value is None else str(value)
+
+
+def master_of(spark: Any) -> str:
+    """The session's master: where its executors run (see :func:`is_local`)."""
+    if not is_connect(spark):
+        return str(spark.sparkContext.master)
+    return conf_of(spark, "spark.master") or UNKNOWN_REMOTE
+
+
+def check_remote(url: str, timeout: float = 10.0) -> None:
+    """A Spark Connect URL (``sc://host[:port][/;param=value...]``) must be well formed and its
+    server accept a connection: the client would retry for minutes, naming nothing."""
+    rest = url[len("sc://") :] if url.startswith("sc://") else None
+    address = (rest or "").split("/", 1)[0]
+    host, colon, port = address.rpartition(":") if ":" in address else (address, "", "15002")
+    if rest is None or not host or (colon and not port.isdigit()):
+        raise InvalidInputError(
+            f"invalid Spark Connect URL {url!r}: use sc://host:port (e.g. sc://127.0.0.1:15002)"
+        )
+    reason = _unreachable(host.strip("[]"), int(port), timeout)
+    if reason is not None:
+        raise SparkJobError(f"cannot reach the Spark Connect server {url}: {reason}")
+
+
 def get_session(
     master: str | None = None,
     app_name: str = "eventlanes",
     conf: Mapping[str, str] | None = None,
     py_files: Iterable[str] = (),
     archives: Iterable[str] = (),
+    remote: str | None = None,
 ) -> Any:
-    """The active SparkSession when no master is given, else a new one.
+    """The active SparkSession when no master is given, else a new one; a Spark Connect
+    session for ``remote`` (``sc://host:port``; without a master, ``$SPARK_REMOTE`` too).
 
     ``conf``: extra Spark settings (applied last: they win). ``py_files``: wheels, zips or
     ``.py`` files for the executors' Python path. ``archives``: e.g. a packed virtualenv,
@@ -38,11 +89,22 @@ def get_session(
     from pyspark.sql import SparkSession
 
     py_files, archives = list(py_files), list(archives)
+    if remote and master:
+        raise InvalidInputError("give --master or --remote, not both")
     active = SparkSession.getActiveSession()
-    if active is not None and master is None and not conf and not archives:
-        _add_py_files(active, py_files)
-        register(active)
-        return active
+    if active is not None and master is None and remote is None:
+        if is_connect(active):  # never a second session: settings go to this one
+            for key, value in (conf or {}).items():
+                active.conf.set(key, value)
+            _add_archives(active, archives)
+        if is_connect(active) or (not conf and not archives):
+            _add_py_files(active, py_files)
+            register(active)
+            return active
+    if master is None:
+        remote = remote or os.environ.get("SPARK_REMOTE") or None
+    if remote is not None:
+        return _connect(remote, app_name, conf or {}, py_files, archives)
     master = master or os.environ.get("EVENTLANES_SPARK_MASTER", "local[2]")
     check_master(master)
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -91,6 +153,26 @@ def get_session(
     return spark
 
 
+def _connect(
+    url: str, app_name: str, conf: Mapping[str, str], py_files: list[str], archives: list[str]
+) -> Any:
+    """A Spark Connect session: only runtime settings reach the server's session; the log
+    level and the master are the server's."""
+    from pyspark.sql import SparkSession
+
+    check_remote(url)
+    builder = SparkSession.builder.remote(url).appName(app_name)
+    settings = {"spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.sql.session.timeZone": "UTC", **conf}  # fmt: skip
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    _add_archives(spark, archives)
+    _add_py_files(spark, py_files)
+    register(spark)
+    return spark
+
+
 def check_master(master: str, timeout: float = 10.0) -> None:
     """A standalone master (``spark://host:port``, or several separated by commas) must accept
     a connection before a session is built: Spark's own client retries for about a minute,
@@ -131,9 +213,26 @@ def _unreachable(host: str, port: int, timeout: float) -> str | None:
 
 def _add_py_files(spark: Any, py_files: list[str]) -> None:
     for path in py_files:
-        if "://" not in path and not os.path.exists(path):
+        if "://" in path:
+            if is_connect(spark):
+                raise InvalidInputError(
+                    f"--py-files: {path!r}: a Spark Connect session takes local files only"
+                )
+            spark.sparkContext.addPyFile(path)  # classic: a URL the nodes fetch themselves
+            continue
+        if not os.path.exists(path):
             raise InvalidInputError(f"--py-files: {path!r} does not exist")
-        spark.sparkContext.addPyFile(path)
+        spark.addArtifacts(path, pyfile=True)
+
+
+def _add_archives(spark: Any, archives: list[str]) -> None:
+    """Archives for a Connect session (a classic one takes ``spark.archives`` when built:
+    under Connect that is not a setting a session may change)."""
+    for path in archives:
+        local = path.split("#", 1)[0]
+        if "://" in local or not os.path.exists(local):
+            raise InvalidInputError(f"--archives: {path!r}: not a local file")
+        spark.addArtifacts(path, archive=True)
 
 
 def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
@@ -149,11 +248,28 @@ def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
 
 def partitions_of(spark: Any, partitions: int | None) -> int:
     """A power of two (segments are masks): ``partitions`` or the session's parallelism."""
-    n = partitions or spark.sparkContext.defaultParallelism
+    n = partitions or parallelism(spark)
     p = 1
     while p < n:
         p *= 2
     return p
+
+
+def parallelism(spark: Any) -> int:
+    """The session's default parallelism. Under Connect (no SparkContext to ask): the
+    ``spark.default.parallelism`` setting, else the cores of a ``local[N]`` master, else
+    ``spark.sql.shuffle.partitions`` (the width the user gave shuffles); ``--partitions``
+    overrides all of these."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    value = conf_of(spark, "spark.default.parallelism")
+    if value and value.isdigit():
+        return max(1, int(value))
+    master = master_of(spark)
+    if master.startswith("local"):
+        return _cores(master)
+    value = conf_of(spark, "spark.sql.shuffle.partitions")
+    return max(1, int(value)) if value and value.isdigit() else 2
 
 
 def _cores(master: str) -> int:

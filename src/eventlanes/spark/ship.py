@@ -2,20 +2,21 @@
 
 Spark pickles the user's functions by reference: an executor must import the module that
 defines them. Modules the app loaded from its own directories (not from an installed
-environment) are zipped on the fly and added with ``addPyFile``; so is eventlanes itself when
-the executors cannot import it (it is pure Python). Third-party packages the executors lack
-cannot be shipped this way: a preflight job (one task) checks on an executor that its Python
-has pyarrow and pandas (PySpark's Arrow path) and, for PostgreSQL, the ADBC driver (the range
-reads),
-imports everything, compares eventlanes'
-version with the driver's and opens the store read-only there; any failure stops the run at
-once with one line saying what is missing and how to ship it, instead of a Py4J trace after
+environment) are zipped on the fly and added with ``addArtifacts`` (classic and Spark Connect
+sessions alike); so is eventlanes itself when the executors cannot import it (it is pure
+Python). Third-party packages the executors lack cannot be shipped this way: a preflight job
+(one task: a DataFrame of one row, no RDD, so Connect runs it too) checks on an executor that
+its Python has pyarrow and pandas (PySpark's Arrow path) and, for PostgreSQL, the ADBC driver
+(the range reads), imports everything, compares eventlanes' version with the driver's and
+opens the store read-only there; any failure stops the run at once with one line saying what
+is missing and how to ship it, instead of a Py4J trace after
 four task retries.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import sysconfig
@@ -27,9 +28,11 @@ from typing import Any
 
 from ..db import parse_url
 from ..errors import InvalidInputError, SparkJobError, StoreConnectionError
-from .session import is_local
+from .session import is_connect, is_local
 
-_shipped: dict[int, set[str]] = {}  # SparkContext -> zip names already added
+# Zip names already added, per SparkContext (classic: its sessions share what it ships) or per
+# Connect session (artifacts are the session's own).
+_shipped: dict[int, set[str]] = {}
 
 SHIP_HINT = (
     "install it on every node, or ship it: --py-files a wheel or zip (pure Python), or "
@@ -147,11 +150,10 @@ def zip_modules(tops: list[str]) -> Path:
 def ship(spark: Any, tops: list[str]) -> None:
     if not tops:
         return
-    sc = spark.sparkContext
-    path = zip_modules(tops)
-    done = _shipped.setdefault(id(sc), set())
+    path = zip_modules(tops)  # named by its content: never DUPLICATED_ARTIFACT
+    done = _shipped.setdefault(id(spark if is_connect(spark) else spark.sparkContext), set())
     if path.name not in done:
-        sc.addPyFile(str(path))
+        spark.addArtifacts(str(path), pyfile=True)
         done.add(path.name)
 
 
@@ -215,10 +217,16 @@ def _check_function() -> Callable[..., Any]:
 
 
 def _run_check(spark: Any, modules: list[str], url: str | None, adbc: str | None) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
     check = _check_function()
-    rdd = spark.sparkContext.parallelize([0], 1)
+    # A plain Python UDF, not an Arrow one: its worker runs without pyarrow and pandas, so the
+    # check can say which of them the executors lack.
+    probe = F.udf(lambda _: json.dumps(next(check(None, modules, url, adbc))), "string",
+                  useArrow=False)  # fmt: skip
     try:
-        return rdd.mapPartitions(lambda rows: check(rows, modules, url, adbc)).collect()[0]
+        row = spark.range(0, 1, 1, 1).select(probe("id").alias("result")).collect()[0]
+        return dict(json.loads(row["result"]))
     except Exception as exc:
         raise SparkJobError(
             f"executors cannot run Python: {first_line(exc)}. The executors' Python is "

@@ -8,8 +8,11 @@ Executors open the store read-only.
 Batch reads (:func:`read_events`) need no registered data source and no Python planning
 process on the driver: the driver splits the positions ``(after, until]`` into contiguous
 ranges, a DataFrame of one range per partition is built in the JVM, and ``mapInArrow`` reads
-each range on an executor, counting the rows it read (per range, so a retried task does not
-count twice) for the caller to check against the store.
+each range on an executor. What each range read travels as data: after its rows, a range
+yields one count row (its index, rows read, chained types; the data's columns null), and the
+read is kept by ``localCheckpoint``, so the plan and the count see the same rows, those of the
+task attempt Spark kept (a retried or recomputed task cannot count twice, as a side channel's
+sum would). No accumulator: the same code runs on classic and on Spark Connect sessions.
 
 The streaming data source remains for Structured Streaming. Streaming offsets are store
 positions: a micro-batch reads ``(start, end]``, each partition one
@@ -21,11 +24,10 @@ two), ``max_rows`` (streaming: most positions per micro-batch).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.accumulators import AccumulatorParam
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -89,37 +91,44 @@ def _ranges(after: int, until: int, partitions: int) -> list[Slice]:
 Read = tuple[int, tuple[str, ...]]
 
 
-class RangeCounts(AccumulatorParam):
-    """What was read per range: ``{range index: (rows, chained types)}``. A task that runs
-    again (retry, speculation, a lost shuffle) reports the same range again: it replaces,
-    never adds."""
+#: the columns a range read adds to its rows: null on the data's rows, set on each range's
+#: count row (whose data columns are null)
+COUNTS = ("read_range", "read_rows", "read_chained")
+COUNT_SCHEMA = "read_range long, read_rows long, read_chained array<string>"
 
-    def zero(self, value: dict[int, Read | None]) -> dict[int, Read | None]:
-        return {}
 
-    def addInPlace(
-        self, value1: dict[int, Read | None], value2: dict[int, Read | None]
-    ) -> dict[int, Read | None]:
-        for index, read in value2.items():
-            if value1.get(index, read) != read:
-                value1[index] = None  # two reads of one range disagree: never a valid total
-            else:
-                value1[index] = read
-        return value1
+def merge_reads(reports: Iterable[tuple[int, Read]]) -> dict[int, Read | None]:
+    """What was read per range: ``{range index: (rows, chained types)}``. A range reported
+    twice replaces, never adds; two reports that disagree give None (never a valid total)."""
+    merged: dict[int, Read | None] = {}
+    for index, read in reports:
+        merged[index] = None if merged.get(index, read) != read else read
+    return merged
 
 
 @dataclass
 class ReadCount:
-    """What a batch read read: compare with the store before writing anything."""
+    """What a batch read read: compare with the store before writing anything. ``counts``:
+    the count rows of the kept read (a DataFrame of ``COUNTS``), collected once, when first
+    asked (after the plan ran: the read is kept, so this job reads no store)."""
 
-    accumulator: Any
+    counts: Any
     ranges: int
+    _merged: dict[int, Read | None] | None = field(default=None, repr=False)
+
+    def merged(self) -> dict[int, Read | None]:
+        if self._merged is None:
+            rows = self.counts.collect()
+            self._merged = merge_reads(
+                (r[COUNTS[0]], (r[COUNTS[1]], tuple(r[COUNTS[2]] or ()))) for r in rows
+            )
+        return self._merged
 
     def _reads(self) -> list[Read] | None:
-        counts = self.accumulator.value
+        counts = self.merged()
         if len(counts) != self.ranges or any(v is None for v in counts.values()):
             return None
-        return list(counts.values())
+        return [v for v in counts.values() if v is not None]
 
     def total(self) -> int | None:
         """Rows read, or None if a range was not read or two reads of it disagreed."""
@@ -131,6 +140,35 @@ class ReadCount:
         was read, or two reads disagreed)."""
         reads = self._reads()
         return None if reads is None else {t for _, types in reads for t in types}
+
+
+def counted(batch: Any) -> Any:
+    """A batch of the data with the count columns added, null."""
+    import pyarrow as pa
+
+    n = batch.num_rows
+    extra = [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.list_(pa.string()))]
+    return pa.RecordBatch.from_arrays([*batch.columns, *extra], names=[*batch.schema.names,
+                                                                      *COUNTS])  # fmt: skip
+
+
+def count_row(data: Any, index: int, rows: int, chained_types: Iterable[str] = ()) -> Any:
+    """A range's count row: ``data`` (the data's Arrow schema) all null, the counts set."""
+    import pyarrow as pa
+
+    columns = [pa.nulls(1, f.type) for f in data]
+    columns += [pa.array([index], pa.int64()), pa.array([rows], pa.int64()),
+                pa.array([sorted(chained_types)], pa.list_(pa.string()))]  # fmt: skip
+    return pa.RecordBatch.from_arrays(columns, names=[*data.names, *COUNTS])
+
+
+def kept_read(raw: Any) -> tuple[Any, Any]:
+    """The read's data and its count rows, both of one kept (locally checkpointed) read."""
+    from pyspark.sql import functions as F
+
+    kept = raw.localCheckpoint(eager=False)
+    data = kept.where(F.col(COUNTS[0]).isNull()).drop(*COUNTS)
+    return data, kept.where(F.col(COUNTS[0]).isNotNull()).select(*COUNTS)
 
 
 def chained(batch: Any) -> set[str]:
@@ -335,21 +373,34 @@ class Keyed:
             yield pa.RecordBatch.from_arrays([*batch.columns, key], names=[*FIELDS, "key"])
 
 
+def arrow_schema(shape: Declared | Keyed | None) -> Any:
+    """The Arrow schema of what a read of ``shape`` yields (its Spark schema)."""
+    import pyarrow as pa
+
+    from ..store.arrow import schema
+
+    if shape is None:
+        return schema()
+    if isinstance(shape, Keyed):
+        return schema().append(pa.field("key", pa.string()))
+    return shape.arrow_schema()
+
+
 def _read_ranges(
     url: str,
-    counter: Any,
     batches: Iterator[Any],
     shape: Declared | Keyed | None = None,
     upcasters: Upcasters | None = None,
 ) -> Iterator[Any]:
     # An upcaster is given the whole event: every column is read then.
     columns = None if shape is None or upcasters is not None else shape.columns
+    data = arrow_schema(shape)
     for batch in batches:
         for index, after, until in zip(*(c.to_pylist() for c in batch.columns), strict=True):
             tally = _Tally()
             read = tally.count(read_slice(url, Slice(after, until), columns), upcasters)
-            yield from read if shape is None else shape.batches(read)
-            counter.add({index: (tally.rows, tuple(sorted(tally.types)))})
+            yield from map(counted, read if shape is None else shape.batches(read))
+            yield count_row(data, index, tally.rows, tally.types)
 
 
 class _Tally:
@@ -378,13 +429,13 @@ def read_events(
 ) -> tuple[Any, ReadCount]:
     """The events in positions ``(after, until]`` as a DataFrame of ``SCHEMA`` (or of
     ``shape.schema``: what a declarative plan reads), one range per partition, and the count
-    of rows the executors read (valid once the plan has run). ``upcasters``: applied on the
+    of rows the executors read (asked once the plan has run, it reads no store again: the
+    read is kept). ``upcasters``: applied on the
     executors as each batch is read (old rows only, in Python), so the rest of the plan, native
     expressions included, sees current shapes."""
     from pyspark.sql import functions as F
 
     ranges = _ranges(after, until, partitions)
-    counter = spark.sparkContext.accumulator({}, RangeCounts())
     k = len(ranges)
     bounds = spark.range(0, k, 1, k).select(
         F.col("id").alias("index"),
@@ -393,9 +444,10 @@ def read_events(
         F.element_at(F.array(*[F.lit(r.until) for r in ranges]), F.col("id").cast("int") + 1)
         .cast("long").alias("until"),
     )  # fmt: skip
-    schema = SCHEMA if shape is None else shape.schema
-    df = bounds.mapInArrow(lambda it: _read_ranges(url, counter, it, shape, upcasters), schema)
-    return df, ReadCount(counter, k)
+    schema = (SCHEMA if shape is None else shape.schema) + ", " + COUNT_SCHEMA
+    raw = bounds.mapInArrow(lambda it: _read_ranges(url, it, shape, upcasters), schema)
+    df, counts = kept_read(raw)
+    return df, ReadCount(counts, k)
 
 
 def _slices(after: int, until: int, partitions: int) -> list[Slice]:
