@@ -109,11 +109,13 @@ def main(ctx: click.Context, log_level: str, log_format: str, debug: bool) -> No
 
 
 def spark_options(command: Any) -> Any:
-    """--master, --conf, --py-files, --archives: the options of spark-submit."""
+    """--master, --remote, --conf, --py-files, --archives: the options of spark-submit."""
     for option in reversed([
         click.option("--master", help="Spark master: local[N], spark://host:port, yarn, "
                      "k8s://... (default: the active session, $EVENTLANES_SPARK_MASTER or "
                      "local[2])"),
+        click.option("--remote", help="a Spark Connect server, sc://host:port (default: "
+                     "$SPARK_REMOTE when no --master is given)"),
         click.option("--conf", "conf", multiple=True, metavar="K=V",
                      help="a Spark setting (repeatable)"),
         click.option("--py-files", "py_files", default="",
@@ -127,11 +129,14 @@ def spark_options(command: Any) -> Any:
     return command
 
 
-def spark_kwargs(conf: tuple[str, ...], py_files: str, archives: str) -> dict[str, Any]:
+def spark_kwargs(
+    conf: tuple[str, ...], py_files: str, archives: str, remote: str | None = None
+) -> dict[str, Any]:
     """The values of :func:`spark_options` as the Spark engine takes them."""
     from ..spark.session import parse_conf
 
     return {
+        "remote": remote,
         "conf": parse_conf(conf),
         "py_files": [p for p in py_files.split(",") if p],
         "archives": [a for a in archives.split(",") if a],

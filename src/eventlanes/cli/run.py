@@ -58,6 +58,7 @@ class RunOptions:
     balance: bool
     engine: str
     master: str | None
+    remote: str | None
     conf: tuple[str, ...]
     py_files: str
     archives: str
@@ -161,7 +162,7 @@ def _run_spark(app: App, o: RunOptions) -> None:
         )  # fmt: skip
     )
     run_spark(app, runs, o.master, trigger_seconds=o.trigger,
-              **spark_kwargs(o.conf, o.py_files, o.archives))  # fmt: skip
+              **spark_kwargs(o.conf, o.py_files, o.archives, o.remote))  # fmt: skip
 
 
 def _check(o: RunOptions) -> None:

@@ -20,8 +20,8 @@ from .base import console, main, spark_kwargs, spark_options
 @click.option("--partitions", type=int, help="Spark partitions (default: the parallelism)")
 @click.option("--wait", is_flag=True, help="wait for running nodes to stop instead of refusing")
 def replay(app_spec: str, names: tuple[str, ...], engine: str, master: str | None,
-           conf: tuple[str, ...], py_files: str, archives: str, parquet: str | None,
-           partitions: int | None, wait: bool) -> None:  # fmt: skip
+           remote: str | None, conf: tuple[str, ...], py_files: str, archives: str,
+           parquet: str | None, partitions: int | None, wait: bool) -> None:  # fmt: skip
     """Replay processors or aggregations from the start on Spark (one after the other, on one
     session); the live processor then continues from the replay's end position."""
     from ..spark import replay as spark_replay
@@ -30,7 +30,7 @@ def replay(app_spec: str, names: tuple[str, ...], engine: str, master: str | Non
     configure_from_env()
     for name in names:
         app.get(name)
-    spark = spark_kwargs(conf, py_files, archives)
+    spark = spark_kwargs(conf, py_files, archives, remote)
     for name in names:
         result = spark_replay(
             app, name, master=master, parquet=parquet, wait=wait, partitions=partitions, **spark
