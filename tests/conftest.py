@@ -34,7 +34,7 @@ _counter = itertools.count()
 #: cores. Split in two groups, the cluster's tests ran beside the session's and timed out
 #: under load; run beside three more JVMs, one timed out in CI. Other tests spread over the
 #: workers, each with its own PostgreSQL server.
-GROUPS = {"spark": ("spark", "spark_cluster"), "kafka": ("kafka_broker",)}
+GROUPS = {"spark": ("spark", "spark_cluster", "spark_connect"), "kafka": ("kafka_broker",)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups' marks
@@ -235,6 +235,23 @@ def spark_cluster(tmp_path_factory, request: pytest.FixtureRequest):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory, request: pytest.FixtureRequest):
+    """One Spark Connect server (``local[2]`` on 127.0.0.1) for the whole test session; its
+    clients run in processes of their own (tests/spark_connect.py says why)."""
+    _grouped(request)
+    from tests import spark_connect as connect_module
+
+    missing = connect_module.client_missing()
+    if missing is not None:
+        pytest.skip(f"the Spark Connect client needs {missing}: pip install 'pyspark[connect]'")
+    server = connect_module.start(tmp_path_factory.mktemp("spark-connect"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
