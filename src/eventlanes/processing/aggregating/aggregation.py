@@ -162,6 +162,8 @@ class Aggregation(Processor):
         self._states = states
         what = f"aggregation {name!r}: persist_every"
         self.persist_every = check_seconds(persist_every, what, zero=True)  # nan, inf: refused
+        #: bytes of states each worker process caches (checked with the other options)
+        self.state_cache_bytes = self.options.state_cache_bytes
         self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
         if self.declaration is not None:
