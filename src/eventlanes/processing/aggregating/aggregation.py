@@ -25,7 +25,7 @@ from ...callables import check
 from ...errors import InvalidInputError
 from ...events import Event
 from ...names import validate_base_name, validate_processor_name, versioned_name
-from ...policies import SequencingPolicy, key_argument
+from ...policies import FieldPolicy, SequencingPolicy, key_argument
 from ...tokens.base import check_seconds
 from ...upcasting import Upcasters
 from ..handlers import FunctionsByType
@@ -152,7 +152,11 @@ class Aggregation(Processor):
             except Exception:  # noqa: BLE001 - the segment's worker fails on it, clearly
                 return None
 
-        policy = SequencingPolicy(route, f"aggregation({name})")
+        policy: SequencingPolicy
+        if isinstance(key, str) and key:  # key="robot": routed a batch at a time
+            policy = FieldPolicy(route, f"aggregation({name})", key, folds.handles)
+        else:
+            policy = SequencingPolicy(route, f"aggregation({name})")
         if "guarantee" in options:
             raise InvalidInputError(f"aggregation {name!r}: the guarantee is 'aggregation'")
         super().__init__(
