@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventlanes.cli.base import print_table as whole
+from eventlanes.observe import Observer
 
 console = Console()
 DATA = Path(__file__).resolve().parent.parent / "bench-data"
@@ -57,6 +58,44 @@ def run_processes(target: Callable[..., Any], args_per_proc: list[tuple[Any, ...
         if p.exitcode != 0:
             raise RuntimeError(f"benchmark worker failed with exit code {p.exitcode}")
     return time.perf_counter() - start
+
+
+def in_child(target: Callable[..., Any], *args: Any) -> Any:
+    """Run ``target(conn, *args)`` in a spawned process of its own (its peak RSS is its own)
+    and return what it sent on ``conn``."""
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(theirs, *args))
+    proc.start()
+    result = mine.recv()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"benchmark child failed with exit code {proc.exitcode}")
+    return result
+
+
+def memory() -> dict[str, int]:
+    """This process's resident memory now (``VmRSS``) and at its peak (``VmHWM``, the
+    kernel's high-water mark), in bytes."""
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                found[name] = int(value.split()[0]) * 1024
+    return found
+
+
+class StateWrites(Observer):
+    """An aggregation's state writes (its commits): how many, and their seconds."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.writes = 0
+
+    def committed(self, processor: str, segment: str, seconds: float) -> None:
+        self.seconds += seconds
+        self.writes += 1
 
 
 def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

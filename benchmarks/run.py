@@ -30,6 +30,8 @@ BENCHMARKS = {
     "rebuild": "benchmarks.bench_rebuild",
     "tracing": "benchmarks.bench_tracing",
     "upcast": "benchmarks.bench_upcast",
+    "scale": "benchmarks.bench_scale",
+    "segments": "benchmarks.bench_segments",
 }
 
 

@@ -30,6 +30,19 @@ def test_datas_equal_each_events_data(tmp_path) -> None:
     assert not without_metadata(store.read(0, 10))
 
 
+def test_datas_of_a_batch_partly_decoded_decode_the_rest(tmp_path) -> None:
+    """A batch whose first events were decoded already (carried over from the last batch):
+    the others are decoded and kept too, each equal to its ``event.data``."""
+    store = el.open_store(f"sqlite:///{tmp_path}/e.db")
+    store.append("s", [E("A", {"i": i, "k": f"k{i}"}) for i in range(6)] + [E("A", {"k": BIG})])
+    batch = store.read(0, 10)
+    want = [e.data for e in store.read(0, 10)]
+    datas(batch[:3])  # decoded and kept: dicts now
+    assert datas(batch[:6]) == want[:6]
+    assert all(isinstance(e._data, dict) for e in batch[:6])  # the rest kept too
+    assert datas(batch) == want and want[6]["k"] == BIG  # digits past 64 bits: by the stdlib
+
+
 def test_datas_name_a_corrupt_event(tmp_path) -> None:
     path = tmp_path / "c.db"
     store = el.open_store(f"sqlite:///{path}")

@@ -55,3 +55,29 @@ def test_any_callable_is_a_policy() -> None:
     assert policy.key(ev(1)) is None
     with pytest.raises(TypeError, match="callable"):
         as_policy(42)  # type: ignore[arg-type]
+
+
+def test_an_aggregations_field_key_routes_a_batch_as_it_routes_each_event(tmp_path) -> None:
+    """``key="k"`` routes a batch in one pass: every event to where the per-event path sends
+    it, whatever the batch holds (decoded already or not, no key, a key that is not text, a
+    type the aggregation does not fold, data that does not decode)."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    agg = app.aggregation("a", key="k", initial=dict)
+    agg.on("T")(lambda state, event: None)
+    policy = agg.policy
+    raw = [
+        ev(1, data={"k": "x"}),
+        Event(2, "s", 1, "T", '{"k": "y"}', "{}", 0, 0),
+        Event(3, "s", 1, "T", '{"k": 7}', "{}", 0, 0),  # not text: rendered per event
+        Event(4, "s", 1, "T", '{"other": 1}', "{}", 0, 0),  # no key: by position
+        Event(5, "s", 1, "U", '{"k": "x"}', "{}", 0, 0),  # not folded: by position
+        Event(6, "s", 1, "T", '{"k": "é"}', "{}", 0, 0),
+    ]
+    each = [policy.routing_hash(e) for e in raw]
+    fresh = [Event(e.position, "s", 1, e.type, e._data, "{}", 0, 0) for e in raw]
+    assert policy.routing_hashes(fresh) == each
+    assert each[0] == el.stable_hash("x") and each[2] == el.stable_hash("7")
+    assert each[4] == el.stable_hash("#5") and each[3] == el.stable_hash("#4")
+    corrupt = [*fresh[:2], Event(7, "s", 1, "T", "[1]", "{}", 0, 0)]
+    assert policy.routing_hashes(corrupt) == [policy.routing_hash(e) for e in corrupt]
+    app.close()

@@ -171,7 +171,7 @@ def test_the_processor_factory_takes_the_constructors_options() -> None:
     assert not ProcessorOptions.__required_keys__  # each has a default
     # the checked value holds every option, and nothing else
     assert {f.name for f in dataclasses.fields(RunOptions)} == PROCESSOR
-    assert len(PROCESSOR) == 17
+    assert len(PROCESSOR) == 18
 
 
 def test_the_aggregation_factory_takes_the_constructors_options() -> None:

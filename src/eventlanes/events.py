@@ -511,14 +511,22 @@ def datas(events: Sequence[Event], keep: bool = True) -> list[dict[str, Any]]:
     raws = list(map(_DATA, events))
     kinds = list(map(type, raws))
     n = len(raws)
-    if kinds.count(dict) == n:
+    done = kinds.count(dict)
+    if done == n:
         return raws
-    if _orjson is not None and kinds.count(str) == n and not _has_long_digits("\n".join(raws)):
+    # Some may be decoded already (a batch's events carried over from the last one): the
+    # others are decoded in the one pass, not all of them one by one.
+    strs = kinds.count(str)
+    texts = raws if strs == n else [r for r, k in zip(raws, kinds, strict=True) if k is str]
+    if _orjson is not None and done + strs == n and not _has_long_digits("\n".join(texts)):
         try:
-            decoded = list(map(_orjson.loads, raws))
+            decoded = list(map(_orjson.loads, texts))
         except ValueError:  # a corrupt one: found and named below
             decoded = []
-        if decoded and list(map(type, decoded)).count(dict) == n:
+        if decoded and list(map(type, decoded)).count(dict) == len(texts):
+            if done:
+                more = iter(decoded)
+                decoded = [r if k is dict else next(more) for r, k in zip(raws, kinds, strict=True)]
             if keep:
                 for event, value in zip(events, decoded, strict=True):
                     event._data = value

@@ -25,7 +25,7 @@ from ...callables import check
 from ...errors import InvalidInputError
 from ...events import Event
 from ...names import validate_base_name, validate_processor_name, versioned_name
-from ...policies import SequencingPolicy, key_argument
+from ...policies import FieldPolicy, SequencingPolicy, key_argument
 from ...tokens.base import check_seconds
 from ...upcasting import Upcasters
 from ..handlers import FunctionsByType
@@ -152,7 +152,11 @@ class Aggregation(Processor):
             except Exception:  # noqa: BLE001 - the segment's worker fails on it, clearly
                 return None
 
-        policy = SequencingPolicy(route, f"aggregation({name})")
+        policy: SequencingPolicy
+        if isinstance(key, str) and key:  # key="robot": routed a batch at a time
+            policy = FieldPolicy(route, f"aggregation({name})", key, folds.handles)
+        else:
+            policy = SequencingPolicy(route, f"aggregation({name})")
         if "guarantee" in options:
             raise InvalidInputError(f"aggregation {name!r}: the guarantee is 'aggregation'")
         super().__init__(
@@ -162,6 +166,8 @@ class Aggregation(Processor):
         self._states = states
         what = f"aggregation {name!r}: persist_every"
         self.persist_every = check_seconds(persist_every, what, zero=True)  # nan, inf: refused
+        #: bytes of states each worker process caches (checked with the other options)
+        self.state_cache_bytes = self.options.state_cache_bytes
         self.initial_state: Callable[[], Any] = initial  # type: ignore[assignment]
         self.stages: list[Stage] = []
         if self.declaration is not None:

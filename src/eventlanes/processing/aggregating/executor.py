@@ -5,8 +5,12 @@ downstream first.
 from __future__ import annotations
 
 import logging
+import operator
+import threading
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
+from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ClaimLostError
@@ -18,7 +22,7 @@ from ...tracing import spans
 from ..executors.base import Executor
 from ..handling.failures import describe
 from ..segment import Outcome, SegmentState
-from ..tables.states import Entry
+from ..tables.states import Entry, encode_all
 from .aggregation import Aggregation, Fold, Stage
 from .dedupe import Marks, dedupe
 from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
@@ -33,9 +37,61 @@ if TYPE_CHECKING:
     from ..runtime import Runtime
 
 
-#: states kept in memory after a write, per worker, so the next batches need not read them
-#: back (memory stays bounded: past this many, they are dropped after the write)
-CACHE_LIMIT = 200_000
+#: A cached state's bytes, estimated from its JSON text (value and offsets) when it is loaded
+#: or written: ``STATE_OVERHEAD + BYTES_PER_CHAR * characters``, no step per event. Measured
+#: (Python 3.11, orjson) by deep sys.getsizeof of what the executor held at the end of
+#: benchmarks/bench_memory.py's runs (the Entry, key, decoded value and offsets, dict slots
+#: after churn, the size kept, a pending position): 990 B per {"sum","n"} state read back (48
+#: characters), 830 B per new one (41); and by RSS over 200,000 states held alike, more than
+#: {"sum","n"}: 20 int fields 1.0 KB for 205 more characters, 50 ints 1.8 KB for 272, a 1.3 KB
+#: string 1.3 KB for 1,279. So 700 + 6 per character: close for numbers, above for text.
+STATE_OVERHEAD = 700
+BYTES_PER_CHAR = 6
+
+
+class _Cache:
+    """A held segment's cached states, by estimated bytes: per key (in the order they were
+    last loaded, changed or written: the oldest first, and the changed ones behind the clean
+    ones), their sum, and the part changed since the last write (each counted at its size
+    when it was loaded or written). Kept in C-speed steps per key, none per event."""
+
+    __slots__ = ("sizes", "used", "dirty")
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.used = 0
+        self.dirty = 0
+
+    def add(self, keys: list[str], chars: Iterable[int]) -> None:
+        """Count ``keys`` (distinct) at the ``chars`` of their texts, moved to the end."""
+        sizes = self.sizes
+        self.used -= sum(map(sizes.pop, keys, repeat(0)))
+        new = [STATE_OVERHEAD + BYTES_PER_CHAR * n for n in chars]
+        sizes.update(zip(keys, new, strict=True))
+        self.used += sum(new)
+
+    def dirtied(self, keys: Collection[str]) -> None:
+        """``keys`` (cached, clean until now) changed: counted dirty, moved to the end."""
+        sizes = self.sizes
+        moved = list(map(sizes.pop, keys))
+        sizes.update(zip(keys, moved, strict=True))
+        self.dirty += sum(moved)
+
+    def oldest_clean(self, changed: set[str], excess: int) -> list[str]:
+        """The clean keys, the oldest first, of ``excess`` bytes or just above (all of them
+        when they are fewer), taken by the average size in C-speed slices."""
+        sizes = self.sizes
+        clean = filterfalse(changed.__contains__, sizes)
+        picked: list[str] = []
+        found = 0
+        while found < excess:
+            average = self.used // max(1, len(sizes)) or 1
+            more = list(islice(clean, -(-(excess - found) // average)))
+            if not more:
+                break
+            picked += more
+            found += sum(map(sizes.__getitem__, more))
+        return picked
 
 
 def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
@@ -51,9 +107,12 @@ class AggregationExecutor(Executor):
     """Folds a segment's batches into states held in memory; writes the states changed since
     the last write, with the segment's token, every ``persist_every`` seconds.
 
-    States stay in memory after a write (up to ``CACHE_LIMIT``) while the segment is held as it
-    was: they equal the stored rows, since only the claim's holder writes them. A segment
-    split, merged, released or lost starts from the table again."""
+    States stay in memory after a write while the segment is held as it was: they equal the
+    stored rows, since only the claim's holder writes them. A segment split, merged, released
+    or lost starts from the table again. The states cached take ``state_cache_bytes`` at most
+    (estimated: :class:`_Cache`), shared evenly by the segments held: past it, states written
+    and unchanged since are dropped, the oldest first; when the changed ones alone fill it,
+    they are written at once, without waiting for ``persist_every``."""
 
     def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:
         super().__init__(runtime, agg, owner)
@@ -66,7 +125,11 @@ class AggregationExecutor(Executor):
         self.entries: dict[int, dict[str, Entry]] = {}
         self.marks: dict[int, Marks] = {}  # what dedupe knows of the entries' offsets
         self.changed: dict[int, set[str]] = {}
+        self.caches: dict[int, _Cache] = {}  # the entries' estimated bytes
+        self.budget = agg.state_cache_bytes
+        self.fresh_chars: int | None = None  # the JSON text of initial(), measured once
         self.holder: dict[int, tuple[SegmentState, Segment]] = {}
+        self.holding = threading.Lock()  # segments' threads change holders, and drop others'
         self.flushed_at: dict[int, float] = {}
         self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
         self.persist_every = agg.persist_every
@@ -86,10 +149,15 @@ class AggregationExecutor(Executor):
 
     def _entries(self, st: SegmentState) -> dict[str, Entry]:
         seg = st.segment.id
-        if self.holder.get(seg) != (st, st.segment):  # another claim, or split: from the table
-            self._discard(seg)
-            self.holder[seg] = (st, st.segment)
-        return self.entries.setdefault(seg, {})
+        with self.holding:
+            if self.holder.get(seg) != (st, st.segment):  # another claim, or split: from the table
+                self._discard(seg)
+                for other, (_, held) in list(self.holder.items()):
+                    if held.overlaps(st.segment):  # split or merged: let go before this claim
+                        self._discard(other)
+                self.holder[seg] = (st, st.segment)
+                self.caches[seg] = _Cache()
+            return self.entries.setdefault(seg, {})
 
     def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
         """The events folded, their keys (each computed once) and, for a declared aggregation,
@@ -138,7 +206,7 @@ class AggregationExecutor(Executor):
         self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
         st.dirty = True  # states changed: written with the token even if it did not move
-        if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every:
+        if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every or self._full(seg):
             self.flush(st)
             if st.lost:
                 return Outcome.LOST
@@ -148,17 +216,66 @@ class AggregationExecutor(Executor):
         """Every key of ``keys`` in ``entries`` (read from the table, or fresh); the segment's
         marks, raised to cover the offsets read."""
         marks = self.marks.setdefault(seg, Marks())
-        missing = sorted(set(keys) - entries.keys())
+        # set.difference(dict) steps through the batch's keys; ``set - dict.keys()`` steps
+        # through every cached entry (the view's reflected difference): a cost per batch that
+        # grew with the keys held, 26 ms per batch at a million
+        missing = sorted(set(keys).difference(entries))
         if missing:
             with self.runtime.db.connection() as conn:
                 loaded = self.table.load(conn, self.name, missing)
             marks.saw(loaded.values())
             entries.update(loaded)
+            picked = list(loaded.values())
+            values = map(len, encode_all([e.value for e in picked]))
+            offsets = map(len, encode_all([e.offsets for e in picked]))
+            cache = self.caches[seg]
+            cache.add(list(loaded), map(operator.add, values, offsets))
             initial = self.agg.initial_state
-            for key in missing:
-                if key not in entries:
-                    entries[key] = Entry(initial())
+            fresh = [key for key in missing if key not in entries]
+            for key in fresh:
+                entries[key] = Entry(initial())
+            if fresh:  # offsets: those of one event of the source, as a fold leaves them
+                cache.add(fresh, repeat(self._fresh_chars() + len(self.source) + 20, len(fresh)))
         return marks
+
+    def _fresh_chars(self) -> int:
+        """The length of ``initial()``'s JSON text (0 if it is not JSON: a fold makes it so)."""
+        if self.fresh_chars is None:
+            try:
+                self.fresh_chars = len(encode_all([self.agg.initial_state()])[0])
+            except (TypeError, ValueError):
+                self.fresh_chars = 0
+        return self.fresh_chars
+
+    def _dirtied(self, seg: int, keys: Iterable[str]) -> None:
+        """``keys`` changed: written at the next write, counted as dirty until then."""
+        changed = self.changed.setdefault(seg, set())
+        new = (keys if isinstance(keys, set) else set(keys)) - changed
+        changed |= new
+        self.caches[seg].dirtied(new)
+
+    def _full(self, seg: int) -> bool:
+        """Drop clean states past the segment's share of the budget; True when the changed
+        ones alone fill it (then they are written now)."""
+        cache = self.caches.get(seg)
+        if cache is None:
+            return False
+        share = self.budget // max(1, len(self.caches))
+        if cache.used > share:
+            self._evict(seg, cache, share)
+        return cache.dirty >= share
+
+    def _evict(self, seg: int, cache: _Cache, target: int) -> None:
+        """Drop states written and unchanged since (they equal their rows), the oldest first,
+        until ``cache`` is under ``target`` bytes or only changed ones are left. Their pending
+        positions go too: they were written into the rows' offsets, and are read back with
+        them (the marks' bounds stay: they may only be above the offsets)."""
+        victims = cache.oldest_clean(self.changed.get(seg, set()), cache.used - target)
+        deque(map(self.entries.get(seg, {}).pop, victims, repeat(None)), 0)
+        cache.used -= sum(map(cache.sizes.pop, victims))
+        marks = self.marks.get(seg)
+        for last in marks.pending.values() if marks is not None else ():
+            deque(map(last.pop, victims, repeat(None)), 0)
 
     def _fold_events(
         self, st: SegmentState, entries: dict[str, Entry], events: list[Event]
@@ -167,7 +284,7 @@ class AggregationExecutor(Executor):
         mine, keys, rows = self._keyed(events)
         distinct = set(keys)
         marks = self._load(seg, entries, distinct)
-        self.changed.setdefault(seg, set()).update(distinct)
+        self._dirtied(seg, distinct)
         if mine:  # a batch's folds are bounded by handler_timeout (watched per batch: cheap)
             st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
         try:
@@ -186,7 +303,7 @@ class AggregationExecutor(Executor):
         marks = self._load(seg, entries, keys)
         pushdown = folded.reader.pushdown
         if pushdown is not None and pushdown.merge(folded, entries, marks, self.source):
-            self.changed.setdefault(seg, set()).update(keys)
+            self._dirtied(seg, keys)
             self.agg.pushed_down += folded.events
             return folded.events
         if pushdown is not None:  # reads take the row path until past the states' offsets
@@ -255,7 +372,8 @@ class AggregationExecutor(Executor):
             self.persist(st)
 
     def _discard(self, seg: int) -> None:
-        for held in (self.entries, self.marks, self.outputs, self.changed, self.holder):
+        kept = (self.entries, self.marks, self.outputs, self.changed, self.holder, self.caches)
+        for held in kept:
             held.pop(seg, None)
 
     def flush(self, st: SegmentState) -> None:
@@ -281,9 +399,10 @@ class AggregationExecutor(Executor):
         self.flushed_at[seg] = st.persisted_at
         self.changed.pop(seg, None)
         self.outputs.pop(seg, None)
-        if sum(len(e) for e in list(self.entries.values())) > CACHE_LIMIT:
-            self.entries.pop(seg, None)  # bounded memory: read back from the table
-            self.marks.pop(seg, None)
+        cache = self.caches.get(seg)
+        if cache is not None:
+            cache.dirty = 0
+            self._full(seg)  # bounded memory: past the budget, read back from the table
 
     def _write(self, st: SegmentState) -> None:
         """The states changed (downstream stages first, then published, then the segment's
@@ -293,14 +412,35 @@ class AggregationExecutor(Executor):
         marks = self.marks.get(seg)
         offsets = marks.encode_offsets if marks is not None else None
         changed = self.changed.get(seg, ())
+        measured = self._measuring(seg, offsets)
         with self.committing(st, st.token.position):
             self._flush_downstream(seg)
             if self.agg.publish is not None:
                 publish_states(self.agg.publish, self.name, entries, changed, offsets)
             with self.runtime.db.transaction() as conn:
-                self.table.save(conn, self.name, entries, changed, offsets)
+                self.table.save(conn, self.name, entries, changed, measured)
                 # Not commit_token: the commit span is this whole write, states and token.
                 self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
+
+    def _measuring(
+        self, seg: int, offsets: Callable[[list[str], list[Entry]], list[str]] | None
+    ) -> Callable[[list[str], list[Entry]], list[str]]:
+        """The offsets' encoder of a write (``offsets``, or the entries' own), which also
+        counts each state written at the size of its texts (the values encoded once more, a
+        chunk at a time: C speed, beside the rows' writes)."""
+        cache = self.caches.get(seg)
+
+        def encode_offsets(keys: list[str], picked: list[Entry]) -> list[str]:
+            if offsets is not None:
+                texts = offsets(keys, picked)
+            else:
+                texts = encode_all([e.offsets for e in picked])
+            if cache is not None:
+                values = map(len, encode_all([e.value for e in picked]))
+                cache.add(keys, map(operator.add, values, map(len, texts)))
+            return texts
+
+        return encode_offsets
 
     def commit_span(self, st: SegmentState, position: int) -> Span | None:
         """The span of a state write: in the batch's span when one runs, else on its own (a

@@ -170,9 +170,8 @@ class BatchReader:
                 if found is not None and event.position > found[1]:
                     found[0].append(event)
             return
-        routing_hash = self.routing_hash
-        for event in events:
-            found = get(routing_hash(event) & mask)
+        for event, h in zip(events, self.proc.policy.routing_hashes(events), strict=True):
+            found = get(h & mask)
             if found is not None and event.position > found[1]:
                 found[0].append(event)
 

@@ -13,6 +13,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ....hashing import stable_hash
@@ -145,36 +146,15 @@ class Pushdown(ABC):
         the row path's dedupe fast rule does: False (nothing changed) when a state holds an own
         position at or above the range's first event."""
         bound = marks.high.get(source)
-        if bound is not None and min(g[2] for g in folded) <= bound:
+        if bound is not None and min(map(_FIRST, folded)) <= bound:
             return False
-        fields = [(f.out, f.kind, i) for i, f in enumerate(self.fields, 4)]
-        for g in folded:
-            st = entries[g[0]].value
-            for out, kind, i in fields:
-                v = g[i]
-                if kind == 0:
-                    st[out] += v
-                elif v is None:
-                    continue
-                elif kind == 1:
-                    st[out] += v
-                elif kind == 2:
-                    cur = st[out]
-                    if cur is None or v < cur:
-                        st[out] = v
-                elif kind == 3:
-                    cur = st[out]
-                    if cur is None or v > cur:
-                        st[out] = v
-                elif kind == 4:
-                    if st[out] is None:
-                        st[out] = v[1]
-                else:
-                    st[out] = v[1]
+        # Field by field, each kind's loop over the groups: no test of the kind per group.
+        states = [entries[key].value for key in map(_KEY, folded)]
+        for i, f in enumerate(self.fields, 4):
+            _MERGES[f.kind](states, folded, f.out, i)
         pending = marks.pending.setdefault(source, {})
-        for g in folded:
-            pending[g[0]] = g[3]
-        marks.high[source] = max(g[3] for g in folded)
+        pending.update(zip(map(_KEY, folded), map(_LAST, folded), strict=True))
+        marks.high[source] = max(map(_LAST, folded))
         return True
 
     def share(self, folded: Folded, states: list[SegmentState]) -> dict[SegmentState, list[Any]]:
@@ -193,3 +173,47 @@ class Pushdown(ABC):
                     parts[owner].append(g)
                     break
         return {st: folded.part(gs) if gs else [] for st, gs in parts.items()}
+
+
+# A group's key, first and last position (see Folded).
+_KEY, _FIRST, _LAST = itemgetter(0), itemgetter(2), itemgetter(3)
+
+
+def _counts(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
+    for st, g in zip(states, groups, strict=True):
+        st[out] += g[i]
+
+
+def _sums(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
+    for st, g in zip(states, groups, strict=True):
+        if (v := g[i]) is not None:
+            st[out] += v
+
+
+def _mins(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
+    for st, g in zip(states, groups, strict=True):
+        if (v := g[i]) is not None and ((cur := st[out]) is None or v < cur):
+            st[out] = v
+
+
+def _maxes(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
+    for st, g in zip(states, groups, strict=True):
+        if (v := g[i]) is not None and ((cur := st[out]) is None or v > cur):
+            st[out] = v
+
+
+def _firsts(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
+    """``(position, value)`` partials: the value, where the state has none yet."""
+    for st, g in zip(states, groups, strict=True):
+        if (v := g[i]) is not None and st[out] is None:
+            st[out] = v[1]
+
+
+def _lasts(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
+    for st, g in zip(states, groups, strict=True):
+        if (v := g[i]) is not None:
+            st[out] = v[1]
+
+
+#: the merge of one field's partials into the states, by :data:`KIND`
+_MERGES = (_counts, _sums, _mins, _maxes, _firsts, _lasts)
