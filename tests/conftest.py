@@ -225,7 +225,7 @@ def spark(request: pytest.FixtureRequest):
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory, request: pytest.FixtureRequest):
-    """One Spark standalone cluster (a Master and one Worker on 127.0.0.1) for the whole test
+    """One Spark standalone cluster (a Master and two Workers on 127.0.0.1) for the whole test
     session; its executors cannot import eventlanes or the tests' apps on their own."""
     _grouped(request)
     from tests import spark_cluster as cluster_module

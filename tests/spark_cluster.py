@@ -1,5 +1,6 @@
-"""A Spark standalone cluster for the tests: one Master and one Worker on 127.0.0.1, started
-from the pyspark package, small memory, killed at the end.
+"""A Spark standalone cluster for the tests: one Master and two Workers (a core each) on
+127.0.0.1, started from the pyspark package, small memory, killed at the end: a job's tasks run
+in two executor processes, as on a cluster of two machines.
 
 The executors run a Python that cannot import eventlanes nor the tests' apps: a plain venv
 (``--without-pip``, made in well under a second) whose only extra path is a folder of links to
@@ -122,6 +123,7 @@ class Cluster:
         """Driver settings for this small cluster (as a user would pass them)."""
         pairs = {
             "spark.executor.memory": "512m",
+            "spark.executor.cores": "1",  # an executor on each Worker
             "spark.cores.max": "2",
             "spark.driver.host": "127.0.0.1",
             "spark.ui.enabled": "false",
@@ -131,6 +133,20 @@ class Cluster:
 
     def cli_conf(self) -> list[str]:
         return [arg for pair in self.conf() for arg in ("--conf", pair)]
+
+    def tasks_by_worker(self, since: float) -> dict[str, int]:
+        """Per Worker, the tasks its executors ran for applications started after ``since``
+        (``time.time()``): the "Running task" lines of their logs."""
+        found = {}
+        for work in sorted(self.root.glob("work-*")):
+            tasks = 0
+            for app in work.glob("app-*"):
+                if app.stat().st_mtime < since:
+                    continue
+                for log in app.glob("*/stderr"):
+                    tasks += log.read_text(errors="replace").count("Running task ")
+            found[work.name] = tasks
+        return found
 
     def stop(self) -> None:
         for proc in reversed(self.processes):
@@ -164,8 +180,9 @@ def _daemon_env(cluster_root: Path, path_first: Path | None = None) -> dict[str,
 
 
 def start(root: Path, timeout: float = 90.0, extra: tuple[str, ...] = ()) -> Cluster:
-    """Start the Master and one Worker (2 cores, 1 GB for executors); wait until the Worker has
-    registered. Raises (after stopping what started) if it does not within ``timeout``."""
+    """Start the Master and two Workers (a core and 768 MB for executors each, work folders
+    ``work-1`` and ``work-2``); wait until both have registered. Raises (after stopping what
+    started) if they do not within ``timeout``."""
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         raise RuntimeError("Java 17+ is needed for the Spark cluster tests")
     root.mkdir(parents=True, exist_ok=True)
@@ -195,10 +212,12 @@ def start(root: Path, timeout: float = 90.0, extra: tuple[str, ...] = ()) -> Clu
         launch("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                           "--port", str(port), "--webui-port", str(ui)],
                _daemon_env(root), root / "master")  # fmt: skip
-        launch("worker", ["org.apache.spark.deploy.worker.Worker", cluster.master,
-                          "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
-                          "--work-dir", str(root / "work"), "--webui-port", str(_free_port())],
-               _daemon_env(root, python.parent), root / "worker")  # fmt: skip
+        for n in (1, 2):
+            launch(f"worker-{n}", ["org.apache.spark.deploy.worker.Worker", cluster.master,
+                                   "--host", "127.0.0.1", "--cores", "1", "--memory", "768m",
+                                   "--work-dir", str(root / f"work-{n}"),
+                                   "--webui-port", str(_free_port())],
+                   _daemon_env(root, python.parent), root / f"worker-{n}")  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in cluster.processes:
@@ -206,10 +225,10 @@ def start(root: Path, timeout: float = 90.0, extra: tuple[str, ...] = ()) -> Clu
                     raise RuntimeError(f"a Spark daemon exited; see {logs}")
             status = f"http://127.0.0.1:{ui}/json/"
             with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(status) as r:
-                if json.load(r).get("aliveworkers", 0) >= 1:
+                if json.load(r).get("aliveworkers", 0) >= 2:
                     return cluster
             time.sleep(0.5)
-        raise RuntimeError(f"the Spark worker did not register within {timeout} s; see {logs}")
+        raise RuntimeError(f"the Spark workers did not register within {timeout} s; see {logs}")
     except BaseException:
         cluster.stop()
         raise

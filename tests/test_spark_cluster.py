@@ -89,6 +89,7 @@ def test_cli_replays_an_aggregation_and_a_projection(spark_cluster, tmp_path) ->
     table = create_schema(app)
     args = ["replay", APP, "totals", "recorder", "--master", spark_cluster.master,
             *spark_cluster.cli_conf()]  # fmt: skip
+    started = time.time()
     result = cli(spark_cluster, *args, url=url)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "totals: Spark read and replayed 20,000 events" in result.stdout
@@ -98,6 +99,9 @@ def test_cli_replays_an_aggregation_and_a_projection(spark_cluster, tmp_path) ->
     assert (
         {p for _, p in tokens(app, "totals")} == {p for _, p in tokens(app, "recorder")} == {20_000}
     )
+    # the replay's partitions ran in the executors of both Workers
+    ran = spark_cluster.tasks_by_worker(started)
+    assert len(ran) == 2 and all(n > 0 for n in ran.values()), ran
 
 
 def docs_recipe() -> str:
