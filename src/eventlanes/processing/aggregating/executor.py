@@ -221,15 +221,13 @@ class AggregationExecutor(Executor):
         # grew with the keys held, 26 ms per batch at a million
         missing = sorted(set(keys).difference(entries))
         if missing:
+            chars: list[int] = []  # of the texts read: sizes without encoding again
             with self.runtime.db.connection() as conn:
-                loaded = self.table.load(conn, self.name, missing)
+                loaded = self.table.load(conn, self.name, missing, chars=chars)
             marks.saw(loaded.values())
             entries.update(loaded)
-            picked = list(loaded.values())
-            values = map(len, encode_all([e.value for e in picked]))
-            offsets = map(len, encode_all([e.offsets for e in picked]))
             cache = self.caches[seg]
-            cache.add(list(loaded), map(operator.add, values, offsets))
+            cache.add(list(loaded), chars)
             initial = self.agg.initial_state
             fresh = [key for key in missing if key not in entries]
             for key in fresh:

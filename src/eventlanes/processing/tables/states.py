@@ -44,15 +44,18 @@ def encode(value: Any) -> str:
 
 
 def encode_all(values: list[Any]) -> list[str]:
-    """:func:`encode` of each value, in one pass when orjson takes them all."""
+    """:func:`encode` of each value, in one pass when orjson takes them all. Each text is
+    decoded as it is made: orjson's bytes of a small value hold about 4 KB until freed (100,000
+    of them held 410 MB), its text only its characters."""
     if orjson is not None:
+        dumps = orjson.dumps
         try:
-            texts = list(map(orjson.dumps, values))
+            texts = [dumps(v).decode() for v in values]
         except TypeError:
             pass
         else:
-            if b"null" not in b"\n".join(texts):  # one search, not one per text
-                return list(map(bytes.decode, texts))
+            if "null" not in "\n".join(texts):  # one search, not one per text
+                return texts
     return [encode(v) for v in values]
 
 
@@ -192,9 +195,19 @@ class StateTable:
             ON CONFLICT (aggregation, key)"""
         self._from_stage = {True: f"{from_stage} {update}", False: f"{from_stage} DO NOTHING"}
 
-    def load(self, conn: Any, name: str, keys: list[str], lock: bool = False) -> dict[str, Entry]:
+    def load(
+        self,
+        conn: Any,
+        name: str,
+        keys: list[str],
+        lock: bool = False,
+        chars: list[int] | None = None,
+    ) -> dict[str, Entry]:
         """The stored states of ``keys`` (those that have one), read :data:`LOAD_CHUNK` keys
-        per statement; ``lock``: under a row lock (PostgreSQL) until the transaction ends."""
+        per statement; ``lock``: under a row lock (PostgreSQL) until the transaction ends.
+        ``chars``: given, the characters of each state's value and offsets texts are appended
+        to it, in the order of the result (what a cache sizes them by, without encoding them
+        again)."""
         found: dict[str, Entry] = {}
         for start in range(0, len(keys), LOAD_CHUNK):
             rows = self._rows(conn, name, keys[start : start + LOAD_CHUNK], lock)
@@ -202,6 +215,8 @@ class StateTable:
                 stored, values, offsets, dropped = zip(*rows, strict=True)
                 states = map(Entry, decode_all(values), decode_all(offsets), dropped)
                 found.update(zip(stored, states, strict=True))
+                if chars is not None:
+                    chars += map(int.__add__, map(len, values), map(len, offsets))
         return found
 
     def _rows(self, conn: Any, name: str, keys: list[str], lock: bool) -> list[Any]:
