@@ -6,6 +6,7 @@ once, non-zero, and says so."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import eventlanes as el
@@ -148,7 +150,9 @@ def test_real_runs_stopped_at_random_moments_exit_within_the_grace(store_url: st
     for i in range(50):
         app.store.append(f"s-{i}", [el.NewEvent("Step")] * 120)
     rng = random.Random(11)
-    env = _env(store_url, EVENTLANES_TEST_APP_BATCH="5")
+    # PYTHONFAULTHANDLER: a run still alive past its bound is sent SIGABRT, and prints every
+    # thread's stack (two loaded suite runs saw one alive 14 s after SIGINT; alone it passes)
+    env = _env(store_url, EVENTLANES_TEST_APP_BATCH="5", PYTHONFAULTHANDLER="1")
     grace = 8.0
     # moments spread over 0..6 s (start-up takes 1-4 s here), jittered
     plans = [(n * 1.0 + rng.random(), rng.choice([signal.SIGINT, signal.SIGTERM]),
@@ -157,6 +161,8 @@ def test_real_runs_stopped_at_random_moments_exit_within_the_grace(store_url: st
     for pair in (plans[i::2] for i in range(2)):  # three at a time, early with late
         procs = [(_run(env, "tests.apps.recorder:app", "--grace", str(grace), *args), delay, sig)
                  for delay, sig, args in pair]  # fmt: skip
+        # stderr read all along: a run must never wait on a full pipe nobody reads
+        logs = {proc: _drained(proc) for proc, _, _ in procs}
         started = time.monotonic()
         for proc, delay, sig in sorted(procs, key=lambda p: p[1]):
             time.sleep(max(0.0, started + delay - time.monotonic()))
@@ -165,14 +171,18 @@ def test_real_runs_stopped_at_random_moments_exit_within_the_grace(store_url: st
             try:
                 proc.wait(grace + 6)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                raise AssertionError(f"run still alive {grace + 6:g} s after {sig!r}") from None
-            err = proc.stderr.read() if proc.stderr else ""
+                _abort(proc)
+                raise AssertionError(
+                    f"run still alive {grace + 6:g} s after {sig!r} (sent {delay:.1f} s after "
+                    f"its start); its log and threads:\n{logs[proc]()[-8000:]}"
+                ) from None
+            err = logs[proc]()
             assert _ended_cleanly(proc, sig, err), (proc.returncode, delay, err[-2000:])
             assert time.monotonic() - sent < grace + 6
             after_ready += "ready:" in err
     # nothing lost or doubled by the stops: a last run catches up
     final = _run(env, "tests.apps.recorder:app")
+    final_log = _drained(final)
     try:
         wait_for(lambda: any(f":{final.pid}:" in n for n in app.tokens.live_nodes("recorder")),
                  timeout=60, what="the last run to be up")  # fmt: skip
@@ -180,7 +190,7 @@ def test_real_runs_stopped_at_random_moments_exit_within_the_grace(store_url: st
     finally:
         final.send_signal(signal.SIGTERM)
         final.wait(30)
-    assert final.returncode == 0
+    assert final.returncode == 0, final_log()[-3000:]
     assert after_ready > 0  # some stopped while working (or idle), not only while starting
     rows = app.db.query(f"SELECT position, COUNT(*) FROM {table} GROUP BY position")
     assert len(rows) == 6000 and all(n == 1 for _, n in rows)
@@ -196,6 +206,46 @@ def _read_until(lines: queue.Queue, needle: str, seen: list[str], timeout: float
         if line is None:
             raise AssertionError(f"ended without {needle!r}; log: {seen}")
         seen.append(line)
+
+
+def _drained(proc: subprocess.Popen) -> Callable[[], str]:
+    """``proc``'s stderr, read by a thread as it comes; the call gives it whole once the
+    process has ended (at most 10 s more for the reader to finish)."""
+    lines = _stderr_lines(proc)
+    seen: list[str] = []
+
+    def text() -> str:
+        with contextlib.suppress(AssertionError):
+            _read_until_end(lines, seen, 10)
+        return "\n".join(seen)
+
+    return text
+
+
+def _read_until_end(lines: queue.Queue, seen: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"stderr still open after {timeout:g} s") from None
+        if line is None:
+            return
+        seen.append(line)
+
+
+def _abort(proc: subprocess.Popen) -> None:
+    """SIGABRT (with PYTHONFAULTHANDLER set, the process prints every thread's stack), then
+    SIGKILL to its group (the workers of ``--processes``)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGABRT)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 def _stderr_lines(proc: subprocess.Popen) -> queue.Queue:
