@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import eventlanes as el
@@ -97,3 +99,21 @@ def context_in(app: el.App, conn: Any, processor: str = "test") -> el.Context:
     """A handler context in the transaction of ``conn`` on the app's database."""
     db = app.db
     return el.Context(processor, None, None, conn, db.backend, db.param, db.prefix)
+
+
+class Logged:
+    """A process whose stdout and stderr go to files, never to a pipe: a pipe nobody reads
+    while the process runs fills at 64 KB and then blocks its writer (a Spark driver writes
+    to stderr as it works; three continuous-runner tests waited on their first micro-batch
+    so). ``out()`` and ``err()``: what it wrote so far."""
+
+    def __init__(self, args: list[str], folder: Path, name: str, **popen: Any) -> None:
+        self.paths = folder / f"{name}.out", folder / f"{name}.err"
+        with open(self.paths[0], "w") as out, open(self.paths[1], "w") as err:
+            self.process = subprocess.Popen(args, stdout=out, stderr=err, text=True, **popen)
+
+    def out(self) -> str:
+        return self.paths[0].read_text(errors="replace")
+
+    def err(self) -> str:
+        return self.paths[1].read_text(errors="replace")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import eventlanes as el
-from tests.processing_helpers import assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import Logged, assert_exactly_once_in_order, wait_for
 
 E = el.NewEvent
 
@@ -209,12 +209,14 @@ def test_continuous_query_killed_and_restarted_from_its_tokens(tmp_path) -> None
             w["ok"] += ok
             w["n"] += 1
 
+    starts = iter(range(2))
+
     def start() -> subprocess.Popen:
-        return subprocess.Popen(
+        return Logged(
             [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.spark_app:app",
              "--engine", "spark", "--trigger", "0.5"],
-            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            tmp_path, f"runner-{next(starts)}", cwd=root, env=env,
+        ).process  # fmt: skip
 
     def position() -> int:
         return min(s.position for s in app.status("screws").segments)

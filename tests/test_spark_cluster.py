@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import eventlanes as el
-from tests.processing_helpers import assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import Logged, assert_exactly_once_in_order, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.cluster_app:app"
@@ -154,18 +154,18 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
     env = spark_cluster.driver_env(
         EVENTLANES_TEST_APP_URL=url, PYSPARK_PYTHON="./environment/bin/python"
     )
-    run = subprocess.Popen(
+    logged = Logged(
         [sys.executable, "-m", "eventlanes.cli", "run", APP, "--engine", "spark",
          "--master", spark_cluster.master, *spark_cluster.cli_conf(),
          "--archives", f"{archive}#environment", "--trigger", "0.5"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        tmp_path, "runner", cwd=ROOT, env=env,
     )  # fmt: skip
+    run = logged.process
     try:
 
         def position() -> int:
             if run.poll() is not None:
-                out, err = run.communicate()
-                raise AssertionError(f"the runner exited: {out}{err[-3000:]}")
+                raise AssertionError(f"the runner exited: {logged.out()}{logged.err()[-3000:]}")
             return min((p for _, p in tokens(app, "totals")), default=0)
 
         wait_for(lambda: position() > 0, timeout=120, what="the first micro-batch")
@@ -179,7 +179,8 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
         del app_by_function
     finally:
         run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=60)
+        run.wait(60)
+    out, err = logged.out(), logged.err()
     assert "spark: running totals, by_function; not running recorder" in out, out + err[-3000:]
     assert states(app, "totals") == states(app, "by_function") == plain_fold(url)
 

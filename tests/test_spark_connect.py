@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import eventlanes as el
-from tests.processing_helpers import assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import Logged, assert_exactly_once_in_order, wait_for
 from tests.test_spark_cluster import fill, open_app, plain_fold, states, tokens
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,17 +88,17 @@ def test_cli_run_engine_spark_on_connect_with_appends(spark_connect, tmp_path) -
     fill(url, 1_000)
     app = open_app(url)
     env = spark_connect.driver_env(EVENTLANES_TEST_APP_URL=url, SPARK_REMOTE=spark_connect.url)
-    run = subprocess.Popen(
+    logged = Logged(
         [sys.executable, "-m", "eventlanes.cli", "run", APP, "--engine", "spark", "--processor",
          "totals", "--trigger", "0.3"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        tmp_path, "runner", cwd=ROOT, env=env,
     )  # fmt: skip
+    run = logged.process
     try:
 
         def position() -> int:
             if run.poll() is not None:
-                out, err = run.communicate()
-                raise AssertionError(f"the runner exited: {out}{err[-3000:]}")
+                raise AssertionError(f"the runner exited: {logged.out()}{logged.err()[-3000:]}")
             return min((p for _, p in tokens(app, "totals")), default=0)
 
         wait_for(lambda: position() == 1_000, timeout=120, what="the first micro-batch")
@@ -106,8 +106,8 @@ def test_cli_run_engine_spark_on_connect_with_appends(spark_connect, tmp_path) -
         wait_for(lambda: position() == 1_500, timeout=60, what="the appended events")
     finally:
         run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=60)
-    assert run.returncode == 0, out + err[-3000:]
+        run.wait(60)
+    assert run.returncode == 0, logged.out() + logged.err()[-3000:]
     assert states(app, "totals") == plain_fold(url)
 
 
