@@ -11,13 +11,13 @@ segment. Every run's stored states are checked equal to the loop's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
 
 import eventlanes as el
 
+from .bench_scale import stored
 from .bench_spark import fill, plain_fold
 from .common import databases, in_child, print_table
 
@@ -58,17 +58,6 @@ def _loop(conn: Any, url: str) -> None:
     conn.send((time.perf_counter() - start, totals))
 
 
-def _stored(url: str, name: str) -> dict[str, tuple[int, int]]:
-    db = el.open_store(url).db
-    try:
-        sql = db.sql(f"SELECT key, value FROM {db.table('aggregates')} WHERE aggregation = ?")
-        return {
-            k: (v["sum"], v["n"]) for k, raw in db.query(sql, (name,)) if (v := json.loads(raw))
-        }
-    finally:
-        db.close()
-
-
 def run(backends: list[str] | None = None, quick: bool = False, rounds: int = ROUNDS) -> None:
     if backends is not None and "sqlite" not in backends:
         return  # the measure is on SQLite
@@ -86,7 +75,7 @@ def run(backends: list[str] | None = None, quick: bool = False, rounds: int = RO
             for n in SEGMENTS:
                 name = f"seg{n}-{i}"
                 seconds[f"{n}"].append(in_child(_catch_up, url, name, n))
-                if _stored(url, name) != want:
+                if stored(url, name) != want:
                     raise AssertionError(f"{n} segments: states differ from a plain loop")
             rates = ", ".join(f"{k} {events / v[-1]:,.0f} ev/s" for k, v in seconds.items())
             print(f"round {i + 1}: {rates}", flush=True)
