@@ -15,7 +15,12 @@ import pytest
 
 import eventlanes as el
 from tests.apps.recorder import create_schema
-from tests.processing_helpers import assert_exactly_once_in_order, kill_again_and_again, wait_for
+from tests.processing_helpers import (
+    Logged,
+    assert_exactly_once_in_order,
+    kill_again_and_again,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.recorder:app"
@@ -107,6 +112,53 @@ def test_a_worker_stopped_as_soon_as_it_is_live_stops_cleanly(tmp_path) -> None:
             if worker.poll() is None:
                 worker.wait(60)
         assert worker.returncode == 0, worker.stderr.read() if worker.stderr else ""
+
+
+def test_workers_killed_while_sending_logs_leave_the_others_logging_and_the_stop_clean(
+    tmp_path: Path,
+) -> None:
+    """The workers send their log records to the supervisor. Two workers are SIGKILLed while
+    they write records into a full pipe (the supervisor is held by SIGSTOP): their
+    replacements' records still reach the supervisor, and SIGTERM still stops it cleanly.
+    (With one queue shared by every worker, a worker killed while writing held its lock for
+    ever: no worker's record arrived again, and the supervisor hung at its stop.)"""
+    url = f"sqlite:///{tmp_path}/chatty.db"
+    app = el.App(url, claim_timeout=1.5)
+    app.processor("recorder", segments=2)
+    create_schema(app)
+    for i in range(100):
+        app.store.append(f"s-{i}", [el.NewEvent("Step")] * 100)
+    env = _env(url, segments="2", batch="5", log_bytes="500")
+    args = [sys.executable, "-m", "eventlanes.cli", "run", APP, "--no-progress", "--processes",
+            "2", "--max-restarts", "2", "--grace", "8"]  # fmt: skip
+    sup = Logged(args, tmp_path, "supervisor", cwd=ROOT, env=env, start_new_session=True)
+    proc = sup.process
+    try:
+        first = wait_for(lambda: len(nodes := app.tokens.live_nodes("recorder")) == 2 and nodes,
+                         timeout=60, what="two workers")  # fmt: skip
+        wait_for(lambda: "handled" in sup.err(), timeout=30, what="the workers' records")
+        os.kill(proc.pid, signal.SIGSTOP)  # nobody reads the records: their pipe fills
+        time.sleep(1.0)
+        killed = {int(node.split(":")[1]) for node in first}
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGCONT)
+
+        def replacements_logged() -> bool:
+            err = sup.err()
+            pids = {p for n in app.tokens.live_nodes("recorder") if (p := int(n.split(":")[1]))
+                    not in killed}  # fmt: skip
+            return len(pids) == 2 and all(f":{p}:" in err and "claimed" in err for p in pids)
+
+        wait_for(replacements_logged, timeout=60, what="the replacements' records")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        assert proc.returncode == 0, sup.err()[-3000:]
+        assert "stopped cleanly: every worker is done" in sup.err()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def test_run_processes_with_splits_and_merges_keeps_order(store_url: str) -> None:

@@ -1,11 +1,13 @@
 """A test app for worker processes: records every handled event, once, in handling order.
 
 Configured by environment variables so that `eventlanes run tests.apps.recorder:app` works in
-subprocesses: EVENTLANES_TEST_APP_URL (required), _SEGMENTS, _MODE, _CLAIM_TIMEOUT, _BATCH.
+subprocesses: EVENTLANES_TEST_APP_URL (required), _SEGMENTS, _MODE, _CLAIM_TIMEOUT, _BATCH,
+_LOG_BYTES.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import eventlanes as el
@@ -43,8 +45,14 @@ def clear(ctx: el.Context) -> None:
     ctx.execute(f"DELETE FROM {ctx.table('handled')}")
 
 
+_LOG = int(env("EVENTLANES_TEST_APP_LOG_BYTES", "0"))  # a log record of this size per event
+log = logging.getLogger("tests.recorder")
+
+
 @recorder.on_any
 def record(event: el.Event, ctx: el.Context) -> None:
+    if _LOG:
+        log.warning("handled %s %s", event.position, "x" * _LOG)
     p = ctx.param
     ctx.execute(
         f"INSERT INTO {ctx.table('handled')} (stream_id, version, position, replay) "

@@ -5,8 +5,9 @@
 * ``text`` elsewhere: ``2026-01-01T12:00:00.123Z INFO eventlanes.processing: message`` lines;
 * ``json``: one JSON object per line (time, level, logger, message, process, exc).
 
-Worker processes (``run --processes N``) send their records through a queue to the supervisor,
-whose handlers format them: one place decides the format, and nothing prints into the bars.
+Worker processes (``run --processes N``) send their records, each down a pipe of its own, to
+the supervisor, whose handlers format them: one place decides the format, and nothing prints
+into the bars.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import json
 import logging
 import logging.handlers
 import sys
+import threading
 import time
+from collections import deque
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rich.console import Console
@@ -93,17 +97,95 @@ def setup(level: str = "info", fmt: str = "text", console: Console | None = None
     _install(handler_for(fmt, console), numeric)
 
 
-def setup_worker(queue: Any, level: str) -> None:
-    """In a worker process: every record goes to the supervisor through ``queue``."""
-    _install(logging.handlers.QueueHandler(queue), _check(level, "text"))
+def setup_worker(channel: Connection, level: str) -> LogSender:
+    """In a worker process: every record goes to the supervisor down ``channel``, this
+    worker's own pipe. Returns the sender (:func:`tell_ready` writes to it too)."""
+    sender = LogSender(channel)
+    _install(logging.handlers.QueueHandler(sender), _check(level, "text"))  # type: ignore[arg-type]
     logging.captureWarnings(True)
+    return sender
 
 
-def tell_ready(queue: Any) -> None:
+def tell_ready(sender: LogSender) -> None:
     """In a worker process: tell the supervisor that its processors run, in line with its
     log records (so a crash logged before it is seen before it)."""
-    queue.put_nowait(logging.makeLogRecord({"name": "eventlanes.worker", "msg": "ready",
-                                            READY: True}))  # fmt: skip
+    sender.put_nowait(logging.makeLogRecord({"name": "eventlanes.worker", "msg": "ready",
+                                             READY: True}))  # fmt: skip
+
+
+class LogSender:
+    """A worker's end of its pipe, as the queue of a ``QueueHandler``. One pipe per worker, no
+    lock shared between processes: a ``multiprocessing.Queue`` shared by all workers has one,
+    and a worker killed while writing (SIGKILL, the OOM killer) kept it for ever, so no
+    worker's record arrived again and the supervisor hung at its stop. Sending blocks while
+    the pipe is full (the supervisor is slow), as writing to stderr would."""
+
+    def __init__(self, channel: Connection) -> None:
+        self.channel: Connection | None = channel
+        self.lock = threading.Lock()  # a record over PIPE_BUF is written in several parts
+
+    def put_nowait(self, record: logging.LogRecord) -> None:
+        with self.lock:
+            if self.channel is not None:
+                try:
+                    self.channel.send(record)
+                    return
+                except OSError:  # the supervisor is gone: the records go to our stderr
+                    self.channel = None
+            sys.stderr.write(TextFormatter().format(record) + "\n")
+
+
+class _Pipes:
+    """The supervisor's ends of the workers' pipes, read as one queue by the listener:
+    ``get`` returns the next record of any worker; a pipe whose worker ended (or that broke)
+    is dropped at its end. ``put_nowait(None)`` (the listener's stop): ``get`` returns None
+    once every pipe is read to its end, or ``DRAIN`` seconds later."""
+
+    DRAIN = 5.0
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.lock = threading.Lock()
+        self.readers: list[Connection] = []
+        self.writers: list[Connection] = []  # closed at the stop (a worker never started)
+        self.wake_r, self.wake_w = ctx.Pipe(duplex=False)
+        self.pending: deque[logging.LogRecord] = deque()
+        self.until: float | None = None  # set by the stop
+
+    def open(self) -> Connection:
+        reader, writer = self.ctx.Pipe(duplex=False)
+        with self.lock:
+            self.readers.append(reader)
+            self.writers.append(writer)
+        self.wake_w.send_bytes(b"")
+        return writer
+
+    def put_nowait(self, item: None) -> None:
+        with self.lock:
+            for writer in self.writers:
+                writer.close()
+            self.until = time.monotonic() + self.DRAIN
+        self.wake_w.send_bytes(b"")
+
+    def get(self, block: bool = True) -> logging.LogRecord | None:
+        while not self.pending:
+            with self.lock:
+                readers, until = list(self.readers), self.until
+            if until is not None and (not readers or time.monotonic() >= until):
+                return None
+            timeout = None if until is None else max(0.0, until - time.monotonic())
+            for conn in wait([self.wake_r, *readers], timeout):
+                assert isinstance(conn, Connection)
+                if conn is self.wake_r:
+                    conn.recv_bytes()
+                    continue
+                try:
+                    self.pending.append(conn.recv())
+                except Exception:  # noqa: BLE001 - its end (EOFError), or a worker killed mid-record
+                    with self.lock:
+                        self.readers.remove(conn)
+                    conn.close()
+        return self.pending.popleft()
 
 
 class _Listener(logging.handlers.QueueListener):
@@ -130,16 +212,22 @@ class _Listener(logging.handlers.QueueListener):
 
 
 class WorkerLogs:
-    """In the supervisor: a queue for the workers' records and a listener that hands them to
+    """In the supervisor: a pipe per worker for its records and a listener that hands them to
     this process's handlers (formatted and placed like its own lines). ``on_ready()`` is called
     (on the listener's thread, in line with the records) once ``workers`` workers told that
     their processors run, unless one logged a crash first."""
 
     def __init__(self, ctx: Any, workers: int = 0, on_ready: Any = None) -> None:
-        self.queue = ctx.Queue()
+        self.pipes = _Pipes(ctx)
         root = logging.getLogger()
-        self.listener = _Listener(self.queue, list(root.handlers), workers, on_ready)
+        self.listener = _Listener(self.pipes, list(root.handlers), workers, on_ready)
         self.listener.start()
 
+    def channel(self) -> Connection:
+        """A new worker's end of a new pipe: pass it to the worker, and close it here once
+        the worker started (so the pipe ends when the worker does)."""
+        return self.pipes.open()
+
     def close(self) -> None:
+        """Read what the ended workers wrote, then stop."""
         self.listener.stop()

@@ -66,14 +66,13 @@ def _work(
     from ..tracing import shutdown as shutdown_tracing
     from .logs import setup_worker, tell_ready
 
-    if logs is not None:  # records go to the supervisor's handlers
-        setup_worker(logs, level)
+    sender = None if logs is None else setup_worker(logs, level)  # to the supervisor's handlers
     observer = None
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the supervisor serves the sum
         from ..admin.metrics import PrometheusObserver
 
         observer = PrometheusObserver(registry=None)
-    ready = None if logs is None else (lambda: tell_ready(logs))
+    ready = None if sender is None else (lambda: tell_ready(sender))
     try:
         app = load_app(spec)
         configure_from_env()  # each worker exports its own spans (OTEL_* are inherited)
@@ -130,21 +129,29 @@ class Supervisor:
         # run --kafka options (secrets among them) travel in the start arguments: spawn pickles
         # them down a pipe to the child, where the environment would show them to every
         # process started below it and in /proc/PID/environ
-        self._args = (
-            spec, processors, grace, self.logs and self.logs.queue, log_level or "info", balance,
-            overrides(),
-        )  # fmt: skip
+        self._args = (spec, processors, grace)
+        self._more_args = (log_level or "info", balance, overrides())
+        self._channels: dict[int, Any] = {}  # slot -> the log pipe's end its worker gets
         self.children: list[BaseProcess] = [self._spawn(i) for i in range(processes)]
         self._due: dict[int, float] = {}  # slot -> when its replacement may start
         self._failed_code: int | None = None
         self._stop = threading.Event()
 
     def _spawn(self, slot: int) -> BaseProcess:
-        return self.ctx.Process(target=_worker, args=self._args, name=f"eventlanes-worker-{slot}")
+        channel = None if self.logs is None else self.logs.channel()
+        self._channels[slot] = channel
+        args = (*self._args, channel, *self._more_args)
+        return self.ctx.Process(target=_worker, args=args, name=f"eventlanes-worker-{slot}")
+
+    def _start(self, slot: int) -> None:
+        self.children[slot].start()
+        channel = self._channels.pop(slot)
+        if channel is not None:
+            channel.close()  # the worker holds its own copy: the pipe ends when it does
 
     def start(self) -> None:
-        for child in self.children:
-            child.start()
+        for slot in range(len(self.children)):
+            self._start(slot)
 
     def stop(self) -> None:
         self._stop.set()
@@ -218,9 +225,8 @@ class Supervisor:
                 self.restarts += 1
             if now >= self._due[slot]:
                 del self._due[slot]
-                replacement = self._spawn(slot)
-                replacement.start()
-                self.children[slot] = replacement
+                replacement = self.children[slot] = self._spawn(slot)
+                self._start(slot)
                 self.observer.worker_restarted(replacement.name)
                 log.warning("worker %s restarted (pid %s)", replacement.name, replacement.pid)
         return not self._due and not any(c.is_alive() for c in self.children)
