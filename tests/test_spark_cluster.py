@@ -168,15 +168,16 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
                 raise AssertionError(f"the runner exited: {logged.out()}{logged.err()[-3000:]}")
             return min((p for _, p in tokens(app, "totals")), default=0)
 
-        wait_for(lambda: position() > 0, timeout=120, what="the first micro-batch")
-        for seed in range(3, 6):  # appended while the query runs
-            fill(url, 1_000, seed=seed)
-            time.sleep(0.3)
-        wait_for(lambda: position() == 8_000, timeout=120, what="the appended events")
-        app_by_function = [p for _, p in tokens(app, "by_function")]
-        wait_for(lambda: min(p for _, p in tokens(app, "by_function")) == 8_000, timeout=60,
-                 what="the second aggregation")  # fmt: skip
-        del app_by_function
+        try:
+            wait_for(lambda: position() > 0, timeout=120, what="the first micro-batch")
+            for seed in range(3, 6):  # appended while the query runs
+                fill(url, 1_000, seed=seed)
+                time.sleep(0.3)
+            wait_for(lambda: position() == 8_000, timeout=120, what="the appended events")
+            wait_for(lambda: min(p for _, p in tokens(app, "by_function")) == 8_000,
+                     timeout=60, what="the second aggregation")  # fmt: skip
+        except AssertionError as exc:  # a wait that timed out: what the driver said meanwhile
+            raise AssertionError(f"{exc}\nthe runner's log:\n{logged.err()[-6000:]}") from None
     finally:
         run.send_signal(signal.SIGTERM)
         run.wait(60)
