@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import suppress
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -201,6 +202,14 @@ class _Listener(logging.handlers.QueueListener):
         self.crashed = False
 
     def handle(self, record: logging.LogRecord) -> None:
+        try:
+            self._handle(record)
+        except Exception as exc:  # noqa: BLE001 - one record lost, never the listener:
+            # a listener ended by it would leave every worker blocked on a full pipe
+            with suppress(Exception):
+                sys.stderr.write(f"error: a worker's log record was lost: {exc!r}\n")
+
+    def _handle(self, record: logging.LogRecord) -> None:
         if getattr(record, READY, False):
             self.ready += 1
             if self.ready == self.workers and not self.crashed and self.on_ready is not None:
