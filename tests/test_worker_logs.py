@@ -58,3 +58,45 @@ def test_records_arrive_whole_in_order_and_a_failing_handler_does_not_stop_them(
         expected = [f"worker {worker} record {i} {BIG}" for i in range(50)
                     if (worker, i) != (1, 3)]  # fmt: skip
         assert mine == expected
+
+
+def _child_with_a_ghost(channel) -> None:
+    import sys
+    import types
+
+    setup_worker(channel, "info")
+    ghost = types.ModuleType("eventlanes_test_ghost")  # exists in this process only
+    exec("class Ghost:\n    pass\n", ghost.__dict__)
+    sys.modules[ghost.__name__] = ghost
+    log = logging.getLogger("eventlanes.test")
+    log.warning("before")
+    log.warning("haunted", extra={"ghost": ghost.Ghost()})  # the supervisor cannot load it
+    log.warning("after")
+
+
+def test_a_record_the_supervisor_cannot_load_is_lost_alone() -> None:
+    """A record whose ``extra`` holds an object of a class only the worker has: that record
+    is lost (said on stderr), and the worker's next records still arrive (before, its pipe
+    was dropped and every later record went to the worker's stderr)."""
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    root = logging.getLogger()
+    handler = Collect()
+    root.addHandler(handler)
+    try:
+        ctx = mp.get_context("spawn")
+        logs = WorkerLogs(ctx)
+        channel = logs.channel()
+        proc = ctx.Process(target=_child_with_a_ghost, args=(channel,))
+        proc.start()
+        channel.close()
+        proc.join(30)
+        logs.close()
+    finally:
+        root.removeHandler(handler)
+    assert proc.exitcode == 0
+    assert [m for m in seen if m in ("before", "haunted", "after")] == ["before", "after"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import pickle
 import sys
 import threading
 import time
@@ -133,6 +134,11 @@ class LogSender:
                     return
                 except OSError:  # the supervisor is gone: the records go to our stderr
                     self.channel = None
+                except BaseException:  # a stop signal while starting, maybe mid-record: the
+                    # pipe ends here (a cut record followed by more would be read as one)
+                    self.channel.close()
+                    self.channel = None
+                    raise
             sys.stderr.write(TextFormatter().format(record) + "\n")
 
 
@@ -181,11 +187,17 @@ class _Pipes:
                     conn.recv_bytes()
                     continue
                 try:
-                    self.pending.append(conn.recv())
-                except Exception:  # noqa: BLE001 - its end (EOFError), or a worker killed mid-record
+                    data = conn.recv_bytes()
+                except (EOFError, OSError):  # its end, or a worker killed mid-record
                     with self.lock:
                         self.readers.remove(conn)
                     conn.close()
+                    continue
+                try:
+                    self.pending.append(pickle.loads(data))
+                except Exception as exc:  # noqa: BLE001 - a record this process cannot load
+                    # (a class only the worker has, in ``extra``): that record alone is lost
+                    sys.stderr.write(f"error: a worker's log record could not be read: {exc!r}\n")
         return self.pending.popleft()
 
 
