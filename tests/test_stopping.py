@@ -127,8 +127,8 @@ def _sigint_at_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _run(env: dict[str, str], app: str, *args: str, sigint: Any = _sigint_at_default
-         ) -> subprocess.Popen:  # fmt: skip
+def _run(env: dict[str, str], app: str, *args: str,
+         sigint: Callable[[], Any] = _sigint_at_default) -> subprocess.Popen:  # fmt: skip
     """``eventlanes run`` in a session of its own: a group to send a terminal's Ctrl-C to."""
     return subprocess.Popen(
         [sys.executable, "-m", "eventlanes.cli", "run", app, "--no-progress", *args],

@@ -4,10 +4,47 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 from eventlanes.cli.logs import WorkerLogs, setup_worker
 
 BIG = "x" * 5000  # over PIPE_BUF: a record written in several parts
+SPAWN = mp.get_context("spawn")
+
+
+@contextmanager
+def _collected(fails_on: str | None = None) -> Iterator[list[str]]:
+    """The messages the supervisor's handlers get, while the block runs; a handler that
+    raises on the message starting with ``fails_on``."""
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if fails_on is not None and message.startswith(fails_on):
+                raise RuntimeError("this handler fails once")
+            seen.append(message)
+
+    root = logging.getLogger()
+    handler = Collect()
+    root.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        root.removeHandler(handler)
+
+
+def _worker(logs: WorkerLogs, target: Callable[..., None], *args: Any) -> BaseProcess:
+    """A worker process started with its own pipe (closed here once it runs, as the
+    supervisor does)."""
+    channel = logs.channel()
+    proc = SPAWN.Process(target=target, args=(channel, *args))
+    proc.start()
+    channel.close()
+    return proc
 
 
 def _child(channel, worker: int, records: int) -> None:
@@ -22,36 +59,15 @@ def test_records_arrive_whole_in_order_and_a_failing_handler_does_not_stop_them(
     supervisor fails on one record: that one is lost, and every other record still arrives,
     whole and in each worker's order (a listener thread ended by the failure would leave
     the workers blocked on full pipes)."""
-    seen: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            if message.startswith("worker 1 record 3 "):
-                raise RuntimeError("this handler fails once")
-            seen.append(message)
-
-    root = logging.getLogger()
-    handler = Collect()
-    root.addHandler(handler)
-    try:
-        ctx = mp.get_context("spawn")
-        logs = WorkerLogs(ctx)
-        procs = []
-        for worker in range(2):
-            channel = logs.channel()
-            proc = ctx.Process(target=_child, args=(channel, worker, 50))
-            proc.start()
-            channel.close()
-            procs.append(proc)
+    with _collected(fails_on="worker 1 record 3 ") as seen:
+        logs = WorkerLogs(SPAWN)
+        procs = [_worker(logs, _child, worker, 50) for worker in range(2)]
         for proc in procs:
             proc.join(30)
         alive = [p.pid for p in procs if p.is_alive()]
         for proc in procs:
             proc.kill()
         logs.close()
-    finally:
-        root.removeHandler(handler)
     assert not alive, "workers blocked on their pipes: the listener stopped reading"
     for worker in range(2):
         mine = [m for m in seen if m.startswith(f"worker {worker} ")]
@@ -78,25 +94,10 @@ def test_a_record_the_supervisor_cannot_load_is_lost_alone() -> None:
     """A record whose ``extra`` holds an object of a class only the worker has: that record
     is lost (said on stderr), and the worker's next records still arrive (before, its pipe
     was dropped and every later record went to the worker's stderr)."""
-    seen: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    root = logging.getLogger()
-    handler = Collect()
-    root.addHandler(handler)
-    try:
-        ctx = mp.get_context("spawn")
-        logs = WorkerLogs(ctx)
-        channel = logs.channel()
-        proc = ctx.Process(target=_child_with_a_ghost, args=(channel,))
-        proc.start()
-        channel.close()
+    with _collected() as seen:
+        logs = WorkerLogs(SPAWN)
+        proc = _worker(logs, _child_with_a_ghost)
         proc.join(30)
         logs.close()
-    finally:
-        root.removeHandler(handler)
     assert proc.exitcode == 0
     assert [m for m in seen if m in ("before", "haunted", "after")] == ["before", "after"]
