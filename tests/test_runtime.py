@@ -525,6 +525,50 @@ def test_a_hung_republisher_mapping_or_fold_is_bounded_by_handler_timeout(store_
     app.close()
 
 
+def test_a_segment_given_up_as_stuck_is_not_claimed_again_before_its_failure_is_recorded(
+    store_url: str,
+) -> None:
+    """Before: the heartbeat marked a stuck segment lost, then recorded the failure (which
+    releases the claim) outside the coordinator's lock. The loop re-claimed the segment in
+    between, so the failure released the new attempt's claim: that attempt appended its
+    outputs, failed its token commit, and the next attempt appended them again (seen once
+    in a fresh clone on PostgreSQL, where the failure's write is slow). Here the write of the
+    failure is slowed on purpose, and the mapping is freed the moment it is written."""
+    app = el.App(store_url, claim_timeout=1.5)
+    release = threading.Event()
+    rep = app.republisher("copy", to_stream="copies", handler_timeout=1.0)
+    calls: list[int] = []
+
+    @rep.on("In")
+    def copy(event: el.Event) -> el.NewEvent:
+        calls.append(event.position)
+        if not release.is_set():
+            release.wait(30)  # hangs until the failure is recorded
+        return el.NewEvent("Copied", {"of": event.position})
+
+    tokens = app.tokens
+    record_failure = tokens.fail
+
+    def slow_fail(processor: str, segment_id: int, owner: str, error: str) -> float:
+        time.sleep(2.0)  # several of the loop's rounds (0.5 s each) pass before it is written
+        try:
+            return record_failure(processor, segment_id, owner, error)
+        finally:
+            release.set()
+
+    tokens.fail = slow_fail  # type: ignore[method-assign]
+    app.store.append("s", [el.NewEvent("In", {"k": "a"})])
+    app.start()
+    try:
+        wait_for(release.is_set, timeout=15, what="the stuck mapping's failure recorded")
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert [e.data for e in app.store.read_stream("copies")] == [{"of": 1}]
+    assert calls[0] == 1
+    app.close()
+
+
 def test_lane_window_is_refused_where_no_lanes_run(tmp_path) -> None:
     """Before: accepted and ignored by every processor but an at-least-once one."""
     app = el.App(f"sqlite:///{tmp_path}/w.db")

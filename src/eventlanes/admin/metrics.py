@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -306,21 +304,26 @@ class _KafkaFamilies:
 
 
 class _WorkerFiles(Collector):
-    """prometheus-client's sum of the workers' files, read again when a worker was creating
-    one at that moment (a file still empty fails to parse: ``struct.error``; an HTTP 500)."""
+    """prometheus-client's sum of the workers' files, without the files still empty: a worker
+    creates its file empty and sizes it next, and an empty file fails to parse
+    (``struct.error``, an HTTP 500 to the scraper). An empty file holds no value yet, so the
+    sum without it is the sum at that moment; a sized file always parses (its header counts
+    what is written, and is written last)."""
 
-    def __init__(self) -> None:
-        self.files = MultiProcessCollector(None)
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     def collect(self) -> Iterator[Any]:
-        for attempt in range(5):
+        files = []
+        for entry in os.scandir(self.path):
+            if not entry.name.endswith(".db"):
+                continue
             try:
-                return iter(list(self.files.collect()))
-            except struct.error:
-                if attempt == 4:
-                    raise
-                time.sleep(0.01)
-        raise AssertionError("unreachable")
+                if entry.stat().st_size > 0:
+                    files.append(entry.path)
+            except FileNotFoundError:  # a dead worker's file removed meanwhile
+                continue
+        return iter(MultiProcessCollector.merge(files, accumulate=True))
 
 
 def registry_for(
@@ -336,7 +339,7 @@ def registry_for(
     else:
         registry = CollectorRegistry()
         if os.environ.get(MULTIPROC_ENV):
-            registry.register(_WorkerFiles())
+            registry.register(_WorkerFiles(os.environ[MULTIPROC_ENV]))
     registry.register(StatusCollector(watched, processors))
     return registry
 

@@ -17,7 +17,7 @@ from ...errors import CorruptTokenError, InvalidInputError
 from ...observe import Observer
 from ...segments import Segment
 from ...store.read_wait import ReadWaitWatch
-from ...tokens import SegmentStatus, Token, TokenStore
+from ...tokens import SegmentStatus, Token, TokenRecord, TokenStore
 from ...tokens.claims import HOLD_OFF_ROUNDS, claimable, fair_share, gives_way
 from ..processor import Processor
 from ..segment import Progress, SegmentState
@@ -71,7 +71,10 @@ class Coordinator:
         self.static = static
         self.interval = interval
         self.claimed: dict[int, SegmentState] = {}
-        self.lock = threading.Lock()  # guards ``claimed`` against the heartbeat's reads
+        self.lock = threading.Lock()  # guards ``claimed`` and ``failing`` (the heartbeat's)
+        #: segments given up as stuck whose failure the heartbeat is still writing: claiming
+        #: one before that write lands would let the write release the new attempt's claim
+        self.failing: set[int] = set()
         self._next = 0.0
         self.outage = Outage(proc.name)  # database outages, logged once at start and end
 
@@ -92,19 +95,27 @@ class Coordinator:
                     st.mark_lost()
                 elif not st.lost and st.stuck_for(now) > timeout:
                     st.mark_lost()  # first: its batch must not commit once we let go
+                    self.failing.add(seg_id)
                     stuck.append(st)
         for st in stuck:
-            text = (
-                f"handler did not finish within {timeout:g} s (handler_timeout): stuck for "
-                f"{st.stuck_for(now):.0f} s at {st.describe_running()}"
-            )
-            self.observer.failed(self.name, str(st.segment), text)
             try:
-                delay = self.tokens.fail(self.name, st.segment.id, self.owner, text)
-                log.error("%s %s: %s; released, retrying in %.0f s", self.name, st.segment,
-                          text, delay)  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - the claim expires by itself
-                log.error("%s %s: %s; recording it failed: %s", self.name, st.segment, text, exc)
+                self._give_up(st, now, timeout)
+            finally:
+                with self.lock:
+                    self.failing.discard(st.segment.id)
+
+    def _give_up(self, st: SegmentState, now: float, timeout: float) -> None:
+        text = (
+            f"handler did not finish within {timeout:g} s (handler_timeout): stuck for "
+            f"{st.stuck_for(now):.0f} s at {st.describe_running()}"
+        )
+        self.observer.failed(self.name, str(st.segment), text)
+        try:
+            delay = self.tokens.fail(self.name, st.segment.id, self.owner, text)
+            log.error("%s %s: %s; released, retrying in %.0f s", self.name, st.segment,
+                      text, delay)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the claim expires by itself
+            log.error("%s %s: %s; recording it failed: %s", self.name, st.segment, text, exc)
 
     def force_next(self) -> None:
         """The next ``coordinate`` runs at once (after a database outage, say)."""
@@ -165,13 +176,21 @@ class Coordinator:
             if not claimable(status[seg_id], self.owner):
                 continue
             try:
-                record = self.tokens.claim(self.name, seg_id, self.owner)
+                record = self.claim(seg_id)
             except CorruptTokenError as exc:  # recorded on its row, retried with back-off
                 log.error("%s: %s; segment stopped, retried with back-off", self.name, exc)
                 self.observer.failed(self.name, exc.segment, str(exc))
                 continue
             if record is not None:
                 self.acquire(record.segment, record.token)
+
+    def claim(self, seg_id: int) -> TokenRecord | None:
+        """Claim ``seg_id`` in the token store, unless the heartbeat is still recording it as
+        given up (None: a later round claims it, once the failure's back-off allows)."""
+        with self.lock:
+            if seg_id in self.failing:
+                return None
+        return self.tokens.claim(self.name, seg_id, self.owner)
 
     def parked_keys(self) -> list[tuple[str, int]] | None:
         """Keys with parked events (dead-letter mode). Read on the thread that processes the

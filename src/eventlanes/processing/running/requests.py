@@ -11,7 +11,7 @@ from typing import Protocol
 
 from ...errors import ClaimLostError, InvalidInputError, ProcessorBusyError
 from ...segments import Segment
-from ...tokens import SegmentStatus, Token, TokenStore
+from ...tokens import SegmentStatus, Token, TokenRecord, TokenStore
 from ...tokens.claims import node_name
 from ..processor import Processor
 from ..runtime import Runtime
@@ -33,6 +33,8 @@ class Holder(Protocol):
     tokens: TokenStore
     persist: Persist
     claimed: dict[int, SegmentState]
+
+    def claim(self, seg_id: int) -> TokenRecord | None: ...
 
     def acquire(self, segment: Segment, token: Token) -> SegmentState: ...
 
@@ -70,7 +72,7 @@ def _merge(c: Holder, st: SegmentState, status: dict[int, SegmentStatus], drop: 
     if row is None or row.segment != sibling:
         raise InvalidInputError(f"sibling {sibling} of {st.segment} is split further")
     if sibling.id not in c.claimed:
-        record = c.tokens.claim(c.name, sibling.id, c.owner)
+        record = c.claim(sibling.id)
         if record is None:
             # Ask the sibling's owner to let go; merge on a later round.
             c.tokens.request(c.name, sibling.id, "release")
