@@ -117,3 +117,26 @@ class Logged:
 
     def err(self) -> str:
         return self.paths[1].read_text(errors="replace")
+
+    def wait_working(self, predicate, what: str, quiet: float = 90.0, limit: float = 480.0):
+        """``wait_for`` for a process that shows its progress as it works (a Spark driver
+        redraws its stage bar): true once ``predicate`` is, failed when the process wrote
+        nothing for ``quiet`` seconds (stuck) or after ``limit`` (too slow by far). On two
+        cores shared with three other test workers, a micro-batch on the test cluster took
+        over 120 s while its stages advanced: slow is not stuck."""
+        start = last_change = time.monotonic()
+        size = -1
+        while True:
+            result = predicate()
+            if result:
+                return result
+            now = time.monotonic()
+            grown = sum(p.stat().st_size for p in self.paths)
+            if grown != size:
+                size, last_change = grown, now
+            if now - last_change > quiet or now - start > limit:
+                raise AssertionError(
+                    f"timed out waiting for {what}: {now - start:.0f} s in all, "
+                    f"the process silent for {now - last_change:.0f} s"
+                )
+            time.sleep(0.1)

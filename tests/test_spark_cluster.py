@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import eventlanes as el
-from tests.processing_helpers import Logged, assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import Logged, assert_exactly_once_in_order
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.cluster_app:app"
@@ -169,13 +169,13 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
             return min((p for _, p in tokens(app, "totals")), default=0)
 
         try:
-            wait_for(lambda: position() > 0, timeout=120, what="the first micro-batch")
+            logged.wait_working(lambda: position() > 0, "the first micro-batch")
             for seed in range(3, 6):  # appended while the query runs
                 fill(url, 1_000, seed=seed)
                 time.sleep(0.3)
-            wait_for(lambda: position() == 8_000, timeout=120, what="the appended events")
-            wait_for(lambda: min(p for _, p in tokens(app, "by_function")) == 8_000,
-                     timeout=60, what="the second aggregation")  # fmt: skip
+            logged.wait_working(lambda: position() == 8_000, "the appended events")
+            logged.wait_working(lambda: min(p for _, p in tokens(app, "by_function")) == 8_000,
+                                "the second aggregation")  # fmt: skip
         except AssertionError as exc:  # a wait that timed out: what the driver said meanwhile
             raise AssertionError(f"{exc}\nthe runner's log:\n{logged.err()[-6000:]}") from None
     finally:
