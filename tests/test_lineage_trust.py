@@ -129,6 +129,36 @@ def test_a_forged_root_naming_the_store_does_not_blind_a_key(store_url: str, kaf
     assert offset == 0 and "el-source-chain" in error
 
 
+def test_a_trusted_topic_root_beyond_what_that_topic_reached_is_refused(
+    store_url: str, kafka_broker
+) -> None:
+    """A root naming a trusted topic of the same cluster at an offset that topic's partition
+    has not reached (or a partition it does not have): before, carried on, and the
+    aggregation then dropped that source's genuine inputs as duplicates. A root within the
+    topic, and one naming a source this cluster does not have, are carried on."""
+    b = kafka_broker.bootstrap
+    up, topic = create_topic(b, 2), create_topic(b, 1)
+    produce(b, up, [("u", {"robot": "r0", "n": 0}, None)] * 3, partition=1)  # offsets 0-2
+    roots = [
+        _hop(up, 10**15, partition="1"),
+        _hop(up, 3, partition="1"),
+        _hop(up, 0, partition="2"),
+        _hop(up, 2, partition="1"),
+        _hop("elsewhere", 10**15),
+    ]
+    produce(b, topic, [(f"r{i}", {"robot": f"r{i}", "n": i}, _chain(root))
+                       for i, root in enumerate(roots, 1)])  # fmt: skip
+    app, sums = _app(store_url, b, topic, on_bad="dead_letter", trust_chains=[up, "elsewhere"])
+    _run(app, {0: 5})
+    parked = _parked(app)
+    assert [o for o, _ in parked] == [0, 1, 2], parked
+    assert f"offset 1,000,000,000,000,000 of {up}[1]" in parked[0][1]
+    assert "high watermark is 3" in parked[0][1] and "high watermark is 3" in parked[1][1]
+    assert f"partition '2' of topic {up!r}" in parked[2][1]
+    assert sums.get("r4") == {"n": 4} and sums.get("r5") == {"n": 5}
+    assert sums.get("r1") is None and sums.dropped() == 0
+
+
 @pytest.mark.parametrize(("on_bad", "trust"), [("dead_letter", None), ("stop", ["up"])])
 def test_a_deeply_nested_header_is_a_bad_record_not_the_end_of_the_ingestor(
     store_url: str, kafka_broker, on_bad: str, trust: Any

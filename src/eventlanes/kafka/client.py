@@ -102,6 +102,20 @@ def describe(kafka: Kafka, topic: str, client: Any, timeout: float) -> TopicInfo
     return TopicInfo(topic, sorted(found.partitions), None)
 
 
+def topics(kafka: Kafka, client: Any, timeout: float) -> dict[str, list[int]]:
+    """Every topic of the cluster and its partitions (one metadata request, naming no topic:
+    nothing is created on a broker that creates topics it is asked about)."""
+    ck = client_module()
+    try:
+        meta = client.list_topics(timeout=timeout)
+    except ck.KafkaException as exc:
+        raise KafkaUnavailableError(
+            f"Kafka broker(s) {kafka.bootstrap_servers} did not answer within {timeout:g} s: "
+            f"{exc.args[0].str() if exc.args else exc}"
+        ) from None
+    return {name: sorted(t.partitions) for name, t in meta.topics.items() if t.error is None}
+
+
 def topic_id(kafka: Kafka, topic: str, admin_client: Any, timeout: float) -> str | None:
     """The topic's id (changes when a topic is deleted and created again); None when the
     broker does not say."""

@@ -14,6 +14,7 @@ from ..errors import InvalidInputError
 from ..lineage import MAX_NAME
 from ..names import validate_processor_name
 from .records import DEFAULT_MAX_BYTES, Converter, Record, Trust
+from .roots import RootOffsets
 from .settings import Kafka
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ class Ingestor:
         self.converter = Converter(
             topic, stream, type, decode, max_record_bytes, self.trust_chains,
             lambda: runtime.store.events_table,  # resolved when a chain comes: nothing opens here
+            RootOffsets(kafka, kafka.timeout).check if self.trust_chains else None,
         )  # fmt: skip
 
     def __repr__(self) -> str:

@@ -125,9 +125,11 @@ class Converter:
         max_bytes: int,
         trust: Trust = None,
         own_source: str | Callable[[], str] | None = None,
+        roots: Callable[[str, str, int], str | None] | None = None,
     ) -> None:
         self.topic = topic
         self.trust = trust
+        self.roots = roots  # (source, partition, offset) -> why a root is refused, or None
         self._own_source = own_source  # the store's events: resolved when first needed
         self.stream_of = stream or key_stream
         self.type_of: Callable[[Record], str] = (
@@ -209,6 +211,10 @@ class Converter:
             )
         if source not in self.trust and source.split(":", 1)[0] not in self.trust:
             raise bad(f"root source {source!r} is not one of trust_chains {list(self.trust)}")
+        if self.roots is not None:
+            why = self.roots(source, chain[0]["partition"], chain[0]["offset"])
+            if why is not None:
+                raise bad(why)
         return chain
 
     def metadata(self, record: Record, stream: str, trace: bool = True) -> dict[str, Any]:
