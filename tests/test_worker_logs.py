@@ -101,3 +101,53 @@ def test_a_record_the_supervisor_cannot_load_is_lost_alone() -> None:
         logs.close()
     assert proc.exitcode == 0
     assert [m for m in seen if m in ("before", "haunted", "after")] == ["before", "after"]
+
+
+def _child_that_forks(channel) -> None:
+    import os
+    import threading
+
+    sender = setup_worker(channel, "info")
+    log = logging.getLogger("eventlanes.test")
+    log.warning("parent before")
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:  # another thread in the middle of sending when the fork happens
+        with sender.lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the forked child: a handler's own fork (a fork-based pool, say)
+        log.warning("child %s", BIG)
+        os._exit(0)
+    release.set()
+    thread.join()
+    _, status = os.waitpid(pid, 0)
+    log.warning("child exited %d", os.waitstatus_to_exitcode(status))
+    log.warning("parent after %s", BIG)
+
+
+def test_a_process_forked_by_a_worker_does_not_write_into_its_pipe() -> None:
+    """A worker's handler forks (a fork-based pool) while another of its threads sends a
+    record. Before: the child inherited the pipe and its lock, held for ever in the child,
+    so its first log call hung (or, with the lock free, wrote into the worker's pipe beside
+    the worker, cutting records over PIPE_BUF). Now the child logs to its own stderr, and
+    the worker's records arrive whole."""
+    with _collected() as seen:
+        logs = WorkerLogs(SPAWN)
+        proc = _worker(logs, _child_that_forks)
+        proc.join(30)
+        alive = proc.is_alive()
+        proc.kill()
+        logs.close()
+    assert not alive, "the forked child hung on the lock it inherited"
+    assert [m.split(" ")[0] + " " + m.split(" ")[1] for m in seen
+            if m.startswith(("parent", "child"))] == [
+        "parent before", "child exited", "parent after"
+    ]  # fmt: skip
+    assert "child exited 0" in seen

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import pickle
 import sys
 import threading
@@ -125,6 +126,20 @@ class LogSender:
     def __init__(self, channel: Connection) -> None:
         self.channel: Connection | None = channel
         self.lock = threading.Lock()  # a record over PIPE_BUF is written in several parts
+        # A process this worker forks (a handler's fork-based pool) must not write into the
+        # pipe beside it: the lock is not shared with it (records would be cut), and one
+        # held by another thread at the fork stays held in the child for ever. Nor may a
+        # program it runs (os.system) keep the pipe open after the worker ended.
+        os.set_inheritable(channel.fileno(), False)
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a child forked from this worker: its records go to its own stderr."""
+        self.lock = threading.Lock()
+        if self.channel is not None:
+            with suppress(OSError):
+                self.channel.close()  # the child's copy of the pipe end; the worker's stays
+            self.channel = None
 
     def put_nowait(self, record: logging.LogRecord) -> None:
         with self.lock:
@@ -179,6 +194,10 @@ class _Pipes:
             with self.lock:
                 readers, until = list(self.readers), self.until
             if until is not None and (not readers or time.monotonic() >= until):
+                for left in readers:  # a worker still alive past the drain: stop reading it
+                    left.close()
+                with self.lock:
+                    self.readers.clear()
                 return None
             timeout = None if until is None else max(0.0, until - time.monotonic())
             for conn in wait([self.wake_r, *readers], timeout):
