@@ -67,7 +67,7 @@ def reference(
     for e in events:
         st = states.setdefault(
             e.data["robot"], {"value": {"n": 0, "sum": 0, "last": None}, "offsets": {},
-                              "dropped": 0},
+                              "dropped": 0, "dropped_by": None},
         )  # fmt: skip
         chain = e.metadata.get("source_chain")
         if chain:
@@ -79,6 +79,8 @@ def reference(
         seen = st["offsets"].get(source)
         if seen is not None and seen[0] == partition and path <= seen[1]:
             st["dropped"] += 1
+            by = st["dropped_by"] = st["dropped_by"] or {}
+            by[source] = by.get(source, 0) + 1
             continue
         st["offsets"][source] = [partition, path]
         st["value"]["n"] += 1
@@ -90,10 +92,12 @@ def reference(
 def stored(app: el.App, name: str) -> dict[str, dict[str, Any]]:
     t = app.db.table("aggregates")
     rows = app.db.query(
-        app.db.sql(f"SELECT key, value, offsets, dropped FROM {t} WHERE aggregation = ?"), (name,)
-    )
-    return {k: {"value": json.loads(v), "offsets": json.loads(o), "dropped": d}
-            for k, v, o, d in rows}  # fmt: skip
+        app.db.sql(f"SELECT key, value, offsets, dropped, dropped_by FROM {t} "
+                   "WHERE aggregation = ?"), (name,)
+    )  # fmt: skip
+    return {k: {"value": json.loads(v), "offsets": json.loads(o), "dropped": d,
+                "dropped_by": None if b is None else json.loads(b)}
+            for k, v, o, d, b in rows}  # fmt: skip
 
 
 def run(app: el.App, names: list[str]) -> None:
@@ -112,8 +116,14 @@ def test_batches_drop_exactly_what_the_one_at_a_time_rule_drops(store_url: str) 
     run(app, names)
     want = reference(list(app.store.iter_events()), app.store.events_table)
     assert sum(s["dropped"] for s in want.values()) > 20  # the mix has duplicates
+    by_source: dict[str, int] = {}
+    for s in want.values():
+        for source, n in (s["dropped_by"] or {}).items():
+            by_source[source] = by_source.get(source, 0) + n
+    assert len(by_source) == 2  # the upstream source and this store's own events
     for name in names:
         assert stored(app, name) == want, name
+        assert app.status(name).dropped_by == by_source, name
 
 
 def test_a_replay_over_folded_inputs_drops_them_and_folds_the_new_ones(store_url: str) -> None:

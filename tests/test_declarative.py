@@ -103,9 +103,10 @@ def load(store: el.EventStore, events: int, seed: int, chains: bool = True) -> N
 def stored(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
     t = app.db.table("aggregates")
     rows = app.db.query(
-        app.db.sql(f"SELECT key, value, offsets, dropped FROM {t} WHERE aggregation = ?"), (name,)
-    )
-    return {k: (json.loads(v), json.loads(o), d) for k, v, o, d in rows}
+        app.db.sql(f"SELECT key, value, offsets, dropped, dropped_by FROM {t} "
+                   "WHERE aggregation = ?"), (name,)
+    )  # fmt: skip
+    return {k: (json.loads(v), json.loads(o), d, b and json.loads(b)) for k, v, o, d, b in rows}
 
 
 def run(app: el.App, names: list[str]) -> None:

@@ -157,8 +157,8 @@ def test_republished_duplicates_take_the_row_path(tmp_path: Path) -> None:
     load(app.store, 1500, seed=3)
     run(app)
     want = assert_same(app)
-    assert sum(d for _, _, d in want.values()) > 50
-    assert any("up" in offsets for _, offsets, _ in want.values())
+    assert sum(d for _, _, d, _ in want.values()) > 50
+    assert any("up" in offsets for _, offsets, _, _ in want.values())
     assert 1500 < aggregation(app, "push").pushed_down < 4000
 
 
@@ -177,7 +177,7 @@ def test_reset_replay_over_folded_inputs(tmp_path: Path) -> None:
     load(app.store, 1000, seed=5)
     run(app)
     after = assert_same(app)
-    dropped = sum(d for _, _, d in after.values()) - sum(d for _, _, d in before.values())
+    dropped = sum(d for _, _, d, _ in after.values()) - sum(d for _, _, d, _ in before.values())
     replayed = sum(1 for e in app.store.iter_events(1000, until=folded) if e.type != "Painted")
     assert dropped == replayed > 1000
     assert all(s.position == app.store.head() for s in app.status("push").segments)
@@ -311,7 +311,7 @@ def test_pushdown_while_events_arrive(tmp_path: Path) -> None:
     finally:
         app.stop()
     assert_same(app)
-    assert sum(v["events"] for v, _, _ in stored(app, "push").values()) > 1000
+    assert sum(v["events"] for v, _, _, _ in stored(app, "push").values()) > 1000
     assert aggregation(app, "push").pushed_down > 0
 
 
@@ -347,7 +347,7 @@ def test_traced_events_with_chains_take_the_row_path(tmp_path: Path, recorded_sp
         load(app.store, 1500, seed=3)
     run(app)
     want = assert_same(app)
-    assert sum(d for _, _, d in want.values()) > 50
+    assert sum(d for _, _, d, _ in want.values()) > 50
     assert 1500 < aggregation(app, "push").pushed_down < 4000
 
 
@@ -410,7 +410,7 @@ def test_arrow_fold_on_postgres_equals_the_row_path(pg_url: str) -> None:
     load(app.store, 1000, seed=23)
     run(app)
     assert assert_same(app) != want
-    assert sum(d for _, _, d in stored(app, "push").values()) > 50  # duplicates dropped alike
+    assert sum(d for _, _, d, _ in stored(app, "push").values()) > 50  # duplicates dropped alike
     assert push.pushed_down > before
 
 

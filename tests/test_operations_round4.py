@@ -128,16 +128,20 @@ def test_a_token_row_of_another_shape_is_corrupt_too(ran, store_url) -> None:
 def test_duplicates_dropped_by_an_aggregation_are_visible(ran, store_url) -> None:
     app, spec = ran
     states = app.db.table("aggregates")
-    with app.db.transaction() as conn:  # as the fold counts them: per key
-        conn.execute(app.db.sql(f"UPDATE {states} SET dropped = ? WHERE key = ?"), (3, "c0"))
-        conn.execute(app.db.sql(f"UPDATE {states} SET dropped = ? WHERE key = ?"), (4, "c1"))
+    update = app.db.sql(f"UPDATE {states} SET dropped = ?, dropped_by = ? WHERE key = ?")
+    with app.db.transaction() as conn:  # as the fold counts them: per key, and by root source
+        conn.execute(update, (3, '{"up":2}', "c0"))  # one drop counted before sources were
+        conn.execute(update, (4, '{"orders":2,"up":1}', "c1"))  # and one more
     assert app.get("totals").dropped() == 7
     for _, doc in (_status(spec), _status("--url", store_url)):
         by_name = {p["name"]: p for p in doc["processors"]}
         assert by_name["totals"]["dropped_duplicates"] == 7
+        assert by_name["totals"]["dropped_duplicates_by_source"] == {"orders": 2, "up": 3}
         assert by_name["audit"]["dropped_duplicates"] is None  # not an aggregation
+        assert by_name["audit"]["dropped_duplicates_by_source"] is None
     table = CliRunner().invoke(main, ["status", spec, "totals"])
     assert "7 duplicate(s) dropped" in table.output
+    assert "3 of up, 2 of orders, 2 counted before drops had a source" in table.output
 
     from prometheus_client import generate_latest
 
@@ -146,11 +150,15 @@ def test_duplicates_dropped_by_an_aggregation_are_visible(ran, store_url) -> Non
     text = generate_latest(registry_for(app, None)).decode()
     assert 'eventlanes_duplicates_dropped{processor="totals"} 7.0' in text
     assert 'eventlanes_duplicates_dropped{processor="audit"}' not in text
+    assert 'eventlanes_duplicates_dropped_by_source{processor="totals",source="up"} 3.0' in text
+    assert 'eventlanes_duplicates_dropped_by_source{processor="totals",source="orders"} 2.0' in text
 
     from eventlanes.dashboard.page import snapshot
 
     page = snapshot(app, MaxLag())
-    assert next(p for p in page["processors"] if p["name"] == "totals")["dropped_duplicates"] == 7
+    totals = next(p for p in page["processors"] if p["name"] == "totals")
+    assert totals["dropped_duplicates"] == 7
+    assert totals["dropped_duplicates_by_source"] == {"orders": 2, "up": 3}
 
 
 # -- item 15: migrate and info take module:app -------------------------------------------------

@@ -65,6 +65,9 @@ def test_replay_equals_the_local_engine_and_hands_off(spark, tmp_path) -> None:
     assert states(app, "by-function") == states(app, "local")
     del by_function
     assert replayed.dropped() == local.dropped() > 0
+    drops = app.status("local").dropped_by
+    assert app.status("replayed").dropped_by == app.status("by-function").dropped_by == drops
+    assert drops == {"up": local.dropped()}
     assert all(s.position == result.end for s in app.status("replayed").segments)
     # The live processor continues from the replay's end: no gap, no double count.
     load(app.store, 3_000, seed=2)

@@ -76,12 +76,12 @@ def _reference(
         event = Event(*row[:8])
         coords = coordinates(event, STORE)
         if not is_newer(entry.offsets, coords):
-            entry.dropped += 1
+            entry.drop(coords[0])
             continue
         _fold(entry.value, event)
         outputs.append((f"agg:{key}", event.position, [*coords[2], 0]))
         record(entry.offsets, coords)
-    return {k: (e.value, e.offsets, e.dropped) for k, e in result.items()}
+    return {k: (e.value, e.offsets, e.dropped, e.dropped_by) for k, e in result.items()}
 
 
 @settings(max_examples=150, deadline=None)
@@ -117,7 +117,12 @@ def test_fast_path_equals_the_general_dedupe(events, prior, batch_size) -> None:
     folded = fold_sorted(SPEC, iter(batches), load if prior else None)
     out = pa.Table.from_batches(list(folded)).to_pylist()
     got = {
-        r["key"]: (json.loads(r["value"]), json.loads(r["offsets"]), r["dropped"])
+        r["key"]: (
+            json.loads(r["value"]),
+            json.loads(r["offsets"]),
+            r["dropped"],
+            r["dropped_by"] and json.loads(r["dropped_by"]),
+        )
         for r in out
         if r["kind"] == "state"
     }

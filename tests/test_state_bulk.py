@@ -191,14 +191,20 @@ def test_two_writes_in_one_transaction_and_encoded_rows(store_url: str) -> None:
         table.save(conn, "second", second)
     assert set(_stored(app, "first")) == set(first)
     assert set(_stored(app, "second")) == set(second)
-    rows = [(f"e{i}", f'{{"i":{i}}}', "{}", i) for i in range(CHUNK + 3)]
-    rows.append(("e0", '{"i":"last"}', "{}", 9))
+    rows: list[tuple[str, str, str, int, str | None]] = [
+        (f"e{i}", f'{{"i":{i}}}', "{}", i, None) for i in range(CHUNK + 3)
+    ]
+    rows.append(("e0", '{"i":"last"}', "{}", 9, '{"up":9}'))
     with app.db.transaction() as conn:
         table.save_encoded(conn, "encoded", rows)
     stored = _stored(app, "encoded")
     assert len(stored) == CHUNK + 3
     assert stored["e0"] == ('{"i":"last"}', "{}", 9)
     assert stored["e5"] == ('{"i":5}', "{}", 5)
+    with app.db.connection() as conn:
+        loaded = table.load(conn, "encoded", ["e0", "e5"])
+    assert (loaded["e0"].dropped_by, loaded["e5"].dropped_by) == ({"up": 9}, None)
+    assert table.dropped_by("encoded") == {"up": 9}
     app.close()
 
 

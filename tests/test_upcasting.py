@@ -161,13 +161,18 @@ def two_apps(store_url: str, segments: int = 2) -> tuple[el.App, el.App]:
     return apps[0], apps[1]
 
 
-def stored(app: el.App, name: str) -> dict[str, tuple[Any, Any, int]]:
+def stored(app: el.App, name: str) -> dict[str, tuple[Any, Any, int, Any]]:
     """Every state of aggregation ``name``: value, offsets (the store's own source named
-    "events": the two stores' tables differ on PostgreSQL) and dropped inputs."""
+    "events": the two stores' tables differ on PostgreSQL) and dropped inputs, in all and by
+    source (named so too)."""
     own = app.store.events_table
+
+    def named(by_source: dict[str, Any] | None) -> dict[str, Any] | None:
+        return by_source and {("events" if s == own else s): n for s, n in by_source.items()}
+
     return {
-        k: (v, {("events" if s == own else s): o for s, o in offsets.items()}, d)
-        for k, (v, offsets, d) in stored_as_is(app, name).items()
+        k: (v, named(offsets), d, named(by))
+        for k, (v, offsets, d, by) in stored_as_is(app, name).items()
     }
 
 
@@ -301,9 +306,9 @@ def test_the_same_aggregations_over_old_and_current_shapes(store_url: str) -> No
     for name in ("push", "rows", "fold"):
         assert stored(old, name) == stored(new, name), name
     want = stored(new, "rows")
-    assert stored(new, "push") == want and sum(d for _, _, d in want.values()) > 10  # dedupe ran
-    assert sum(v["events"] for v, _, _ in want.values()) == sum(
-        v["n"] for v, _, _ in stored(new, "fold").values()
+    assert stored(new, "push") == want and sum(d for _, _, d, _ in want.values()) > 10  # dedupe ran
+    assert sum(v["events"] for v, _, _, _ in want.values()) == sum(
+        v["n"] for v, _, _, _ in stored(new, "fold").values()
     )
     # Continuing on the stored states: more of both, mostly current shapes now.
     load(old.store, new.store, 1000, seed=2, share=0.2)
@@ -345,7 +350,7 @@ def test_postgres_arrow_fold_upcasts_old_shapes_in_its_batches(pg_url: str) -> N
     load(old.store, new.store, 3000, seed=5, chains=0.0)
     for app in (old, new):
         run_until_caught_up(app, 120)
-    folded = sum(v["events"] for v, _, _ in stored(new, "rows").values())
+    folded = sum(v["events"] for v, _, _, _ in stored(new, "rows").values())
     assert agg(old, "push").pushed_down == agg(new, "push").pushed_down == folded > 2500
     for name in ("push", "rows", "fold"):
         assert stored(old, name) == stored(new, name), name
@@ -420,7 +425,7 @@ def test_projection_lanes_republisher_and_policy_see_current_shapes(store_url: s
     totals: dict[str, int] = {}
     for _, _, d in fresh:
         totals[d["robot"]] = totals.get(d["robot"], 0) + d["screws"]
-    assert {k: v["s"] for k, (v, _, _) in stored(app, "sums").items()} == totals
+    assert {k: v["s"] for k, (v, _, _, _) in stored(app, "sums").items()} == totals
     # The store still holds what was appended: nothing is rewritten.
     assert [(e.type, e.data) for e in app.store.read(0, 1000) if e.type != "Counted"] == kept
     assert [(e.type, e.data) for e in app.upcast(app.store.read(0, 400))] == [

@@ -17,7 +17,7 @@ refuses a store that does not exist instead of creating it).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -133,8 +133,9 @@ def processor_document(
     if view.retired:
         notes.append(RETIRED_NOTE)
     if view.dropped:
+        sources = dropped_sources(view.dropped, view.dropped_by)
         notes.append(f"{view.dropped:,} duplicate(s) dropped (inputs already folded in, by "
-                     "their source chain)")  # fmt: skip
+                     f"their source chain): {sources}")  # fmt: skip
     return {
         "name": view.name,
         "healthy": not problems,
@@ -152,9 +153,23 @@ def processor_document(
         "notes": notes,
         "retired": view.retired,
         "dropped_duplicates": view.dropped,
+        "dropped_duplicates_by_source": (
+            None if view.dropped_by is None else dict(view.dropped_by)
+        ),
         **version_fields(view),
         "segments": segments,
     }
+
+
+def dropped_sources(total: int, by: Mapping[str, int] | None) -> str:
+    """``3 of orders, 1 of el_events`` (the most first), and those counted before drops had
+    a source (schema version 4)."""
+    by = by or {}
+    parts = [f"{n:,} of {source}" for source, n in sorted(by.items(), key=lambda i: (-i[1], i[0]))]
+    unknown = total - sum(by.values())
+    if unknown > 0:
+        parts.append(f"{unknown:,} counted before drops had a source")
+    return ", ".join(parts)
 
 
 def version_fields(view: ProcessorView) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from ..db import Database, open_database
 from ..db.url import parse_url
 from ..errors import InvalidInputError, SchemaError
 from ..names import split_version
+from ..processing.tables.states import dropped_by_source
 from ..segments import Segment
 from ..store.base import ReadWait, committed_head, recorded_after
 from ..tokens import DEFAULT_CLAIM_TIMEOUT, SegmentStatus, Token
@@ -93,6 +94,8 @@ class ReadOnlyInspector:
                 f"eventlanes (it knows versions up to {schema.latest()}): read its status with "
                 "the eventlanes release that migrated it, or a later one"
             )
+        #: drops by source are kept from schema version 4 on (an older store is read as it is)
+        self._dropped_by = (state.version or 0) >= 4
         self.tokens = self.db.table("tokens")
         self.nodes = self.db.table("nodes")
         self.letters = self.db.table("dead_letters")
@@ -190,6 +193,12 @@ class ReadOnlyInspector:
         keys, dropped = self.db.query(sql, (name,))[0]
         return int(dropped) if keys else None
 
+    def dropped_by(self, name: str) -> dict[str, int] | None:
+        """Of :meth:`dropped`, how many by root source (None: no states of that name)."""
+        if not self._has_states:
+            return None
+        return dropped_by_source(self.db, self.states, name) if self._dropped_by else {}
+
     def live_nodes(self, name: str) -> list[str]:
         """Nodes seen within the default claim timeout (the app's is not stored)."""
         if not self._has_nodes:
@@ -214,6 +223,7 @@ class ReadOnlyInspector:
             raise InvalidInputError(f"no processor {name!r} in this store's token table")
         wait = self.read_wait()
         position = min(s.position for s in rows)
+        dropped = self.dropped(name)
         return processor_view(
             name,
             measured_head(wait, self.head),
@@ -223,5 +233,6 @@ class ReadOnlyInspector:
             read_wait=wait,
             version=self.version(name, position),
             corrupt=corrupt,
-            dropped=self.dropped(name),
+            dropped=dropped,
+            dropped_by=None if dropped is None else self.dropped_by(name),
         )

@@ -248,14 +248,22 @@ class _ProcessorFamilies:
             "Inputs an aggregation dropped as already folded in (by their source chain)",
             ("processor",),
         )
+        self.dropped_by = _family(
+            "eventlanes_duplicates_dropped_by_source",
+            "Inputs an aggregation dropped as already folded in, by their root source",
+            ("processor", "source"),
+        )
         self.segment_families = (self.lag, self.lag_s, self.position, self.errors)
-        self.processor_families = (self.letters, self.serving, self.behind, self.dropped)
+        self.processor_families = (self.letters, self.serving, self.behind, self.dropped,
+                                   self.dropped_by)  # fmt: skip
 
     def add(self, view: ProcessorView, first_after: FirstAfter, now: datetime) -> None:
         name = view.name
         self.letters.add_metric([name], view.dead_letters)
         if view.dropped is not None:  # aggregations only: a surge of drops is seen
             self.dropped.add_metric([name], view.dropped)
+            for source, n in (view.dropped_by or {}).items():
+                self.dropped_by.add_metric([name, source], n)
         if view.version is not None:
             self.serving.add_metric([name], float(view.version.serving))
             if view.version.behind is not None:

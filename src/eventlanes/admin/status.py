@@ -31,6 +31,7 @@ def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> Process
     started = bool(rows)
     if not started:  # not run yet: what it would start with, without writing anything
         rows = unstarted(proc.name, proc.segments, resolve_initial(proc.initial, rt.store))
+    aggregation = proc.guarantee is Guarantee.AGGREGATION
     view = processor_view(
         proc.name,
         head,
@@ -41,7 +42,8 @@ def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> Process
         definition=proc,
         started=started,
         paused=rt.tokens.is_paused(proc.name),
-        dropped=rt.states.dropped(proc.name) if proc.guarantee is Guarantee.AGGREGATION else None,
+        dropped=rt.states.dropped(proc.name) if aggregation else None,
+        dropped_by=rt.states.dropped_by(proc.name) if aggregation else None,
     )
     if proc.sources:
         view = replace(view, segments=[with_sources(rt, proc, v) for v in view.segments])

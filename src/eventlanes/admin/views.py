@@ -56,6 +56,9 @@ class ProcessorView:
     retired: bool = False
     #: inputs an aggregation dropped as duplicates, over its keys (None: not an aggregation)
     dropped: int | None = None
+    #: of ``dropped``, how many by root source (drops counted before schema version 4 have
+    #: none: the sum may be less than ``dropped``)
+    dropped_by: Mapping[str, int] | None = None
 
     @property
     def readable_head(self) -> int:
@@ -140,6 +143,7 @@ def processor_view(
     paused: bool = False,
     corrupt: Mapping[int, str] | None = None,
     dropped: int | None = None,
+    dropped_by: Mapping[str, int] | None = None,
 ) -> ProcessorView:
     """The one builder of a :class:`ProcessorView`, from what the caller could read: the
     app's status (``definition``: the processor as defined, for its guarantee and declared
@@ -154,7 +158,8 @@ def processor_view(
     if definition is None:
         return ProcessorView(name, head, segments, live_nodes, dead_letters, started=started,
                              paused=paused, read_wait=read_wait, version=version,
-                             retired=retired, dropped=dropped)  # fmt: skip
+                             retired=retired, dropped=dropped,
+                             dropped_by=dropped_by)  # fmt: skip
     return ProcessorView(
         name,
         head,
@@ -169,6 +174,7 @@ def processor_view(
         version,
         retired,
         dropped,
+        dropped_by,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
-from . import v1_initial, v2_kafka, v3_versions
+from . import v1_initial, v2_kafka, v3_versions, v4_dropped_by
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", v1_initial.apply),
     Migration(2, "kafka", v2_kafka.apply),
     Migration(3, "versions", v3_versions.apply),
+    Migration(4, "dropped_by", v4_dropped_by.apply),
 )
 
 

@@ -275,7 +275,9 @@ def fold_stages(spec: FoldSpec, folded: Any, partitions: int, loader_for: Any = 
     return plans
 
 
-Encoded = dict[str, dict[str, tuple[str, str, int]]]  # name -> key -> (value, offsets, dropped)
+#: name -> key -> (value, offsets, dropped, dropped_by), as stored (JSON texts; dropped_by None
+#: while none was dropped)
+Encoded = dict[str, dict[str, tuple[str, str, int, str | None]]]
 
 
 def collect_states(df: Any) -> Encoded:
@@ -283,9 +285,10 @@ def collect_states(df: Any) -> Encoded:
     driver without decoding and encoding every state again."""
     table = df.where(df.kind == "state").toArrow()
     states: Encoded = {}
-    cols = [table.column(c).to_pylist() for c in ("name", "key", "value", "offsets", "dropped")]
-    for name, key, value, offsets, dropped in zip(*cols, strict=True):
-        states.setdefault(name, {})[key] = (value, offsets, dropped)
+    names = ("name", "key", "value", "offsets", "dropped", "dropped_by")
+    cols = [table.column(c).to_pylist() for c in names]
+    for name, key, value, offsets, dropped, by in zip(*cols, strict=True):
+        states.setdefault(name, {})[key] = (value, offsets, dropped, by)
     return states
 
 

@@ -27,7 +27,7 @@ from .export import PREFIX
 CHAIN_SCHEMA = (
     "source_chain array<struct<source: string, partition: string, offset: long, out: long>>"
 )
-STATES = "key string, value string, offsets string, dropped long, rows long"
+STATES = "key string, value string, offsets string, dropped long, dropped_by string, rows long"
 FIELD_ERROR = "[eventlanes field type] "  # marks our type errors in Spark's exception text
 _PARTIAL = re.compile(r"f\d+|at\d+|events")  # the columns of partial folds (source.Declared)
 
@@ -339,7 +339,8 @@ def plan(
         )
     own = F.concat(F.lit("{"), _offset_entry(F.lit(source), F.lit(""), F.array("last")), F.lit("}"))
     result = plain.select("key", _value(decl).alias("value"), own.alias("offsets"),
-                          F.lit(0).cast("long").alias("dropped"), "rows")  # fmt: skip
+                          F.lit(0).cast("long").alias("dropped"),
+                          F.lit(None).cast("string").alias("dropped_by"), "rows")  # fmt: skip
     if chained_keys is None:
         return result
     mixed = rows.join(chained_keys, "key", "left_semi")
@@ -374,9 +375,21 @@ def plan(
         F.sum(F.when(~F.col("accept"), 1).otherwise(0)).cast("long").alias("dropped"),
         F.count(F.lit(1)).alias("rows"),
     )
+    # By root source, sorted as the local engine writes them: {"src":n,...}; null: none.
+    counted = F.concat(_json(F.col("src")), F.lit(":"), F.col("n").cast("string"))
+    dropped_by = (
+        flagged.where(~F.col("accept"))
+        .groupBy("key", "src")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .groupBy("key")
+        .agg(F.concat(F.lit("{"), F.array_join(F.array_sort(F.collect_list(counted)), ","),
+                      F.lit("}")).alias("dropped_by"))
+    )  # fmt: skip
     # A key whose every event was dropped cannot happen (the first one of a key is kept).
-    chained = values.join(offsets, "key").join(dropped, "key")
-    return result.unionByName(chained.select("key", "value", "offsets", "dropped", "rows"))
+    chained = values.join(offsets, "key").join(dropped, "key").join(dropped_by, "key", "left")
+    return result.unionByName(
+        chained.select("key", "value", "offsets", "dropped", "dropped_by", "rows")
+    )
 
 
 def declared_states(
@@ -385,8 +398,9 @@ def declared_states(
     source: str,
     columns: dict[str, str] | None = None,
     chained_types: list[str] | None = None,
-) -> tuple[dict[str, tuple[str, str, int]], int]:
-    """Run the plan: key -> (value JSON, offsets JSON, dropped), as ``save_encoded`` takes, and
+) -> tuple[dict[str, tuple[str, str, int, str | None]], int]:
+    """Run the plan: key -> (value JSON, offsets JSON, dropped, dropped_by JSON), as
+    ``save_encoded`` takes, and
     the rows the plan read (of every type). ``columns``/``chained_types``: what a Parquet export
     knows of its events (typed columns; the types with chained events), None otherwise."""
     from pyspark.sql import functions as F
@@ -409,9 +423,11 @@ def declared_states(
             raise FieldTypeError(message.split(" SQLSTATE")[0].rstrip(". ")) from None
         raise
     read = sum(table.column("rows").to_pylist())
-    keys, values, offsets, dropped = (
-        table.column(c).to_pylist() for c in ("key", "value", "offsets", "dropped")
+    keys, values, offsets, dropped, by = (
+        table.column(c).to_pylist() for c in ("key", "value", "offsets", "dropped", "dropped_by")
     )
-    states = {k: (v, o, d) for k, v, o, d in zip(keys, values, offsets, dropped, strict=True)}
+    states = {
+        k: (v, o, d, b) for k, v, o, d, b in zip(keys, values, offsets, dropped, by, strict=True)
+    }
     states.pop(None, None)  # the rows of other types
     return states, read

@@ -26,6 +26,7 @@ from ..processing.aggregating.folds import (
 from ..processing.tables.states import (  # the local engine's: same stored text
     Entry,
     encode,
+    encode_dropped_by,
     encode_state,
 )
 from .source import FIELDS, SCHEMA
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover - orjson comes with the spark extra
 KEYED_SCHEMA = SCHEMA + ", key string"
 STATE_SCHEMA = (
     "kind string, name string, key string, value string, offsets string, dropped long, "
-    "position long, path string, data string"
+    "position long, path string, data string, dropped_by string"
 )
 STATE_NAMES = STATE_SCHEMA.replace(",", "").split()[::2]
 
@@ -175,7 +176,7 @@ def fold_sorted(
         if meta is None or meta == "{}" or CHAIN_KEY not in meta:
             path = (pos,)
             if last is not None and path <= last:
-                entry.dropped += 1
+                entry.drop(source)
                 continue
             last, dirty = path, True
             event = Event(pos, stream_id, version, type_, data, meta, recorded_at, rhash)
@@ -187,7 +188,7 @@ def fold_sorted(
             event = Event(pos, stream_id, version, type_, data, meta, recorded_at, rhash)
             coords = coordinates(event, source)
             if not is_newer(entry.offsets, coords):
-                entry.dropped += 1
+                entry.drop(coords[0])
                 continue
             record(entry.offsets, coords)
             last = own_path(entry.offsets, source)
@@ -254,11 +255,11 @@ def _emit(
         for stage in spec.stages:
             to = state_key(stage.key(out_event), f"stage {stage.name!r}", event)
             out.append(("out", stage.name, to, None, source, 0, event.position,
-                        json.dumps(path), raw))  # fmt: skip
+                        json.dumps(path), raw, None))  # fmt: skip
 
 
 _STATE_TYPES = ("string", "string", "string", "string", "string", "int64", "int64", "string",
-                "string")  # fmt: skip
+                "string", "string")  # fmt: skip
 
 
 def state_batch(rows: list[tuple[Any, ...]]) -> Any:
@@ -272,7 +273,7 @@ def state_batch(rows: list[tuple[Any, ...]]) -> Any:
 
 def _state_row(name: str, key: str, entry: Entry) -> tuple[Any, ...]:
     return ("state", name, key, encode_state(name, key, entry.value), encode(entry.offsets),
-            entry.dropped, None, None, None)  # fmt: skip
+            entry.dropped, None, None, None, encode_dropped_by(entry.dropped_by))  # fmt: skip
 
 
 def fold_stage(
@@ -288,13 +289,13 @@ def fold_stage(
     )  # numeric path order: the JSON text would sort [10] before [9]
     stored = load(sorted({r[2] for r in rows})) if load else {}
     entries: dict[str, Entry] = {}
-    for _kind, _name, key, _value, source, _dropped, position, path, data in rows:
+    for _kind, _name, key, _value, source, _dropped, position, path, data, _by in rows:
         entry = entries.get(key)
         if entry is None:
             entry = entries[key] = stored.get(key) or Entry(stage.initial())
         coords = (source, "", tuple(json.loads(path)))
         if not is_newer(entry.offsets, coords):
-            entry.dropped += 1
+            entry.drop(source)
             continue
         raw = json.loads(data)
         event = output_event(NewEvent(raw["type"], raw["data"], raw["metadata"]), position,

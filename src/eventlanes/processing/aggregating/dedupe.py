@@ -139,7 +139,7 @@ def _dedupe_each(
                 last = own_path(entries[key].offsets, src)
             path = (event.position,)
             if last is not None and path <= last:
-                entries[key].dropped += 1
+                entries[key].drop(src)
                 continue
             own[key, src] = path
         else:
@@ -148,7 +148,7 @@ def _dedupe_each(
             if (key, coords[0]) in own:  # the local is ahead of the offsets: write it back
                 record(entry.offsets, (coords[0], "", own.pop((key, coords[0]))))
             if not is_newer(entry.offsets, coords):
-                entry.dropped += 1
+                entry.drop(coords[0])
                 continue
             record(entry.offsets, coords)
         accepted.append(i)

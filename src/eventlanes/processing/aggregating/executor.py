@@ -478,7 +478,7 @@ class AggregationExecutor(Executor):
                     if entry is None:
                         entry = entries[key] = Entry(stage.initial())
                     if not is_newer(entry.offsets, coords):
-                        entry.dropped += 1
+                        entry.drop(coords[0])
                         continue
                     event = output_event(out, src.position, coords[0], coords[2], recorded_raw(src))
                     value = entry.value

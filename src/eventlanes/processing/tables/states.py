@@ -1,8 +1,9 @@
 """Aggregation states: one row per (aggregation, key) with the value, the source offsets folded
-in, and how many inputs were dropped as duplicates.
+in, and how many inputs were dropped as duplicates, in all and by root source.
 
 Table ``{prefix}aggregates``: (aggregation, key) primary key, ``value`` (JSON), ``offsets``
-(JSON: source -> [partition, path]), ``dropped``, ``updated_at`` (epoch ms).
+(JSON: source -> [partition, path]), ``dropped``, ``dropped_by`` (JSON: source -> count, NULL
+while none; schema version 4), ``updated_at`` (epoch ms).
 """
 
 from __future__ import annotations
@@ -144,11 +145,34 @@ class Entry:
     value: Any
     offsets: dict[str, list[Any]] = field(default_factory=dict)
     dropped: int = 0
+    #: of ``dropped``, how many by root source (None while none; drops counted before schema
+    #: version 4 have no source)
+    dropped_by: dict[str, int] | None = None
+
+    def drop(self, source: str) -> None:
+        """Count an input of root ``source`` dropped as already folded in."""
+        self.dropped += 1
+        by = self.dropped_by
+        if by is None:
+            self.dropped_by = {source: 1}
+        else:
+            by[source] = by.get(source, 0) + 1
+
+
+def encode_dropped_by(by: dict[str, int] | None) -> str | None:
+    """``{source: count}`` in source order (the Spark engine writes the same text); None:
+    nothing dropped."""
+    return None if not by else encode(dict(sorted(by.items())))
+
+
+def decode_dropped_by(text: str | None) -> dict[str, int] | None:
+    return None if text is None else decode(text)
 
 
 _VALUE, _OFFSETS, _DROPPED = attrgetter("value"), attrgetter("offsets"), attrgetter("dropped")
-#: (key, value JSON, offsets JSON, dropped) of up to CHUNK states, by column
-Columns = tuple[list[str], list[str], list[str], list[int]]
+_DROPPED_BY = attrgetter("dropped_by")
+#: (key, value JSON, offsets JSON, dropped, dropped_by JSON) of up to CHUNK states, by column
+Columns = tuple[list[str], list[str], list[str], list[int], list[str | None]]
 
 
 class StateTable:
@@ -157,18 +181,19 @@ class StateTable:
         self.table = t = db.table("aggregates")
         require(db, "aggregates")  # the table: eventlanes.schema.v1_initial
         q = db.sql
-        columns = "aggregation, key, value, offsets, dropped, updated_at"
+        columns = "aggregation, key, value, offsets, dropped, dropped_by, updated_at"
         update = """DO UPDATE SET value = excluded.value, offsets = excluded.offsets,
-                    dropped = excluded.dropped, updated_at = excluded.updated_at"""
+                    dropped = excluded.dropped, dropped_by = excluded.dropped_by,
+                    updated_at = excluded.updated_at"""
         self._create = q(
-            f"""INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, {db.now_ms})
+            f"""INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, {db.now_ms})
                 ON CONFLICT (aggregation, key) DO NOTHING"""
         )
         self._upsert = q(
-            f"""INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, {db.now_ms})
+            f"""INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, {db.now_ms})
                 ON CONFLICT (aggregation, key) {update}"""
         )
-        row = "key, value, offsets, dropped"
+        row = "key, value, offsets, dropped, dropped_by"
         select = f"SELECT {row} FROM {t} WHERE aggregation = ? AND key"
         if db.backend == "postgresql":
             self._select = q(f"{select} = ANY(?::text[])")
@@ -185,13 +210,14 @@ class StateTable:
         stage = f"pg_temp.{db.table('aggregates_staged')}"
         self._stage = (
             f"""CREATE TEMPORARY TABLE IF NOT EXISTS {stage} (key TEXT NOT NULL, value TEXT
-                NOT NULL, offsets TEXT NOT NULL, dropped BIGINT NOT NULL) ON COMMIT DELETE ROWS""",
+                NOT NULL, offsets TEXT NOT NULL, dropped BIGINT NOT NULL, dropped_by TEXT)
+                ON COMMIT DELETE ROWS""",
             f"DELETE FROM {stage}",  # an earlier write of this transaction
-            f"COPY {stage} (key, value, offsets, dropped) FROM STDIN",
+            f"COPY {stage} (key, value, offsets, dropped, dropped_by) FROM STDIN",
         )
         self._temporary: bool | None = None  # the role may create temporary tables
         from_stage = f"""INSERT INTO {t} ({columns})
-            SELECT %s, key, value, offsets, dropped, {db.now_ms} FROM {stage}
+            SELECT %s, key, value, offsets, dropped, dropped_by, {db.now_ms} FROM {stage}
             ON CONFLICT (aggregation, key)"""
         self._from_stage = {True: f"{from_stage} {update}", False: f"{from_stage} DO NOTHING"}
 
@@ -212,8 +238,9 @@ class StateTable:
         for start in range(0, len(keys), LOAD_CHUNK):
             rows = self._rows(conn, name, keys[start : start + LOAD_CHUNK], lock)
             if rows:
-                stored, values, offsets, dropped = zip(*rows, strict=True)
-                states = map(Entry, decode_all(values), decode_all(offsets), dropped)
+                stored, values, offsets, dropped, by = zip(*rows, strict=True)
+                states = map(Entry, decode_all(values), decode_all(offsets), dropped,
+                             map(decode_dropped_by, by))  # fmt: skip
                 found.update(zip(stored, states, strict=True))
                 if chars is not None:
                     chars += map(int.__add__, map(len, values), map(len, offsets))
@@ -259,7 +286,7 @@ class StateTable:
         the second would overwrite the first (a lost update)."""
         keys = sorted(set(keys))
         columns: Columns = (keys, [encode(initial()) for _ in keys], ["{}"] * len(keys),
-                            [0] * len(keys))  # fmt: skip
+                            [0] * len(keys), [None] * len(keys))  # fmt: skip
         self._write(conn, name, iter([columns]), len(keys), update=False)
         return self.load(conn, name, keys, lock=True)
 
@@ -284,15 +311,18 @@ class StateTable:
             chosen = sorted(keys if isinstance(keys, set | frozenset) else set(keys))
         self._write(conn, name, _encoded(name, entries, chosen, encode_offsets), len(chosen))
 
-    def save_encoded(self, conn: Any, name: str, rows: list[tuple[str, str, str, int]]) -> None:
-        """Upsert (key, value JSON, offsets JSON, dropped) rows encoded elsewhere (Spark); of
-        rows of one key, the last."""
+    def save_encoded(
+        self, conn: Any, name: str, rows: list[tuple[str, str, str, int, str | None]]
+    ) -> None:
+        """Upsert (key, value JSON, offsets JSON, dropped, dropped_by JSON) rows encoded
+        elsewhere (Spark); of rows of one key, the last."""
         last = list({row[0]: row for row in rows}.values())
         parts = (last[i : i + CHUNK] for i in range(0, len(last), CHUNK))
-        chunks = (
-            ([r[0] for r in p], [r[1] for r in p], [r[2] for r in p], [r[3] for r in p])
+        chunks: Iterator[Columns] = (
+            ([r[0] for r in p], [r[1] for r in p], [r[2] for r in p], [r[3] for r in p],
+             [r[4] for r in p])
             for p in parts
-        )
+        )  # fmt: skip
         self._write(conn, name, chunks, len(last))
 
     def _write(
@@ -308,8 +338,8 @@ class StateTable:
             self._staged(conn, name, chunks, update)
             return
         statement = self._upsert if update else self._create
-        for keys, values, offsets, dropped in chunks:
-            rows = zip(repeat(name), keys, values, offsets, dropped, strict=False)
+        for keys, values, offsets, dropped, by in chunks:
+            rows = zip(repeat(name), keys, values, offsets, dropped, by, strict=False)
             self._upsert_all(conn, rows, statement)
 
     def _can_stage(self, conn: Any) -> bool:
@@ -330,9 +360,9 @@ class StateTable:
         try:
             cur.execute(create)
             cur.execute(empty)
-            for keys, values, offsets, dropped in chunks:
+            for keys, values, offsets, dropped, by in chunks:
                 with cur.copy(copy_in) as copy:
-                    for row in zip(keys, values, offsets, dropped, strict=True):
+                    for row in zip(keys, values, offsets, dropped, by, strict=True):
                         copy.write_row(row)
             cur.execute(self._from_stage[update], (name,))
         finally:
@@ -361,6 +391,22 @@ class StateTable:
         )
         return int(self.db.query(sql, (name,))[0][0])
 
+    def dropped_by(self, name: str) -> dict[str, int]:
+        """Inputs aggregation ``name`` dropped as duplicates, by root source (those counted
+        before schema version 4 have none: the total may be more than the sum)."""
+        return dropped_by_source(self.db, self.table, name)
+
+
+def dropped_by_source(db: Database, table: str, name: str) -> dict[str, int]:
+    """The sum of the ``dropped_by`` of ``name``'s states in ``table``, by source: read from
+    the rows that dropped any, as few as the keys that saw duplicates."""
+    sql = db.sql(f"SELECT dropped_by FROM {table} WHERE aggregation = ? AND dropped_by IS NOT NULL")
+    total: dict[str, int] = {}
+    for (text,) in db.query(sql, (name,)):
+        for source, n in decode(text).items():
+            total[source] = total.get(source, 0) + n
+    return dict(sorted(total.items()))
+
 
 def _encoded(
     name: str,
@@ -377,7 +423,8 @@ def _encoded(
             offsets = encode_offsets(part, picked)
         else:
             offsets = encode_all(list(map(_OFFSETS, picked)))
-        yield part, values, offsets, list(map(_DROPPED, picked))
+        by = [encode_dropped_by(b) for b in map(_DROPPED_BY, picked)]
+        yield part, values, offsets, list(map(_DROPPED, picked)), by
 
 
 def _json(keys: list[str]) -> str | None:
