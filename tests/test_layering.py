@@ -46,6 +46,8 @@ LAYERS: tuple[str, ...] = (
     # face, what stands on them
     "kafka", "registry", "node", "admin", "app",
     "loader", "__init__", "spark", "dashboard", "testing", "cli",
+    # python -m eventlanes: the command
+    "__main__",
 )  # fmt: skip
 
 #: who may import app.py: the parts that stand on the App

@@ -1,63 +1,72 @@
-"""eventlanes: parallel, per-key ordered, resumable, exactly-once event processing."""
+"""eventlanes: parallel, per-key ordered, resumable, exactly-once event processing.
+
+The public names load on first use (PEP 562): ``import eventlanes`` costs next to nothing, so
+the ``eventlanes`` command installs its signal handling before the heavy imports, and a
+Ctrl-C in its first second stops it quietly instead of printing a traceback.
+"""
 
 from __future__ import annotations
 
-from .admin.versions import RetirePlan
-from .admin.views import ProcessorView, SegmentView, VersionView
-from .app import App
-from .errors import (
-    BackpressureError,
-    ClaimLostError,
-    ConcurrencyError,
-    CorruptEventError,
-    CorruptTokenError,
-    DatabaseUnavailableError,
-    EventlanesError,
-    FieldTypeError,
-    HandlerTimeoutError,
-    InvalidInputError,
-    ProcessorBusyError,
-    ProcessorCrashedError,
-    ProcessorPausedError,
-    SchemaError,
-    SparkJobError,
-    StopTimeoutError,
-    StoreConnectionError,
-    VersionError,
-)
-from .events import Event, NewEvent
-from .hashing import stable_hash
-from .kafka import Ingestor, Kafka, KafkaSink, KafkaUnavailableError
-from .observe import Observer
-from .policies import (
-    SequencingPolicy,
-    by_data,
-    by_metadata,
-    full_concurrency,
-    per_stream,
-    sequential,
-)
-from .processing.aggregating.aggregation import Aggregation, Stage
-from .processing.aggregating.declarative import count, first, last, max, min, sum
-from .processing.executors.acks import CommitTracker
-from .processing.handlers import disallow_replay
-from .processing.handling.context import Context
-from .processing.options import Guarantee
-from .processing.processor import Processor
-from .processing.republisher import Republisher
-from .processing.tables.dead_letters import DeadLetter
-from .schema import migrate
-from .segments import Segment
-from .store import EventStore, open_store
-from .tokens import (
-    InMemoryTokenStore,
-    SegmentStatus,
-    SQLTokenStore,
-    Token,
-    TokenRecord,
-    TokenStore,
-    open_token_store,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported at once
+    from .admin.versions import RetirePlan
+    from .admin.views import ProcessorView, SegmentView, VersionView
+    from .app import App
+    from .errors import (
+        BackpressureError,
+        ClaimLostError,
+        ConcurrencyError,
+        CorruptEventError,
+        CorruptTokenError,
+        DatabaseUnavailableError,
+        EventlanesError,
+        FieldTypeError,
+        HandlerTimeoutError,
+        InvalidInputError,
+        ProcessorBusyError,
+        ProcessorCrashedError,
+        ProcessorPausedError,
+        SchemaError,
+        SparkJobError,
+        StopTimeoutError,
+        StoreConnectionError,
+        VersionError,
+    )
+    from .events import Event, NewEvent
+    from .hashing import stable_hash
+    from .kafka import Ingestor, Kafka, KafkaSink, KafkaUnavailableError
+    from .observe import Observer
+    from .policies import (
+        SequencingPolicy,
+        by_data,
+        by_metadata,
+        full_concurrency,
+        per_stream,
+        sequential,
+    )
+    from .processing.aggregating.aggregation import Aggregation, Stage
+    from .processing.aggregating.declarative import count, first, last, max, min, sum
+    from .processing.executors.acks import CommitTracker
+    from .processing.handlers import disallow_replay
+    from .processing.handling.context import Context
+    from .processing.options import Guarantee
+    from .processing.processor import Processor
+    from .processing.republisher import Republisher
+    from .processing.tables.dead_letters import DeadLetter
+    from .schema import migrate
+    from .segments import Segment
+    from .store import EventStore, open_store
+    from .tokens import (
+        InMemoryTokenStore,
+        SegmentStatus,
+        SQLTokenStore,
+        Token,
+        TokenRecord,
+        TokenStore,
+        open_token_store,
+    )
 
 __version__ = "0.1.0"
 
@@ -127,10 +136,84 @@ __all__ = [
     "stable_hash",
 ]
 
+#: public name -> the module it lives in (relative to this package)
+_HOMES = {
+    "RetirePlan": ".admin.versions",
+    "ProcessorView": ".admin.views",
+    "SegmentView": ".admin.views",
+    "VersionView": ".admin.views",
+    "App": ".app",
+    "BackpressureError": ".errors",
+    "ClaimLostError": ".errors",
+    "ConcurrencyError": ".errors",
+    "CorruptEventError": ".errors",
+    "CorruptTokenError": ".errors",
+    "DatabaseUnavailableError": ".errors",
+    "EventlanesError": ".errors",
+    "FieldTypeError": ".errors",
+    "HandlerTimeoutError": ".errors",
+    "InvalidInputError": ".errors",
+    "ProcessorBusyError": ".errors",
+    "ProcessorCrashedError": ".errors",
+    "ProcessorPausedError": ".errors",
+    "SchemaError": ".errors",
+    "SparkJobError": ".errors",
+    "StopTimeoutError": ".errors",
+    "StoreConnectionError": ".errors",
+    "VersionError": ".errors",
+    "Event": ".events",
+    "NewEvent": ".events",
+    "stable_hash": ".hashing",
+    "Ingestor": ".kafka",
+    "Kafka": ".kafka",
+    "KafkaSink": ".kafka",
+    "KafkaUnavailableError": ".kafka",
+    "Observer": ".observe",
+    "SequencingPolicy": ".policies",
+    "by_data": ".policies",
+    "by_metadata": ".policies",
+    "full_concurrency": ".policies",
+    "per_stream": ".policies",
+    "sequential": ".policies",
+    "Aggregation": ".processing.aggregating.aggregation",
+    "Stage": ".processing.aggregating.aggregation",
+    "count": ".processing.aggregating.declarative",
+    "first": ".processing.aggregating.declarative",
+    "last": ".processing.aggregating.declarative",
+    "max": ".processing.aggregating.declarative",
+    "min": ".processing.aggregating.declarative",
+    "sum": ".processing.aggregating.declarative",
+    "CommitTracker": ".processing.executors.acks",
+    "disallow_replay": ".processing.handlers",
+    "Context": ".processing.handling.context",
+    "Guarantee": ".processing.options",
+    "Processor": ".processing.processor",
+    "Republisher": ".processing.republisher",
+    "DeadLetter": ".processing.tables.dead_letters",
+    "migrate": ".schema",
+    "Segment": ".segments",
+    "EventStore": ".store",
+    "open_store": ".store",
+    "InMemoryTokenStore": ".tokens",
+    "SQLTokenStore": ".tokens",
+    "SegmentStatus": ".tokens",
+    "Token": ".tokens",
+    "TokenRecord": ".tokens",
+    "TokenStore": ".tokens",
+    "open_token_store": ".tokens",
+}
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy: Spark is an optional extra
-    if name == "spark":
-        import importlib
 
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home, __name__), name)
+        globals()[name] = value  # once: later lookups are plain attribute reads
+        return value
+    if name == "spark":  # a subpackage: Spark is an optional extra
         return importlib.import_module(".spark", __name__)
     raise AttributeError(f"module 'eventlanes' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, "spark"})

@@ -117,6 +117,16 @@ def interrupt_startup() -> None:
             _before[sig] = previous
 
 
+def startup_done() -> None:
+    """Undo :func:`interrupt_startup`: the handlers from before it are back (in the main
+    thread; elsewhere nothing was installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is _interrupt:
+            signal.signal(sig, _before.pop(sig, signal.SIG_DFL))
+
+
 def run_until_signal(
     stop: threading.Event,
     done: Callable[[], bool] | None = None,

@@ -10,13 +10,32 @@ registers its commands on it when imported here:
 * ``spark``: replay, export;
 * ``dashboard``: dashboard.
 
-``supervisor`` runs the worker processes of ``run --processes``; ``logs`` sets up log lines.
+``supervisor`` runs the worker processes of ``run --processes``; ``logs`` sets up log lines;
+``entry`` is the command's first moments (its signal handling, then the command line).
 """
 
 from __future__ import annotations
 
-# imported for their commands, which register on main
-from . import dashboard, run, spark, status, steer, versions  # noqa: F401
-from .base import main
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import main
 
 __all__ = ["main"]
+
+#: the modules whose commands register on ``main`` when imported
+COMMANDS = ("dashboard", "run", "spark", "status", "steer", "versions")
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: a worker of ``run --processes`` imports this package (its entry
+    # is ``supervisor``) and must reach its signal handling before click and the commands.
+    if name == "main":
+        for module in COMMANDS:
+            importlib.import_module(f".{module}", __name__)
+        from .base import main
+
+        globals()["main"] = main
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

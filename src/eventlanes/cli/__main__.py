@@ -1,6 +1,6 @@
-"""``python -m eventlanes.cli``: the ``eventlanes`` command (workers of ``run --processes``
-are started this way)."""
+"""``python -m eventlanes.cli``: the ``eventlanes`` command, through the same entry (its
+signal handling first)."""
 
-from . import main
+from .entry import main
 
 main()

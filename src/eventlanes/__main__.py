@@ -1,0 +1,5 @@
+"""``python -m eventlanes``: the ``eventlanes`` command."""
+
+from .cli.entry import main
+
+main()
