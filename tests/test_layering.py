@@ -282,3 +282,27 @@ def test_a_long_function_and_module_are_found(tree: Path) -> None:
     )
     (tree / "hashing.py").write_text(text)
     assert not any("_long is" in line for line in oversized(tree))
+
+
+def test_the_public_names_load_on_first_use_and_all_resolve() -> None:
+    """``import eventlanes`` imports none of the library's heavy parts (so the command can
+    install its signal handling first); every public name, and ``from eventlanes import *``,
+    still resolves, each to what its home module defines."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, eventlanes as el; "
+        "heavy = sorted(m for m in ('click', 'rich', 'psycopg', 'pyarrow', 'pyspark', "
+        "'eventlanes.app', 'eventlanes.cli.base') if m in sys.modules); print(heavy); "
+        "ns = {}; exec('from eventlanes import *', ns); "
+        "print(sorted(set(el.__all__) - set(ns)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split("\n")  # fmt: skip
+    assert out[:2] == ["[]", "[]"], out
+    import importlib
+
+    for name in eventlanes.__all__:
+        home = importlib.import_module(eventlanes._HOMES[name], "eventlanes")
+        assert getattr(eventlanes, name) is getattr(home, name), name

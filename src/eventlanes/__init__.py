@@ -8,6 +8,7 @@ Ctrl-C in its first second stops it quietly instead of printing a traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported at once
@@ -210,8 +211,12 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(home, __name__), name)
         globals()[name] = value  # once: later lookups are plain attribute reads
         return value
-    if name == "spark":  # a subpackage: Spark is an optional extra
-        return importlib.import_module(".spark", __name__)
+    # A submodule (``el.spark``, ``el.processing.tables``...): everything the public names
+    # need is imported first, as when this module imported it all at once.
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        for module in sorted(set(_HOMES.values())):
+            importlib.import_module(module, __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'eventlanes' has no attribute {name!r}")
 
 
