@@ -145,18 +145,22 @@ def test_a_trusted_topic_root_beyond_what_that_topic_reached_is_refused(
         _hop(up, 0, partition="2"),
         _hop(up, 2, partition="1"),
         _hop("elsewhere", 10**15),
+        _hop(up, 10**15, partition=""),  # a store's root, not a partition: no topic to ask
     ]
     produce(b, topic, [(f"r{i}", {"robot": f"r{i}", "n": i}, _chain(root))
                        for i, root in enumerate(roots, 1)])  # fmt: skip
     app, sums = _app(store_url, b, topic, on_bad="dead_letter", trust_chains=[up, "elsewhere"])
-    _run(app, {0: 5})
+    _run(app, {0: 6})
     parked = _parked(app)
     assert [o for o, _ in parked] == [0, 1, 2], parked
+    assert "check_roots=False" in parked[0][1]  # what to do where the name is a mirror's
     assert f"offset 1,000,000,000,000,000 of {up}[1]" in parked[0][1]
     assert "high watermark is 3" in parked[0][1] and "high watermark is 3" in parked[1][1]
     assert f"partition '2' of topic {up!r}" in parked[2][1]
-    assert sums.get("r4") == {"n": 4} and sums.get("r5") == {"n": 5}
+    assert sums.get("r4") == {"n": 4} and sums.get("r5") == {"n": 5} and sums.get("r6")
     assert sums.get("r1") is None and sums.dropped() == 0
+    with pytest.raises(el.InvalidInputError, match="check_roots is True or False"):
+        app.ingest("x", el.Kafka(b), topic=topic, type="T", trust_chains=[up], check_roots=1)
 
 
 @pytest.mark.parametrize(("on_bad", "trust"), [("dead_letter", None), ("stop", ["up"])])

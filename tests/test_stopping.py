@@ -381,7 +381,9 @@ sys.meta_path.insert(0, _Slow())
 """
 
 
-@pytest.mark.parametrize("command", [["-m", "eventlanes.cli"], ["-m", "eventlanes"]])
+@pytest.mark.parametrize(
+    "command", [["-m", "eventlanes.cli"], ["-m", "eventlanes", "--log-level", "info"]]
+)
 def test_a_stop_while_the_command_line_loads_ends_quietly(
     tmp_path: Path, command: list[str]
 ) -> None:

@@ -209,6 +209,7 @@ class App(Operations):
         max_record_bytes: int = DEFAULT_MAX_BYTES,
         max_partitions: int | None = None,
         trust_chains: Any = None,
+        check_roots: bool = True,
     ) -> Ingestor:
         """An ingestor appending the records of a Kafka ``topic`` to the store, exactly once
         (see :class:`eventlanes.kafka.Ingestor`, which describes its options: ``stream``,
@@ -216,13 +217,14 @@ class App(Operations):
         does, ``initial`` where a new partition starts, ``batch_size`` the records per
         transaction, ``max_record_bytes`` the largest record, ``max_partitions`` the
         partitions per process, ``trust_chains`` whose ``el-source-chain`` headers are carried
-        on); ``run`` starts it like a processor. Its name shares the
+        on, ``check_roots`` whether their roots on this cluster are checked); ``run`` starts it
+        like a processor. Its name shares the
         token table with the processors' names."""
         ingestor = Ingestor(
             self.runtime, name, kafka, topic=topic, stream=stream, type=type, decode=decode,
             on_bad=on_bad, initial=initial, batch_size=batch_size,
             max_record_bytes=max_record_bytes, max_partitions=max_partitions,
-            trust_chains=trust_chains,
+            trust_chains=trust_chains, check_roots=check_roots,
         )  # fmt: skip
         return self.registry.add_ingestor(ingestor)
 

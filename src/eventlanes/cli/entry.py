@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import NoReturn
 
 from .. import signals
 
@@ -21,12 +22,35 @@ def main() -> None:
     try:
         from . import main as cli
     except signals.StartupInterrupted as exc:
-        name = str(exc)
-        if sys.argv[1:2] == ["run"]:
-            sys.stderr.write(f"stopped by {name} while starting\n")
-            sys.exit(0)
-        sys.stderr.write(f"error: stopped by {name} while starting\n")
-        sys.exit(128 + signal.Signals[name].value)
-    if sys.argv[1:2] != ["run"]:  # ``run`` keeps them until its processors run
+        _stopped(str(exc))
+    if _command(sys.argv[1:]) != "run":  # ``run`` keeps them until its processors run
         signals.startup_done()  # other commands: a Ctrl-C as before (click's "Aborted!")
-    cli()
+    try:
+        cli()
+    except signals.StartupInterrupted as exc:  # ``run``: while click parses its options
+        _stopped(str(exc))
+
+
+def _stopped(name: str) -> NoReturn:
+    if _command(sys.argv[1:]) == "run":
+        sys.stderr.write(f"stopped by {name} while starting\n")
+        sys.exit(0)
+    sys.stderr.write(f"error: stopped by {name} while starting\n")
+    sys.exit(128 + signal.Signals[name].value)
+
+
+#: the group's options that take a value (``eventlanes --log-format json run ...``)
+_VALUED = ("--log-level", "--log-format")
+
+
+def _command(args: list[str]) -> str | None:
+    """The command named by the arguments, past the group's own options."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None

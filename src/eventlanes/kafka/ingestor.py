@@ -75,7 +75,10 @@ class Ingestor:
     drop genuine inputs as duplicates); ``False``, the header is ignored (each record is its
     own root); or the names of the upstream root sources whose chains are carried on (a name
     also covers the stages of an aggregation of that name, ``name:key``), every hop checked,
-    and never a root naming the topic read or this store's own events."""
+    and never a root naming the topic read or this store's own events; ``check_roots``
+    (default True): a trusted root naming a topic of this cluster must be an offset its
+    partition has reached (False where a topic here only shares the source's name: a
+    mirror)."""
 
     def __init__(
         self,
@@ -93,6 +96,7 @@ class Ingestor:
         max_record_bytes: int = DEFAULT_MAX_BYTES,
         max_partitions: int | None = None,
         trust_chains: Any = None,
+        check_roots: bool = True,
     ) -> None:
         self.runtime = runtime
         self.name = validate_processor_name(name)
@@ -134,10 +138,14 @@ class Ingestor:
         self.batch_size = batch_size
         self.max_partitions = max_partitions
         self.trust_chains = trusted(trust_chains, topic, f"ingestor {name!r}")
+        if not isinstance(check_roots, bool):
+            raise InvalidInputError(f"ingestor {name!r}: check_roots is True or False, got "
+                                    f"{check_roots!r}")  # fmt: skip
+        self.check_roots = check_roots
         self.converter = Converter(
             topic, stream, type, decode, max_record_bytes, self.trust_chains,
             lambda: runtime.store.events_table,  # resolved when a chain comes: nothing opens here
-            RootOffsets(kafka, kafka.timeout).check if self.trust_chains else None,
+            RootOffsets(kafka, kafka.timeout).check if self.trust_chains and check_roots else None,
         )  # fmt: skip
 
     def __repr__(self) -> str:

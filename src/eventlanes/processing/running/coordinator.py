@@ -96,13 +96,13 @@ class Coordinator:
                 elif not st.lost and st.stuck_for(now) > timeout:
                     st.mark_lost()  # first: its batch must not commit once we let go
                     self.failing.add(seg_id)
-                    stuck.append(st)
-        for st in stuck:
-            try:
+                    stuck.append((seg_id, st))
+        try:
+            for _, st in stuck:
                 self._give_up(st, now, timeout)
-            finally:
-                with self.lock:
-                    self.failing.discard(st.segment.id)
+        finally:  # all of them, also when one raised (an observer's call, say)
+            with self.lock:
+                self.failing.difference_update(seg_id for seg_id, _ in stuck)
 
     def _give_up(self, st: SegmentState, now: float, timeout: float) -> None:
         text = (
