@@ -13,6 +13,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.processing.aggregating.declarative import FieldTypeError
+from eventlanes.processing.tables.states import Entry
 from tests.processing_helpers import run_until_caught_up
 
 E = el.NewEvent
@@ -177,9 +178,7 @@ def test_types_are_strict_on_both_paths(spark, tmp_path) -> None:
     with pytest.raises(
         FieldTypeError, match=r"event 2 \(Fastened\): data property 'n' is '2', declared int"
     ):
-        decl.fold_batch(
-            events, decl.keys(events), {"r": el.processing.tables.states.Entry(decl.initial())}, "x"
-        )  # type: ignore[attr-defined]
+        decl.fold_batch(events, decl.keys(events), {"r": Entry(decl.initial())}, "x")  # type: ignore[attr-defined]
     with pytest.raises(FieldTypeError):
         decl.fold(decl.initial(), events[1])
     with pytest.raises(Exception, match="n"):  # Spark's from_json in FAILFAST mode

@@ -285,14 +285,15 @@ def test_a_long_function_and_module_are_found(tree: Path) -> None:
 
 
 def test_the_public_names_load_on_first_use_and_all_resolve() -> None:
-    """``import eventlanes`` imports none of the library's heavy parts (so the command can
-    install its signal handling first); every public name, and ``from eventlanes import *``,
-    still resolves, each to what its home module defines."""
+    """``import eventlanes`` (and ``from eventlanes import signals``, the command's first
+    import) loads none of the library's heavy parts, so the command can install its signal
+    handling first; every public name, and ``from eventlanes import *``, still resolves,
+    each to what its home module defines."""
     import subprocess
     import sys
 
     probe = (
-        "import sys, eventlanes as el; "
+        "import sys, eventlanes as el; from eventlanes import signals; "
         "heavy = sorted(m for m in ('click', 'rich', 'psycopg', 'pyarrow', 'pyspark', "
         "'eventlanes.app', 'eventlanes.cli.base') if m in sys.modules); print(heavy); "
         "ns = {}; exec('from eventlanes import *', ns); "

@@ -211,11 +211,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(home, __name__), name)
         globals()[name] = value  # once: later lookups are plain attribute reads
         return value
-    # A submodule (``el.spark``, ``el.processing.tables``...): everything the public names
-    # need is imported first, as when this module imported it all at once.
+    # A submodule reached as an attribute (``el.spark``, ``el.kafka``): that one alone. The
+    # import system asks here too (``from eventlanes import signals``, before it imports
+    # the module itself), so nothing else may load on the way: the command's entry imports
+    # its signal handling so, first.
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        for module in sorted(set(_HOMES.values())):
-            importlib.import_module(module, __name__)
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'eventlanes' has no attribute {name!r}")
 
