@@ -569,6 +569,31 @@ def test_a_segment_given_up_as_stuck_is_not_claimed_again_before_its_failure_is_
     app.close()
 
 
+def test_a_node_stopped_cleanly_is_not_left_alive_by_a_last_heartbeat(store_url: str) -> None:
+    """Before: the processing thread left (deleted its node row), then the heartbeat was
+    stopped; a beat in between wrote the row again, so the stopped node looked alive for a
+    claim timeout: `retire` refused ("still running") and fair shares counted it (seen once
+    in a fresh clone). Here the moment after leaving is stretched past a beat."""
+    app = el.App(store_url, claim_timeout=1.5)
+    app.processor("p").on("E")(lambda event, ctx: None)
+    app.store.append("s", [el.NewEvent("E")])
+    tokens = app.tokens
+    leave = tokens.leave
+
+    def slow_leave(processor: str, node: str) -> None:
+        leave(processor, node)
+        time.sleep(1.5)  # three of the heartbeat's intervals (0.5 s)
+
+    tokens.leave = slow_leave  # type: ignore[method-assign]
+    app.start()
+    try:
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert app.tokens.live_nodes("p") == []
+    app.close()
+
+
 def test_lane_window_is_refused_where_no_lanes_run(tmp_path) -> None:
     """Before: accepted and ignored by every processor but an at-least-once one."""
     app = el.App(f"sqlite:///{tmp_path}/w.db")

@@ -158,6 +158,11 @@ class ProcessorRunner:
             self._thread.join(timeout)
         clean = self._thread is None or not self._thread.is_alive()
         self.heartbeat.stop()
+        if clean:  # left again: a beat after the thread left wrote its node row back
+            try:
+                self.runtime.tokens.leave(self.name, self.owner)
+            except Exception as exc:  # noqa: BLE001 - the row ages out by itself
+                log.warning("%s: could not leave on shutdown (%s)", self.name, exc)
         if self._own_wakeup:
             self.wakeup.close()
         return clean
