@@ -350,6 +350,32 @@ def test_ctrl_c_on_run_processes_2_is_logged_and_a_second_one_ends_it(tmp_path) 
     assert proc.returncode == 130, seen
 
 
+def test_a_worker_killed_past_its_wait_leaves_its_stacks_in_the_log(tmp_path) -> None:
+    """A worker still running when the supervisor's wait ends (its grace + 5 s) is killed.
+    Before, nothing said where it was stuck (a fresh clone once saw a worker of
+    `run --processes 2` killed so, with no clue). Now its threads' stacks come first. The
+    workers here block SIGTERM, so neither can stop."""
+    url = f"sqlite:///{tmp_path}/deaf.db"
+    env = _env(url, EVENTLANES_TEST_BLOCK_SIGTERM="1")
+    el.App(url).processor("hang")
+    proc = _run(env, "tests.apps.hang:app", "--processes", "2", "--grace", "1")
+    lines, seen = _stderr_lines(proc), []
+    try:
+        _read_until(lines, "ready:", seen, 60)
+        proc.send_signal(signal.SIGTERM)
+        _read_until(lines, "did not stop within 6 s: killed (their threads' stacks are above)",
+                    seen, 30)  # fmt: skip
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    dump = "\n".join(seen)
+    assert dump.count("Current thread 0x") == 2, dump  # one dump per worker
+    assert "eventlanes/signals.py" in dump, dump  # where each main thread waits
+    assert proc.returncode == 1
+
+
 def test_a_second_signal_on_run_ends_it_at_once_and_says_so(tmp_path) -> None:
     """One process: SIGTERM is logged as the start of a clean stop; SIGINT meanwhile ends it
     at once (exit 130) with one error line."""

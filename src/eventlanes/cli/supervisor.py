@@ -14,6 +14,8 @@ process group, so a worker sees it and the supervisor's SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import multiprocessing as mp
 import os
@@ -35,6 +37,19 @@ log = logging.getLogger("eventlanes.cli.supervisor")
 USER_ERROR = 2  # exit code of a worker stopped by an eventlanes error (see _worker)
 
 
+#: asks a worker for its threads' stacks (faulthandler, on its stderr)
+STACKS = signal.SIGUSR1
+
+
+def _dump_stacks(children: list[BaseProcess]) -> None:
+    """Ask ``children`` for their threads' stacks and give them a moment to write them."""
+    for child in children:
+        if child.pid is not None:
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.kill(child.pid, STACKS)
+    time.sleep(0.5)
+
+
 def _worker(
     spec: str,
     processors: list[str] | None,
@@ -51,6 +66,9 @@ def _worker(
     # stops is the supervisor's to act on (see the module's docstring)
     signals.interrupt_startup()
     signals.leave_second_signal_to_parent()
+    # A worker the supervisor is about to kill (still running past its grace) is first asked
+    # for every thread's stack, on its stderr: why it did not stop is then in the log.
+    faulthandler.register(STACKS, all_threads=True, chain=False)
     try:
         _work(spec, processors, grace, logs, level, balance)
     except signals.StartupInterrupted:
@@ -184,8 +202,10 @@ class Supervisor:
                 self._failed_code = 128 + stopping.again  # as a shell reports it
                 return
             if time.monotonic() >= deadline:
+                _dump_stacks(pending)
                 self._kill(pending, f"error: worker(s) {', '.join(c.name for c in pending)} "
-                           f"did not stop within {grace:.0f} s: killed")  # fmt: skip
+                           f"did not stop within {grace:.0f} s: killed (their threads' "
+                           "stacks are above)")  # fmt: skip
                 self._failed_code = self._failed_code or 1
                 return
             time.sleep(0.05)  # a signal handler only sets a flag: looked at here
