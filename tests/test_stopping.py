@@ -198,7 +198,10 @@ def test_real_runs_stopped_at_random_moments_exit_within_the_grace(store_url: st
                     f"its start); its log and threads:\n{logs[proc]()[-8000:]}"
                 ) from None
             err = logs[proc]()
-            assert _ended_cleanly(proc, sig, err), (proc.returncode, delay, err[-2000:])
+            assert _ended_cleanly(proc, sig, err), (  # a string: shown whole, stacks and all
+                f"exit {proc.returncode}, {sig!r} sent {delay:.1f} s after its start; its log:\n"
+                f"{err[-8000:]}"
+            )
             assert time.monotonic() - sent < grace + 6
             after_ready += "ready:" in err
     # nothing lost or doubled by the stops: a last run catches up
