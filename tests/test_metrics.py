@@ -57,7 +57,11 @@ def test_metrics_count_the_events_handled_during_a_run(store_url: str) -> None:
         port = app.metrics_port
         assert port
         app.wait_until_caught_up(30, ["orders"])
-        during = scrape(port)  # while the processor runs
+        # The count follows the commit (a token is visible a moment before its batch is
+        # counted): the scrape that first counts them all, within a bound.
+        during = wait_for(lambda: (s := scrape(port)) and total(
+            s, "eventlanes_events_handled_total") == 60 and s, timeout=10,
+            what="the handled events counted")  # fmt: skip
         assert total(during, "eventlanes_events_handled_total") == handled_rows(app, table) == 60
         assert total(during, "eventlanes_dead_letters_parked_total") == 2
         assert total(during, "eventlanes_dead_letters", processor="orders") == 2
@@ -69,7 +73,9 @@ def test_metrics_count_the_events_handled_during_a_run(store_url: str) -> None:
         # More events arrive: the counters follow the effects exactly.
         fill(app.store, good=40, bad=0)
         app.wait_until_caught_up(30, ["orders"])
-        after = scrape(port)
+        after = wait_for(lambda: (s := scrape(port)) and total(
+            s, "eventlanes_events_handled_total") == 100 and s, timeout=10,
+            what="the new events counted")  # fmt: skip
         assert total(after, "eventlanes_events_handled_total") == handled_rows(app, table) == 100
         assert total(after, "eventlanes_head_position") == first + 40
         # Only the processors that run are reported (audit is defined but not run here).
