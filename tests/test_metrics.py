@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -57,11 +58,7 @@ def test_metrics_count_the_events_handled_during_a_run(store_url: str) -> None:
         port = app.metrics_port
         assert port
         app.wait_until_caught_up(30, ["orders"])
-        # The count follows the commit (a token is visible a moment before its batch is
-        # counted): the scrape that first counts them all, within a bound.
-        during = wait_for(lambda: (s := scrape(port)) and total(
-            s, "eventlanes_events_handled_total") == 60 and s, timeout=10,
-            what="the handled events counted")  # fmt: skip
+        during = _scrape_counting(port, 60)
         assert total(during, "eventlanes_events_handled_total") == handled_rows(app, table) == 60
         assert total(during, "eventlanes_dead_letters_parked_total") == 2
         assert total(during, "eventlanes_dead_letters", processor="orders") == 2
@@ -73,9 +70,7 @@ def test_metrics_count_the_events_handled_during_a_run(store_url: str) -> None:
         # More events arrive: the counters follow the effects exactly.
         fill(app.store, good=40, bad=0)
         app.wait_until_caught_up(30, ["orders"])
-        after = wait_for(lambda: (s := scrape(port)) and total(
-            s, "eventlanes_events_handled_total") == 100 and s, timeout=10,
-            what="the new events counted")  # fmt: skip
+        after = _scrape_counting(port, 100)
         assert total(after, "eventlanes_events_handled_total") == handled_rows(app, table) == 100
         assert total(after, "eventlanes_head_position") == first + 40
         # Only the processors that run are reported (audit is defined but not run here).
@@ -84,6 +79,17 @@ def test_metrics_count_the_events_handled_during_a_run(store_url: str) -> None:
     finally:
         app.stop()
         app.close()
+
+
+def _scrape_counting(port: int, handled: int) -> Any:
+    """The first scrape that counts ``handled`` events handled, within 10 s: the count
+    follows the commit, a moment after the token a caught-up wait looks at."""
+
+    def counted() -> Any:
+        samples = scrape(port)
+        return samples if total(samples, "eventlanes_events_handled_total") == handled else None
+
+    return wait_for(counted, timeout=10, what=f"{handled} events handled counted")
 
 
 def test_lag_in_events_and_seconds(tmp_path) -> None:

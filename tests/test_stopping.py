@@ -130,10 +130,12 @@ def _sigint_at_default() -> None:
 
 
 def _run(env: dict[str, str], app: str, *args: str,
-         sigint: Callable[[], Any] = _sigint_at_default) -> subprocess.Popen:  # fmt: skip
-    """``eventlanes run`` in a session of its own: a group to send a terminal's Ctrl-C to."""
+         sigint: Callable[[], Any] = _sigint_at_default,
+         entry: tuple[str, ...] = ("-m", "eventlanes.cli")) -> subprocess.Popen:  # fmt: skip
+    """``eventlanes run`` in a session of its own: a group to send a terminal's Ctrl-C to.
+    ``entry``: how Python is told to run the command (and any group option before ``run``)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "eventlanes.cli", "run", app, "--no-progress", *args],
+        [sys.executable, *entry, "run", app, "--no-progress", *args],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         preexec_fn=sigint,
         start_new_session=True,
@@ -423,11 +425,7 @@ def test_a_stop_while_the_command_line_loads_ends_quietly(
     (tmp_path / "sitecustomize.py").write_text(_SLOW_IMPORT)
     env = _env(f"sqlite:///{tmp_path}/loading.db")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        [sys.executable, *command, "run", "tests.apps.recorder:app", "--no-progress"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_sigint_at_default, start_new_session=True,
-    )  # fmt: skip
+    proc = _run(env, "tests.apps.recorder:app", entry=tuple(command))
     time.sleep(2)  # the interpreter started, the import of click is asleep
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
