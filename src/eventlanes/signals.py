@@ -7,6 +7,14 @@ and SIGTERM raise :class:`StartupInterrupted` until :func:`run_until_signal` tak
 importing the app or opening the store ends at once, through every ``finally``, with exit
 code 0 (instead of the process dying by the signal, with whatever it had started).
 
+That exception can be lost. CPython runs a Python handler wherever the main thread next
+looks for signals, and some of those places discard what the handler raised: a finalizer
+(``__del__``, a weakref callback), and C code that clears errors (seen while importing an
+extension module and while compiling a module: the exception was freed without a single
+frame in its traceback). So the handler also records the signal, and whatever comes next
+(:func:`run_until_signal`, :func:`stopped_while_starting`) acts on the record: a lost
+exception delays the stop to the end of start-up, it never cancels it.
+
 No handler here takes a lock. A Python handler runs in the main thread between two bytecodes,
 also while that thread holds a lock (inside ``Event.wait``, a logging handler, a buffered
 write): a handler that took the same lock (``event.set()``, ``log.info``, ``print``) would
@@ -36,7 +44,8 @@ log = logging.getLogger("eventlanes.signals")
 
 class StartupInterrupted(BaseException):
     """SIGINT or SIGTERM arrived before the processors ran (a BaseException, like
-    KeyboardInterrupt: no ``except Exception`` on the way swallows it)."""
+    KeyboardInterrupt: no ``except Exception`` on the way swallows it). Whoever catches it
+    and carries on, instead of ending the process, calls :func:`startup_done`."""
 
 
 class Stopping:
@@ -99,11 +108,17 @@ def leave_second_signal_to_parent() -> None:
 _taking_over: list[Stopping] = []  # the run installing its handlers (see _interrupt)
 
 
+_arrived: list[str] = []  # the signals _interrupt raised for (list.append: no lock)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     if _taking_over:  # run_until_signal is replacing this handler: a stop, not an exception
         _taking_over[0].handle(signum, frame)
         return
-    raise StartupInterrupted(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    _arrived.append(name)  # kept for when Python discards the exception (module docstring)
+    if len(_arrived) == 1:  # one exception per start-up: a second would cut short the
+        raise StartupInterrupted(name)  # ``except`` or ``finally`` handling the first
 
 
 def interrupt_startup() -> None:
@@ -117,6 +132,12 @@ def interrupt_startup() -> None:
             _before[sig] = previous
 
 
+def stopped_while_starting() -> str | None:
+    """The signal that came while starting, if Python discarded its
+    :class:`StartupInterrupted` (None: none came, or its exception is on its way)."""
+    return _arrived[0] if _arrived else None
+
+
 def startup_done() -> None:
     """Undo :func:`interrupt_startup`: the handlers from before it are back (in the main
     thread; elsewhere nothing was installed)."""
@@ -125,6 +146,7 @@ def startup_done() -> None:
     for sig in SIGNALS:
         if signal.getsignal(sig) is _interrupt:
             signal.signal(sig, _before.pop(sig, signal.SIG_DFL))
+    _arrived.clear()  # this start-up is over: ask stopped_while_starting() before
 
 
 def run_until_signal(
@@ -142,7 +164,8 @@ def run_until_signal(
     exception: the shutdown, during which another signal exits at once (or, in a worker
     process, is only recorded as ``stopping.again``). After it, the handlers from before
     :func:`interrupt_startup` are back. ``second_exits=False``: ``then`` looks at
-    ``stopping.again`` itself (the supervisor, which kills its workers)."""
+    ``stopping.again`` itself (the supervisor, which kills its workers). A signal that came
+    during start-up and whose exception Python discarded stops it before ``start()``."""
     stopping = Stopping(_settings["second_exits"] if second_exits is None else second_exits)
     previous: dict[int, Any] = {}
     main = threading.current_thread() is threading.main_thread()
@@ -152,12 +175,16 @@ def run_until_signal(
             try:
                 for sig in SIGNALS:
                     replaced = signal.signal(sig, stopping.handle)
-                    previous[sig] = (
-                        _before.pop(sig, signal.SIG_DFL) if replaced is _interrupt else replaced
-                    )
+                    if replaced is _interrupt:
+                        previous[sig] = _before.pop(sig, signal.SIG_DFL)
+                        if _arrived:  # a stop its exception did not carry (module docstring)
+                            stopping.signal = _arrived[0]
+                    else:
+                        previous[sig] = replaced
             finally:
                 _taking_over.clear()
-        if start is not None:
+                _arrived.clear()
+        if start is not None and stopping.signal is None:
             start()
         _loop(stopping, stop, done, interval)
         if stopping.signal is not None:

@@ -2,18 +2,33 @@
 
 Configured by environment variables so that `eventlanes run tests.apps.recorder:app` works in
 subprocesses: EVENTLANES_TEST_APP_URL (required), _SEGMENTS, _MODE, _CLAIM_TIMEOUT, _BATCH,
-_LOG_BYTES.
+_LOG_BYTES, _EXIT_SLEEP (seconds a worker process of `run --processes` sleeps on exit, after
+saying "exiting" on stderr).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing
 import os
+import sys
+import time
 
 import eventlanes as el
 from tests.processing_helpers import serial_pk
 
 env = os.environ.get
+_EXIT_SLEEP = float(env("EVENTLANES_TEST_APP_EXIT_SLEEP", "0"))
+if _EXIT_SLEEP and multiprocessing.parent_process() is not None:  # in worker processes
+
+    @atexit.register
+    def _slow_exit() -> None:  # a process still finishing once its run is over
+        sys.stderr.write("exiting\n")
+        sys.stderr.flush()
+        time.sleep(_EXIT_SLEEP)
+
+
 app = el.App(
     env("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db"),
     claim_timeout=float(env("EVENTLANES_TEST_APP_CLAIM_TIMEOUT", "2")),

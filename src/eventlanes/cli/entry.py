@@ -24,6 +24,9 @@ def main() -> None:
     except signals.StartupInterrupted as exc:
         _stopped(str(exc))
     if _command(sys.argv[1:]) != "run":  # ``run`` keeps them until its processors run
+        lost = signals.stopped_while_starting()  # its exception discarded by Python
+        if lost is not None:
+            _stopped(lost)
         signals.startup_done()  # other commands: a Ctrl-C as before (click's "Aborted!")
     try:
         cli()

@@ -116,6 +116,16 @@ def tell_ready(sender: LogSender) -> None:
                                              READY: True}))  # fmt: skip
 
 
+def supervisor_gone() -> None:
+    """In a worker whose supervisor is gone: its records go to its own stderr from now. (A
+    record sent while the dead supervisor's pipe ends were still being closed was taken by
+    the pipe, and lost.)"""
+    for handler in logging.getLogger().handlers:
+        sender = getattr(handler, "queue", None)
+        if isinstance(sender, LogSender):
+            sender.detach()
+
+
 class LogSender:
     """A worker's end of its pipe, as the queue of a ``QueueHandler``. One pipe per worker, no
     lock shared between processes: a ``multiprocessing.Queue`` shared by all workers has one,
@@ -140,6 +150,14 @@ class LogSender:
             with suppress(OSError):
                 self.channel.close()  # the child's copy of the pipe end; the worker's stays
             self.channel = None
+
+    def detach(self) -> None:
+        """From now, records go to stderr."""
+        with self.lock:
+            if self.channel is not None:
+                with suppress(OSError):
+                    self.channel.close()
+                self.channel = None
 
     def put_nowait(self, record: logging.LogRecord) -> None:
         with self.lock:

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -62,17 +63,49 @@ def _worker(
     from ..kafka.settings import use_overrides
 
     use_overrides(kafka)  # run --kafka: from the start arguments, never the environment
+    # Once its run is over, a signal changes nothing (the supervisor's SIGTERM that follows a
+    # Ctrl-C to the group may come after the worker stopped on the Ctrl-C): it ends as it
+    # would, exit 0, its last log records and spans sent, instead of dying by the signal.
+    for sig in signals.SIGNALS:
+        signal.signal(sig, _already_stopping)
     # stopped while it starts: exit 0 at once (not by the signal); a second signal while it
     # stops is the supervisor's to act on (see the module's docstring)
     signals.interrupt_startup()
     signals.leave_second_signal_to_parent()
+    _stop_with_parent()  # its thread keeps the signals blocked: they are the main thread's
     # A worker the supervisor is about to kill (still running past its grace) is first asked
     # for every thread's stack, on its stderr: why it did not stop is then in the log.
     faulthandler.register(STACKS, all_threads=True, chain=False)
     try:
+        # the signals the supervisor blocked around the spawn (Supervisor._start), pending
+        # since if one came while Python started: delivered now, to the handler above
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.SIGNALS)
         _work(spec, processors, grace, logs, level, balance)
     except signals.StartupInterrupted:
         sys.exit(0)
+
+
+def _already_stopping(signum: int, frame: Any) -> None:
+    """A worker's handler once its run is over (see _worker)."""
+
+
+def _stop_with_parent() -> None:
+    """A worker whose supervisor died (SIGKILL, the OOM killer) stops as on SIGTERM: it
+    finishes its batch, stores its tokens and releases its claims, instead of running on
+    unsupervised, holding them, until someone finds it."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the supervisor's end of the sentinel pipe closes
+        from .logs import supervisor_gone
+
+        supervisor_gone()
+        log.warning("the supervisor (pid %s) is gone: stopping", parent.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="eventlanes-parent-watch", daemon=True).start()
 
 
 def _work(
@@ -162,7 +195,16 @@ class Supervisor:
         return self.ctx.Process(target=_worker, args=args, name=f"eventlanes-worker-{slot}")
 
     def _start(self, slot: int) -> None:
-        self.children[slot].start()
+        # SIGINT/SIGTERM blocked in the new process until its handlers are in place: one sent
+        # while its interpreter starts waits for them (see _worker), instead of killing it
+        # half-started or reaching code that cannot act on it. The stdlib does the same for
+        # its resource tracker, then unblocks them: started first, it would undo our block.
+        resource_tracker.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals.SIGNALS)
+        try:
+            self.children[slot].start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         channel = self._channels.pop(slot)
         if channel is not None:
             channel.close()  # the worker holds its own copy: the pipe ends when it does
