@@ -140,7 +140,15 @@ def test_restart_while_idle_and_writers_append(server) -> None:  # type: ignore[
         time.sleep(2.0)
         stop.set()
         thread.join()
-        wait_for(lambda: _caught_up(app), timeout=CLAIM_TIMEOUT + 10, what="caught up again")
+        try:
+            wait_for(lambda: _caught_up(app), timeout=CLAIM_TIMEOUT + 10, what="caught up again")
+        except AssertionError as exc:  # where each stood, and what the workers said
+            status = app.status("recorder")
+            workers.send_signal(signal.SIGTERM)
+            _, err = workers.communicate(timeout=60)
+            raise AssertionError(f"{exc}: at {status.position} of {status.head}, "
+                                 f"{time.monotonic() - back:.1f} s after the restart; "
+                                 f"the workers' log:\n{err[-6000:]}") from None  # fmt: skip
         resumed = time.monotonic() - back
         _stop(workers)
     finally:

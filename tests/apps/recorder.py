@@ -8,7 +8,6 @@ saying "exiting" on stderr).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import multiprocessing
 import os
@@ -20,14 +19,20 @@ from tests.processing_helpers import serial_pk
 
 env = os.environ.get
 _EXIT_SLEEP = float(env("EVENTLANES_TEST_APP_EXIT_SLEEP", "0"))
-if _EXIT_SLEEP and multiprocessing.parent_process() is not None:  # in worker processes
 
-    @atexit.register
-    def _slow_exit() -> None:  # a process still finishing once its run is over
+
+class _SlowExit:
+    """Freed when Python tears this module down, the last thing a process does: after its
+    signal handlers are gone (what it leaves set is what holds then)."""
+
+    def __del__(self) -> None:
         sys.stderr.write("exiting\n")
         sys.stderr.flush()
         time.sleep(_EXIT_SLEEP)
 
+
+if _EXIT_SLEEP and multiprocessing.parent_process() is not None:  # in worker processes
+    _slow_exit = _SlowExit()
 
 app = el.App(
     env("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db"),

@@ -66,8 +66,10 @@ def _worker(
     # Once its run is over, a signal changes nothing (the supervisor's SIGTERM that follows a
     # Ctrl-C to the group may come after the worker stopped on the Ctrl-C): it ends as it
     # would, exit 0, its last log records and spans sent, instead of dying by the signal.
+    # A handler that does nothing (SIG_IGN now would discard a signal pending since the
+    # spawn), then ignored for the exit (Python puts its handlers back to the default then).
     for sig in signals.SIGNALS:
-        signal.signal(sig, _already_stopping)
+        signal.signal(sig, _over)
     # stopped while it starts: exit 0 at once (not by the signal); a second signal while it
     # stops is the supervisor's to act on (see the module's docstring)
     signals.interrupt_startup()
@@ -83,9 +85,12 @@ def _worker(
         _work(spec, processors, grace, logs, level, balance)
     except signals.StartupInterrupted:
         sys.exit(0)
+    finally:
+        for sig in signals.SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
-def _already_stopping(signum: int, frame: Any) -> None:
+def _over(signum: int, frame: Any) -> None:
     """A worker's handler once its run is over (see _worker)."""
 
 
