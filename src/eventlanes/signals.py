@@ -28,6 +28,7 @@ import logging
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -108,7 +109,7 @@ def leave_second_signal_to_parent() -> None:
 _taking_over: list[Stopping] = []  # the run installing its handlers (see _interrupt)
 
 
-_arrived: list[str] = []  # the signals _interrupt raised for (list.append: no lock)
+_arrived: list[str] = []  # every signal _interrupt received (list.append: no lock)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -117,8 +118,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
         return
     name = signal.Signals(signum).name
     _arrived.append(name)  # kept for when Python discards the exception (module docstring)
-    if len(_arrived) == 1:  # one exception per start-up: a second would cut short the
-        raise StartupInterrupted(name)  # ``except`` or ``finally`` handling the first
+    # Not while one is being handled: a second would cut short the ``except`` or ``finally``
+    # handling the first. Otherwise again, also when the first was discarded.
+    if not isinstance(sys.exception(), StartupInterrupted):
+        raise StartupInterrupted(name)
 
 
 def interrupt_startup() -> None:
@@ -128,13 +131,14 @@ def interrupt_startup() -> None:
         return
     for sig in SIGNALS:
         previous = signal.signal(sig, _interrupt)
-        if previous is not _interrupt:
+        if previous is not _interrupt:  # a new start-up (not a second call during one)
             _before[sig] = previous
+            _arrived.clear()
 
 
 def stopped_while_starting() -> str | None:
-    """The signal that came while starting, if Python discarded its
-    :class:`StartupInterrupted` (None: none came, or its exception is on its way)."""
+    """The first signal that came during this start-up (None: none came). Asked where its
+    :class:`StartupInterrupted` would have arrived: a name here means Python discarded it."""
     return _arrived[0] if _arrived else None
 
 

@@ -26,7 +26,7 @@ class _SlowExit:
     signal handlers are gone (what it leaves set is what holds then)."""
 
     def __del__(self) -> None:
-        sys.stderr.write("exiting\n")
+        sys.stderr.write(f"exiting {os.getpid()}\n")
         sys.stderr.flush()
         time.sleep(_EXIT_SLEEP)
 

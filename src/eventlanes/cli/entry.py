@@ -21,16 +21,14 @@ def main() -> None:
     signals.interrupt_startup()
     try:
         from . import main as cli
-    except signals.StartupInterrupted as exc:
-        _stopped(str(exc))
-    if _command(sys.argv[1:]) != "run":  # ``run`` keeps them until its processors run
+
         lost = signals.stopped_while_starting()  # its exception discarded by Python
         if lost is not None:
             _stopped(lost)
-        signals.startup_done()  # other commands: a Ctrl-C as before (click's "Aborted!")
-    try:
+        if _command(sys.argv[1:]) != "run":  # ``run`` keeps them until its processors run
+            signals.startup_done()  # other commands: a Ctrl-C as before (click's "Aborted!")
         cli()
-    except signals.StartupInterrupted as exc:  # ``run``: while click parses its options
+    except signals.StartupInterrupted as exc:  # also ``run`` while click parses its options
         _stopped(str(exc))
 
 

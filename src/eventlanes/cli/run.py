@@ -110,6 +110,8 @@ def run(**options: Any) -> None:
         _run(RunOptions(**options))
     except signals.StartupInterrupted as exc:
         log.info("stopped by %s while starting", exc)
+    finally:
+        signals.startup_done()  # also after an early error: the handlers from before are back
 
 
 def _run(o: RunOptions) -> None:

@@ -80,14 +80,19 @@ def _worker(
     faulthandler.register(STACKS, all_threads=True, chain=False)
     try:
         # the signals the supervisor blocked around the spawn (Supervisor._start), pending
-        # since if one came while Python started: delivered now, to the handler above
+        # since if one came while Python started: delivered now, to interrupt_startup's
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.SIGNALS)
         _work(spec, processors, grace, logs, level, balance)
     except signals.StartupInterrupted:
         sys.exit(0)
     finally:
         for sig in signals.SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+            # setting a handler runs those pending first: a stop during a failed start-up
+            with contextlib.suppress(signals.StartupInterrupted):
+                signal.signal(sig, signal.SIG_IGN)
+        # Deaf to SIGTERM now: an exit that hangs (a thread joined, an atexit hook) ends by
+        # itself, its stacks in the log, also with no supervisor left to kill it.
+        faulthandler.dump_traceback_later(max(grace, 1.0), exit=True)
 
 
 def _over(signum: int, frame: Any) -> None:
@@ -204,6 +209,8 @@ class Supervisor:
         # while its interpreter starts waits for them (see _worker), instead of killing it
         # half-started or reaching code that cannot act on it. The stdlib does the same for
         # its resource tracker, then unblocks them: started first, it would undo our block.
+        # (A tracker that dies in between is started again by the spawn, unblocking them for
+        # that one worker: it then only loses this protection.)
         resource_tracker.ensure_running()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals.SIGNALS)
         try:
