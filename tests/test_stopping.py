@@ -633,3 +633,60 @@ def test_a_ctrl_c_while_a_worker_interpreter_starts_stops_it_quietly(tmp_path) -
     assert "Traceback" not in log, log
     assert log.count("done, exit code 0;") == 2, log
     assert proc.returncode == 0, log
+
+
+# A second signal whose C-level handler runs on another thread than the main one (or on the
+# main one just before a long wait starts): its Python handler waits for the main thread to
+# run Python again. Sent here with pthread_kill to the thread of a hung handler, while the
+# main thread waits for that handler's batch (grace 20 s).
+_SECOND_ELSEWHERE = """
+import os, signal, sys, threading, time
+import eventlanes as el
+
+app = el.App(sys.argv[1])
+proc = app.processor("hang")
+hung, never = threading.Event(), threading.Event()
+where = []
+
+@proc.on_any
+def hang(event, ctx):
+    where.append(threading.get_ident())
+    hung.set()
+    never.wait()
+
+def stop_twice():
+    hung.wait()
+    os.kill(os.getpid(), signal.SIGTERM)  # the clean stop: it waits for the hung batch
+    time.sleep(1.0)
+    print("second", flush=True)
+    signal.pthread_kill(where[0], signal.SIGINT)
+
+threading.Thread(target=stop_twice, daemon=True).start()
+app.store.append("s", [el.NewEvent("Step")])
+app.run(grace=20)
+"""
+
+
+def test_a_second_signal_landing_on_another_thread_still_ends_the_run_at_once(
+    tmp_path: Path,
+) -> None:
+    """Before, the main thread waited for the hung batch in one 20 s join, and the second
+    signal acted only once it returned (a fresh clone saw `run` alive 5 s after its second
+    signal). Now the waits are short and it ends at once, exit 130."""
+    proc = subprocess.Popen([sys.executable, "-c", _SECOND_ELSEWHERE, f"sqlite:///{tmp_path}/s.db"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "second"
+        sent = time.monotonic()
+        proc.wait(30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 130, err
+    assert "error: SIGINT while stopping: exiting at once" in err, err
+    assert took < 5, f"ended {took:.1f} s after the second signal"

@@ -205,6 +205,19 @@ def run_until_signal(
     return stopping
 
 
+def join(thread: threading.Thread, timeout: float | None = None) -> None:
+    """``thread.join(timeout)`` in short waits. A signal whose C-level handler ran just before
+    a long wait began (or on another thread) leaves its Python handler pending until the
+    main thread runs Python again: one 20 s join held a second Ctrl-C back for 20 s. Between
+    two short waits the handler runs."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while thread.is_alive():
+        left = _SLICE * 2 if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return
+        thread.join(min(left, _SLICE * 2))
+
+
 def _loop(
     stopping: Stopping, stop: threading.Event, done: Callable[[], bool] | None, interval: float
 ) -> None:

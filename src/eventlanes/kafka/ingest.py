@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..db import weather
 from ..errors import ClaimLostError, InvalidInputError
+from ..signals import join
 from ..tokens import SegmentStatus, SQLTokenStore, Token
 from ..tokens.claims import HOLD_OFF_ROUNDS, Heartbeat, claimable, fair_share
 from ..tracing import propagation, spans
@@ -123,7 +124,7 @@ class IngestRunner:
 
     def stop(self, timeout: float) -> bool:
         self.stopping.set()
-        self._thread.join(timeout)
+        join(self._thread, timeout)  # in slices: a second signal acts at once
         return not self._thread.is_alive()
 
     # -- the loop ------------------------------------------------------------------------------

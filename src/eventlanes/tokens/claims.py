@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from ..db.weather import Outage
 from ..errors import ProcessorBusyError
+from ..signals import join
 from . import SegmentStatus, TokenRecord, TokenStore
 
 log = logging.getLogger("eventlanes.processing")
@@ -119,7 +120,7 @@ class Heartbeat:
         self._stop.set()
         for thread in (self._thread, self._watchdog):
             if thread.is_alive() and thread is not threading.current_thread():
-                thread.join()
+                join(thread)  # in slices: a second signal acts at once
 
 
 def fair_share(

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ...signals import join
 from ...tokens import SegmentStatus
 from ..processor import Processor
 from ..runtime import Runtime
@@ -115,4 +116,4 @@ class Balancer:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            join(self._thread)  # in slices: a second signal acts at once

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ...observe import CRASH
+from ...signals import join
 from ...store.notify import Wakeup, wakeup_for
 from ...tokens.claims import Heartbeat, node_name
 from ..aggregating.aggregation import Aggregation
@@ -155,7 +156,7 @@ class ProcessorRunner:
         self.stopping.set()
         self.wakeup.notify()
         if self._thread is not None:
-            self._thread.join(timeout)
+            join(self._thread, timeout)  # in slices: a second signal acts at once
         clean = self._thread is None or not self._thread.is_alive()
         self.heartbeat.stop()
         if clean:  # left again: a beat after the thread left wrote its node row back
