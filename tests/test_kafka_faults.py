@@ -195,7 +195,12 @@ def test_ingest_through_a_postgres_restart(private_pg, kafka_broker) -> None:
         wait_for(lambda: progress() > before or progress() == total, timeout=120,
                  what="progress after the restart")  # fmt: skip
         print(f"| PostgreSQL stopped 8 s | resumed {time.monotonic() - back:.1f} s after start |")
-        wait_for(lambda: progress() == total, timeout=240, interval=0.2, what="all ingested")
+        try:
+            wait_for(lambda: progress() == total, timeout=240, interval=0.2, what="all ingested")
+        except AssertionError as exc:  # where each partition stood, and the run's log
+            tokens, log = _tokens(app), _stop(supervisor)
+            raise AssertionError(f"{exc}: tokens {tokens} of {hw}; the run's log:\n"
+                                 f"{log[-8000:]}") from None  # fmt: skip
         assert supervisor.poll() is None, "the workers must wait for the database, not exit"
     finally:
         err = _stop(supervisor)
