@@ -9,8 +9,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 import eventlanes as el
 
 
@@ -142,25 +140,3 @@ class Logged:
                     f"the process silent for {now - last_change:.0f} s"
                 )
             time.sleep(0.1)
-
-
-def worker_processes(supervisor: int) -> list[psutil.Process]:
-    """The live worker processes of ``run --processes``'s supervisor ``supervisor`` (not its
-    resource tracker)."""
-    found = []
-    for child in psutil.Process(supervisor).children():
-        try:
-            cmdline = " ".join(child.cmdline())
-            if "spawn_main" in cmdline and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
-
-
-def ended(process: psutil.Process) -> bool:
-    """Ended (a zombie nobody reaps counts: the tests' pid 1 may not reap orphans)."""
-    try:
-        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True

@@ -12,11 +12,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import psutil
 import pytest
 
 import eventlanes as el
 from tests.kafka_helpers import create_topic, high_watermarks, produce
-from tests.processing_helpers import wait_for, worker_processes
+from tests.processing_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.kafka_app:app"
@@ -43,6 +44,18 @@ def _stop(proc: subprocess.Popen) -> str:
 
 def _tokens(app: el.App) -> dict[int, int]:
     return {s.segment.id: s.position for s in app.tokens.status(NAME)}
+
+
+def _workers(supervisor: subprocess.Popen) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(supervisor.pid).children():
+        try:
+            cmdline = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "spawn_main" in cmdline and child.status() != psutil.STATUS_ZOMBIE:
+            found.append(child)  # not the resource tracker
+    return found
 
 
 def test_exactly_once_through_kills_and_a_stopped_broker(tmp_path, kafka_broker) -> None:
@@ -78,10 +91,8 @@ def test_exactly_once_through_kills_and_a_stopped_broker(tmp_path, kafka_broker)
         for fraction, fault in ((0.15, "kill"), (0.4, "stop"), (0.65, "kill")):
             wait_for(lambda f=fraction: progress() >= f * total, timeout=180, what=f"{fraction}")
             if fault == "kill":
-                wait_for(
-                    lambda: len(worker_processes(supervisor.pid)) == 2, timeout=60, what="2 workers"
-                )
-                victim = worker_processes(supervisor.pid)[0]
+                wait_for(lambda: len(_workers(supervisor)) == 2, timeout=60, what="2 workers")
+                victim = _workers(supervisor)[0]
                 victim.send_signal(signal.SIGKILL)
                 resumed_after("worker SIGKILL", time.monotonic())
             else:

@@ -145,8 +145,11 @@ class LogSender:
 
     def _forked(self) -> None:
         """In a child forked from this worker: its records go to its own stderr."""
-        self.lock = threading.Lock()  # one held by another thread at the fork stays held
-        self.detach()  # closes the child's copy of the pipe end; the worker's stays
+        self.lock = threading.Lock()
+        if self.channel is not None:
+            with suppress(OSError):
+                self.channel.close()  # the child's copy of the pipe end; the worker's stays
+            self.channel = None
 
     def detach(self) -> None:
         """From now, records go to stderr."""
