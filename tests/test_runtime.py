@@ -525,6 +525,43 @@ def test_a_hung_republisher_mapping_or_fold_is_bounded_by_handler_timeout(store_
     app.close()
 
 
+def test_a_hung_fold_does_not_hold_up_the_segments_queued_behind_it_on_its_thread(
+    store_url: str,
+) -> None:
+    """Two segments, one handler thread (``workers=1``): the first segment's fold hangs, the
+    second segment's share waits in the pool's queue behind it. Before, the loop gave the hung
+    one up after handler_timeout but went on waiting for the queued share, which could never
+    run: the whole aggregation stopped, the other keys' events were never folded. Now a share
+    that never started is dropped with the hung one (nothing of it ran) and read again."""
+    app = el.App(store_url, claim_timeout=1.5)
+    release = threading.Event()
+    counts = app.aggregation("counts", key="k", initial=lambda: {"n": 0}, persist_every=0.05,
+                             handler_timeout=1.0, segments=2, workers=1)  # fmt: skip
+    # "hung" in segment 0 (handed to the pool first), "free" in segment 1
+    hung = next(k for k in (f"h{i}" for i in range(100)) if el.stable_hash(k) & 1 == 0)
+    free = next(k for k in (f"f{i}" for i in range(100)) if el.stable_hash(k) & 1 == 1)
+
+    @counts.on("In")
+    def count(state: dict, event: el.Event) -> None:
+        if event.data["k"] == hung and not release.is_set():
+            release.wait(60)  # hangs
+        state["n"] += 1
+
+    app.store.append("s", [el.NewEvent("In", {"k": hung}), el.NewEvent("In", {"k": free})])
+    app.start()
+    try:
+        wait_for(lambda: counts.get(free) == {"n": 1}, timeout=20,
+                 what="the other segment's key folded while the first one hangs")  # fmt: skip
+        assert counts.get(hung) is None
+        release.set()
+        app.wait_until_caught_up(30)
+    finally:
+        release.set()
+        app.stop()
+    assert counts.get(hung) == {"n": 1} and counts.get(free) == {"n": 1}
+    app.close()
+
+
 def test_a_segment_given_up_as_stuck_is_not_claimed_again_before_its_failure_is_recorded(
     store_url: str,
 ) -> None:

@@ -205,6 +205,9 @@ class PooledLoop:
                 self.abandoned += len(stuck)
                 pending -= stuck
                 abandoned = True
+                # Shares queued behind a stuck one on its thread would never run: nothing of
+                # them started, so they are dropped and read again by the next round.
+                pending = {f for f in pending if not f.cancel()}
         if error is not None:
             raise error
         return abandoned
