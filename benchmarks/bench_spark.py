@@ -56,15 +56,18 @@ def replays_in_subprocess(
     env: dict[str, str] | None = None,
     module: str = "benchmarks.bench_spark",
     name: str = "totals",
+    remote: str | None = None,
 ) -> list[float]:
     """Each master needs its own JVM: replay ``name`` (as ``module.define`` defines it) four
-    times in a child process; the events/s of each run, in order."""
+    times in a child process; the events/s of each run, in order. ``remote``: on the Spark
+    Connect server at that ``sc://`` URL instead of a session of ``master``."""
+    session = f"remote={remote!r}" if remote is not None else repr(master)
     code = (
         "import sys, json; sys.path.insert(0, '.');"
         "import eventlanes as el; from eventlanes import spark as els;"
         f"from {module} import define;"
         f"app = el.App({url!r}); define(app);"
-        f"s = els.get_session({master!r});"
+        f"s = els.get_session({session});"
         f"rs = [els.replay(app, {name!r}, spark=s, parquet={parquet!r}) for _ in range(4)];"
         "print(json.dumps([r.events / r.seconds for r in rs]))"
     )
@@ -313,6 +316,50 @@ def run_cluster(events: int = 1_000_000, keys: int = KEYS) -> None:
     )
 
 
+def run_connect(events: int = 1_000_000, keys: int = KEYS) -> None:
+    """The same replay on a Spark Connect session (a server started from the pyspark package,
+    ``local[2]``, on this machine; its executors have their own Python, and eventlanes and this
+    module are shipped as artifacts) and on a classic ``local[2]`` session, each in a fresh
+    JVM, both checked against a plain Python fold. Target (issue 32): Connect at least 0.8x
+    of classic, warm."""
+    import tempfile
+
+    from tests import spark_connect
+
+    DATA.mkdir(exist_ok=True)
+    url = fresh_store("spark-bench-connect.db", events, keys)
+    want = plain_fold(url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    classic_env = {**env, "PYSPARK_PYTHON": sys.executable}
+    classic = _replay_in_subprocess(url, "local[2]", env=classic_env)
+    if _stored_sums(url) != want:
+        raise AssertionError("the classic replay differs from a plain fold")
+    with tempfile.TemporaryDirectory() as root:
+        rich = ("rich", "markdown_it", "mdurl", "pygments")  # this module's package needs it
+        server = spark_connect.start(Path(root), extra=rich)
+        try:
+            runs = replays_in_subprocess(url, "", env=server.driver_env(), remote=server.url)
+        finally:
+            server.stop()
+    connect = first_and_warm(runs)
+    if _stored_sums(url) != want:
+        raise AssertionError("the Connect replay differs from a plain fold")
+    ratio = connect[1] / classic[1]
+    print_table(
+        f"Spark replay of {events:,} events / {keys:,} keys from SQLite, Python fold: Spark "
+        "Connect (a local server, local[2]) vs a classic local[2] session (events/s)",
+        ["session", "first run (JVM warm-up)", "warm (median of 3)", "ratio to classic (warm)"],
+        [
+            ["classic local[2]", *classic, "1.00x"],
+            ["Spark Connect, local[2]", *connect,
+             f"{ratio:.2f}x (target >= 0.8x: {'met' if ratio >= 0.8 else 'NOT MET'})"],
+        ],
+    )  # fmt: skip
+
+
 if __name__ == "__main__":
     if "--cluster" in sys.argv:
         run_cluster()
+    elif "--connect" in sys.argv:
+        run_connect()

@@ -75,13 +75,14 @@ class ConnectServer:
             self.process.wait(5)
 
 
-def start(root: Path, timeout: float = 120.0) -> ConnectServer:
+def start(root: Path, timeout: float = 120.0, extra: tuple[str, ...] = ()) -> ConnectServer:
     """Start the server; return once it accepts connections. Raises (after stopping it) if it
-    exits or does not accept within ``timeout``."""
+    exits or does not accept within ``timeout``. ``extra``: more packages of this Python the
+    executors see."""
     root.mkdir(parents=True, exist_ok=True)
     for name in ("conf", "logs", "pids", "work"):
         (root / name).mkdir(exist_ok=True)
-    python = executor_python(root, extra=("confluent_kafka",))
+    python = executor_python(root, extra=("confluent_kafka", *extra))
     port = _free_port()
     env = {
         k: v

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 import time
 
 import pytest
@@ -136,7 +137,6 @@ def test_chaos_sigkill_republisher_and_aggregator_exact_totals(store_url: str, t
     import signal
     import subprocess
     import sys
-    import threading
     from pathlib import Path
 
     from examples.screws import append_raw, build
@@ -187,7 +187,6 @@ def test_two_writers_of_a_new_downstream_key_lose_no_update(store_url: str) -> N
     """Two upstream segments (in two processes) feed one downstream key that has no row yet:
     a row that does not exist cannot be locked, so the second writer used to start from the
     initial state too and overwrite the first (found by the chaos test on PostgreSQL)."""
-    import threading
 
     app = el.App(store_url)
     table = app.aggregate_states
@@ -465,3 +464,35 @@ def test_a_republisher_on_any_into_the_store_it_reads_is_refused_where_written(t
     rep = app.republisher("copy", to_stream="copies")
     with pytest.raises(el.InvalidInputError, match="republisher 'copy': on_any maps every event"):
         rep.on_any(lambda event: E("Copy"))
+
+
+def test_the_segments_held_are_written_together_and_one_that_cannot_be_stored_writes_alone(
+    store_url: str,
+) -> None:
+    """A process writes the segments it holds together (their states and tokens in one
+    transaction). One whose state cannot be stored fails alone: its error is shown, nothing
+    of it is written, and the other segment's states and token are."""
+    app = el.App(store_url)
+    agg = app.aggregation("counts", key="k", initial=lambda: {"n": 0}, segments=2,
+                          persist_every=0.5)  # fmt: skip
+    keys = [next(k for k in (f"k{i}" for i in range(100)) if el.stable_hash(k) & 1 == seg)
+            for seg in (0, 1)]  # fmt: skip
+
+    @agg.on("In")
+    def count(state: dict, event: el.Event) -> None:
+        state["n"] += 1
+        if event.data["k"] == keys[1]:
+            state["seen"] = {1, 2}  # a set: JSON cannot hold it
+
+    app.store.append("s", [el.NewEvent("In", {"k": k}) for k in keys])
+    app.start()
+    try:
+        error = wait_for(lambda: app.status("counts").segments[1].last_error, timeout=15,
+                         what="segment 1's error")  # fmt: skip
+        wait_for(lambda: agg.get(keys[0]) == {"n": 1}, timeout=15, what="segment 0 written")
+    finally:
+        app.stop()
+    assert f"key {keys[1]!r}: state" in error
+    assert agg.get(keys[1]) is None
+    assert [s.position for s in app.status("counts").segments] == [2, 0]
+    app.close()

@@ -71,6 +71,28 @@ def _restart(server, seconds: float = DOWN) -> float:
     return time.monotonic()
 
 
+def _where(app: el.App, workers: subprocess.Popen) -> str:
+    """Each segment's position, owner and error; the database's sessions (what each waits
+    on); then the workers' stacks (asked for by SIGUSR1) and log, once stopped (a fresh clone
+    once saw every segment stand still, without an error, for 11 s after the restart)."""
+    status = app.status("recorder")
+    segments = [(str(s.segment), s.position, s.owner, s.last_error) for s in status.segments]
+    sessions = app.db.query(
+        """SELECT pid, application_name, state, wait_event_type, wait_event,
+                  extract(epoch FROM clock_timestamp() - xact_start)::int, left(query, 100)
+           FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+    )
+    children = Path(f"/proc/{workers.pid}/task/{workers.pid}/children").read_text().split()
+    for pid in map(int, children):
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    workers.send_signal(signal.SIGTERM)
+    _, err = workers.communicate(timeout=60)
+    rows = "\n".join(map(str, sessions))
+    return (f"at {status.position} of {status.head}; segments {segments}; sessions:\n{rows}\n"
+            f"the workers' stacks and log:\n{err[-16000:]}")  # fmt: skip
+
+
 def _stop(workers: subprocess.Popen) -> str:
     assert workers.poll() is None, f"the workers exited: {workers.stderr.read()}"  # type: ignore[union-attr]
     workers.send_signal(signal.SIGTERM)
@@ -142,13 +164,9 @@ def test_restart_while_idle_and_writers_append(server) -> None:  # type: ignore[
         thread.join()
         try:
             wait_for(lambda: _caught_up(app), timeout=CLAIM_TIMEOUT + 10, what="caught up again")
-        except AssertionError as exc:  # where each stood, and what the workers said
-            status = app.status("recorder")
-            workers.send_signal(signal.SIGTERM)
-            _, err = workers.communicate(timeout=60)
-            raise AssertionError(f"{exc}: at {status.position} of {status.head}, "
-                                 f"{time.monotonic() - back:.1f} s after the restart; "
-                                 f"the workers' log:\n{err[-6000:]}") from None  # fmt: skip
+        except AssertionError as exc:  # where each stood, what the server and workers did
+            raise AssertionError(f"{exc}, {time.monotonic() - back:.1f} s after the restart: "
+                                 f"{_where(app, workers)}") from None  # fmt: skip
         resumed = time.monotonic() - back
         _stop(workers)
     finally:

@@ -525,6 +525,41 @@ def test_a_hung_republisher_mapping_or_fold_is_bounded_by_handler_timeout(store_
     app.close()
 
 
+def test_a_fold_given_up_that_returns_late_leaves_the_new_claims_states_alone(
+    store_url: str,
+) -> None:
+    """A fold given up as stuck returns after its segment was claimed again by this process,
+    whose new attempt folded the event but has not written it yet (persist_every). Before,
+    the late attempt dropped what was held for the segment id (``_discard``): the new claim's
+    states were lost, and its token was then written past the event: a silent loss."""
+    app = el.App(store_url, claim_timeout=1.5)
+    release, refolded = threading.Event(), threading.Event()
+    attempts: list[int] = []
+    counts = app.aggregation("counts", key="k", initial=lambda: {"n": 0}, persist_every=3,
+                             handler_timeout=1.0)  # fmt: skip
+
+    @counts.on("In")
+    def count(state: dict, event: el.Event) -> None:
+        attempts.append(event.position)
+        if len(attempts) == 1:
+            release.wait(60)  # the first attempt hangs
+        else:
+            refolded.set()
+        state["n"] += 1
+
+    app.store.append("s", [el.NewEvent("In", {"k": "a"})])
+    app.start()
+    try:
+        assert refolded.wait(20), "the segment claimed again and its event folded"
+        release.set()  # the late attempt returns while the new one's state is unwritten
+        app.wait_until_caught_up(30)
+    finally:
+        release.set()
+        app.stop()
+    assert counts.get("a") == {"n": 1}
+    app.close()
+
+
 def test_a_hung_fold_does_not_hold_up_the_segments_queued_behind_it_on_its_thread(
     store_url: str,
 ) -> None:

@@ -13,3 +13,8 @@ from zlib import crc32
 def stable_hash(key: str) -> int:
     """Unsigned 32-bit CRC-32 of ``key`` encoded as UTF-8."""
     return crc32(key.encode("utf-8"))
+
+
+def stable_hashes(keys: list[str]) -> list[int]:
+    """:func:`stable_hash` of each key, in C-speed steps (no Python call per key)."""
+    return list(map(crc32, map(str.encode, keys)))

@@ -8,12 +8,13 @@ to segments with the stable hash, never Python's ``hash()``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import methodcaller
 from typing import Any
 
 from .callables import check, name_of
 from .errors import InvalidInputError
-from .events import Event, datas
-from .hashing import stable_hash
+from .events import Event, datas, types
+from .hashing import stable_hash, stable_hashes
 
 KeyFunction = Callable[[Event], Any]
 
@@ -81,10 +82,18 @@ class FieldPolicy(SequencingPolicy):
             rows = datas(events)
         except Exception:  # noqa: BLE001 - a corrupt event: the per-event path routes it
             return super().routing_hashes(events)
-        field, wanted, one = self.field, self.wanted, self.routing_hash
+        kinds = types(events)
+        wanted = {kind: self.wanted(kind) for kind in set(kinds)}
+        if all(wanted.values()):
+            values = list(map(methodcaller("get", self.field), rows))
+            if list(map(type, values)).count(str) == len(values):
+                # The usual batch, in C-speed steps: a Python loop of a few calls per event
+                # took a fifth of a 4-segment catch-up's time (routing is not needed with one).
+                return stable_hashes(values)
+        field, one = self.field, self.routing_hash
         hashes = []
-        for event, data in zip(events, rows, strict=True):
-            value = data.get(field) if wanted(event.type) else None
+        for event, data, kind in zip(events, rows, kinds, strict=True):
+            value = data.get(field) if wanted[kind] else None
             if value.__class__ is str:
                 hashes.append(stable_hash(value))
             else:  # no key (by position), or one to render: the per-event path

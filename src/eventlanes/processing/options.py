@@ -63,7 +63,8 @@ class AggregationOptions(TypedDict, total=False):
     mode: str
     #: at most this many segments per process (default: no limit)
     max_segments: int | None
-    #: the pooled mode's handler threads (default: one per segment)
+    #: the pooled mode's handler threads (default: one per segment; an aggregation's, one:
+    #: folds compute in Python, where more threads only queue for its interpreter lock)
     workers: int | None
     #: ``"retry"`` the batch (the default) or ``"dead_letter"`` the failed event and the later
     #: ones of its key (exactly-once processors)

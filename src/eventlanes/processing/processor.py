@@ -116,6 +116,12 @@ class Processor:
         """The event types this processor reads (None: all); the others are passed over."""
         return self.handlers.types()
 
+    @property
+    def handler_threads(self) -> int:
+        """The pooled mode's handler threads: ``workers``, or one per segment (handlers that
+        wait on a database or the network wait side by side)."""
+        return self.workers or max(1, self.segments)
+
     def refuse_upcast(self, types: tuple[str, ...] | frozenset[str]) -> None:
         """Refuse handling a type that an upcaster turns into another: its handler would never
         run (``eventlanes.upcasting``)."""

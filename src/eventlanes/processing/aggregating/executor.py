@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
+from contextlib import ExitStack
 from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,8 @@ class AggregationExecutor(Executor):
         self.flushed_at: dict[int, float] = {}
         self.outputs: dict[int, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
         self.persist_every = agg.persist_every
+        #: run in the pooled loop's rounds: due writes wait for :meth:`end_round`, merged
+        self.rounds = agg.mode == "pooled"
         if not agg.stages:  # all stages are declared by now: the app starts
             check_fresh_state("aggregation", agg.name, agg.initial_state)
         decl = agg.declaration
@@ -197,20 +200,26 @@ class AggregationExecutor(Executor):
                 handled = len(events)
                 self._fold_events(st, entries, events)
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
-            self._discard(seg)
+            self._let_go(st)
             return self.back_off(st, exc)
         if st.lost:  # given up on (a fold ran past handler_timeout): nothing of it is written
-            self._discard(seg)
+            self._let_go(st)
             return Outcome.LOST
         seconds = time.perf_counter() - started
         self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
         st.dirty = True  # states changed: written with the token even if it did not move
-        if time.monotonic() - self.flushed_at[seg] >= self.agg.persist_every or self._full(seg):
+        if self._full(seg) or (not self.rounds and self._due(st)):
             self.flush(st)
             if st.lost:
                 return Outcome.LOST
         return Outcome.OK
+
+    def _due(self, st: SegmentState) -> bool:
+        """Changed, or moved, since the last write, ``persist_every`` ago (never written:
+        since its first batch here, so a first catch-up is conflated too)."""
+        since = self.flushed_at.get(st.segment.id, st.persisted_at)
+        return st.dirty and time.monotonic() - since >= self.persist_every
 
     def _load(self, seg: int, entries: dict[str, Entry], keys: Iterable[str]) -> Marks:
         """Every key of ``keys`` in ``entries`` (read from the table, or fresh); the segment's
@@ -360,14 +369,48 @@ class AggregationExecutor(Executor):
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         super().idle(st, upto)
-        if time.monotonic() - self.flushed_at.get(st.segment.id, 0) >= self.agg.persist_every:
+        if not self.rounds and self._due(st):
             self.flush(st)
+
+    def end_round(self, states: list[SegmentState]) -> None:
+        """Once one held segment is due a write, write every held segment changed since its
+        last one, in one transaction: segments are written together, one commit for all
+        (each commit waits for the disk: 4 segments written apart took 4 times the commits of
+        one), and they stay due together."""
+        if not any(self._due(st) for st in states if not st.lost):
+            return
+        group = [st for st in states if st.dirty and not st.lost]
+        if len(group) == 1:
+            self.flush(group[0])
+            return
+        started = time.perf_counter()
+        try:
+            self._write_all(group)
+        except Exception:  # noqa: BLE001 - one at a time: each gets its own outcome
+            for st in group:
+                self.flush(st)
+            return
+        seconds = time.perf_counter() - started
+        for st in group:
+            self._written(st, seconds)
 
     def persist_idle(self, st: SegmentState) -> None:
         """Caught up: write only when ``persist_every`` has passed (the coordinator's rounds
         check it), so a trickle of events is still conflated."""
-        if st.persist_due(self.persist_every):
+        if self._due(st):
             self.persist(st)
+
+    def persist_due(self, states: list[SegmentState]) -> None:
+        self.end_round(states)
+
+    def _let_go(self, st: SegmentState) -> None:
+        """Drop what is held for ``st``'s claim, unless a newer claim holds its segment now
+        (a fold given up as stuck that returns late: what the new claim folded is not its to
+        drop, or the new claim would write its token past states it no longer has)."""
+        seg = st.segment.id
+        with self.holding:
+            if self.holder.get(seg) == (st, st.segment):
+                self._discard(seg)
 
     def _discard(self, seg: int) -> None:
         kept = (self.entries, self.marks, self.outputs, self.changed, self.holder, self.caches)
@@ -377,7 +420,6 @@ class AggregationExecutor(Executor):
     def flush(self, st: SegmentState) -> None:
         """Write the segment's changed states and its token in one transaction (downstream
         first)."""
-        seg = st.segment.id
         if not st.dirty:
             return
         started = time.perf_counter()
@@ -385,14 +427,19 @@ class AggregationExecutor(Executor):
             self._write(st)
         except ClaimLostError:
             self.lost(st)
-            self._discard(seg)
+            self._let_go(st)
             return
         except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
             log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
-            self._discard(seg)
+            self._let_go(st)
             self.back_off(st, exc)
             return
-        self.observer.committed(self.name, str(st.segment), time.perf_counter() - started)
+        self._written(st, time.perf_counter() - started)
+
+    def _written(self, st: SegmentState, seconds: float) -> None:
+        """The segment's states and token are stored: it is clean."""
+        seg = st.segment.id
+        self.observer.committed(self.name, str(st.segment), seconds)
         st.committed(st.token)
         self.flushed_at[seg] = st.persisted_at
         self.changed.pop(seg, None)
@@ -405,20 +452,30 @@ class AggregationExecutor(Executor):
     def _write(self, st: SegmentState) -> None:
         """The states changed (downstream stages first, then published, then the segment's
         own with its token in one transaction), all in the commit span."""
-        seg = st.segment.id
-        entries = self.entries.get(seg, {})
-        marks = self.marks.get(seg)
-        offsets = marks.encode_offsets if marks is not None else None
-        changed = self.changed.get(seg, ())
-        measured = self._measuring(seg, offsets)
-        with self.committing(st, st.token.position):
-            self._flush_downstream(seg)
-            if self.agg.publish is not None:
-                publish_states(self.agg.publish, self.name, entries, changed, offsets)
+        self._write_all([st])
+
+    def _write_all(self, group: list[SegmentState]) -> None:
+        """:meth:`_write` of several segments, their own states and tokens in one transaction
+        (each in its commit span)."""
+        with ExitStack() as spans_open:
+            for st in group:
+                spans_open.enter_context(self.committing(st, st.token.position))
+            rows = []
+            for st in group:
+                seg = st.segment.id
+                entries = self.entries.get(seg, {})
+                marks = self.marks.get(seg)
+                offsets = marks.encode_offsets if marks is not None else None
+                changed = self.changed.get(seg, ())
+                self._flush_downstream(seg)
+                if self.agg.publish is not None:
+                    publish_states(self.agg.publish, self.name, entries, changed, offsets)
+                rows.append((st, entries, changed, self._measuring(seg, offsets)))
             with self.runtime.db.transaction() as conn:
-                self.table.save(conn, self.name, entries, changed, measured)
-                # Not commit_token: the commit span is this whole write, states and token.
-                self.tokens.store(self.name, seg, st.token, self.owner, conn=conn)
+                for st, entries, changed, measured in rows:
+                    self.table.save(conn, self.name, entries, changed, measured)
+                    # Not commit_token: the commit span is this whole write, states and token.
+                    self.tokens.store(self.name, st.segment.id, st.token, self.owner, conn=conn)
 
     def _measuring(
         self, seg: int, offsets: Callable[[list[str], list[Entry]], list[str]] | None

@@ -5,7 +5,8 @@ An executor runs a processor's batches for the segments this process holds; ther
 guarantee (:mod:`.exactly_once`, :mod:`.lanes`, :mod:`.republish`, and the aggregations'
 :mod:`~eventlanes.processing.aggregating.executor`). The runner and the coordinator call only
 :meth:`Executor.handle`, :meth:`~Executor.idle`, :meth:`~Executor.persist`,
-:meth:`~Executor.persist_idle` and :meth:`~Executor.crashed`.
+:meth:`~Executor.persist_due`, :meth:`~Executor.persist_idle`, :meth:`~Executor.end_round`
+and :meth:`~Executor.crashed`.
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ class Executor:
     def flush(self, st: SegmentState) -> None:
         """Write what is held in memory for the segment (nothing here; aggregations do)."""
 
+    def end_round(self, states: list[SegmentState]) -> None:
+        """The pooled loop's round is over: every batch of it has ended, none runs (nothing
+        here; aggregations write their due segments together)."""
+
     def persist(self, st: SegmentState) -> None:
         """Store the segment's token if it moved in memory (with what is held for it)."""
         if st.lost:
@@ -143,6 +148,12 @@ class Executor:
             st.committed(st.token)
         except ClaimLostError:
             self.lost(st)
+
+    def persist_due(self, states: list[SegmentState]) -> None:
+        """Store the tokens of ``states`` that moved in memory ``persist_every`` ago."""
+        for st in states:
+            if st.persist_due(self.persist_every):
+                self.persist(st)
 
     def persist_idle(self, st: SegmentState) -> None:
         """The reader is caught up: a good moment to store a token that moved in memory."""

@@ -113,9 +113,7 @@ class PooledLoop:
             ahead = None  # claims, splits, merges may have changed the held segments
             states = [st for st in coordinator.claimed.values() if not st.lost]
             coordinator.refresh_parked(states)
-            for st in states:
-                if st.persist_due(executor.persist_every):
-                    executor.persist(st)
+            executor.persist_due(states)
         states = [st for st in coordinator.claimed.values() if not st.lost]
         if not states:
             self.wakeup.wait(self.wakeup.generation, coordinator.interval)
@@ -126,6 +124,7 @@ class PooledLoop:
             seen = self.wakeup.generation
             events, upto, moved = self.reader.read(states)
         if not events and not moved:
+            executor.end_round(states)
             for st in states:  # idle: a good moment to persist advanced tokens
                 executor.persist_idle(st)
             self.wakeup.wait(seen)
@@ -151,6 +150,7 @@ class PooledLoop:
                 max_workers=self.threads, thread_name_prefix=f"el-{coordinator.name}"
             )
             return
+        executor.end_round(states)
         self.ahead = following
 
     def _read_ahead(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import takewhile
+from operator import attrgetter
 from typing import Any
 
 from ...events import Event, set_source
@@ -18,6 +20,7 @@ from ..processor import Processor
 from ..segment import SegmentState
 
 Upto = int | dict[str, int]
+_POSITION = attrgetter("position")
 
 
 class BatchReader:
@@ -127,8 +130,9 @@ class BatchReader:
         if not over:
             return shares, upto, None
         end = min(over)
-        cut = {st: [e for e in evs if e.position <= end] for st, evs in shares.items()}
-        return cut, end, ([e for e in events if e.position > end], upto)
+        # Shares and batch are in position order: each is cut at one bisection.
+        cut = {st: evs[: bisect_right(evs, end, key=_POSITION)] for st, evs in shares.items()}
+        return cut, end, (events[bisect_right(events, end, key=_POSITION) :], upto)
 
     def rows_between(
         self, st: SegmentState, after: int, upto: int, batch_size: int

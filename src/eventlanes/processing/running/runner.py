@@ -120,7 +120,7 @@ class ProcessorRunner:
         self.runtime.initialize(*self.processor.token_spec())
         self.runtime.tokens.heartbeat(self.name, self.owner)
         if self.processor.mode == "pooled":
-            threads = self.processor.workers or max(1, self.processor.segments)
+            threads = self.processor.handler_threads
             loop: PooledLoop | TrackingLoop = PooledLoop(
                 self.coordinator, self.reader, self.executor, self.wakeup, self.stopping, threads
             )

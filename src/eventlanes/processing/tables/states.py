@@ -65,7 +65,10 @@ def encode_states(name: str, keys: list[str], values: list[Any]) -> list[str]:
     with a key that is not a string, a tuple, a datetime... would be silently changed by JSON):
     InvalidInputError naming the aggregation, the key and where in the state. NaN and
     infinities are kept (the stdlib's ``NaN``, ``Infinity``)."""
-    texts = encode_all(values)
+    try:
+        texts = encode_all(values)
+    except (TypeError, ValueError):  # a value JSON cannot hold (a set, a cycle): named below
+        texts = [_encode_named(name, key, value) for key, value in zip(keys, values, strict=True)]
     try:  # one array read at C speed, the usual case: each text is one JSON value (ours)
         same = _read_back("[" + ",".join(texts) + "]") == values
     except ValueError:  # orjson refuses NaN and nesting past its limit: one by one below
@@ -78,6 +81,14 @@ def encode_states(name: str, keys: list[str], values: list[Any]) -> list[str]:
 
 def encode_state(name: str, key: str, value: Any) -> str:
     return encode_states(name, [key], [value])[0]
+
+
+def _encode_named(name: str, key: str, value: Any) -> str:
+    try:
+        return encode(value)
+    except (TypeError, ValueError):
+        _check_state(name, key, value, "")
+        raise  # pragma: no cover - the walk above finds what JSON refused
 
 
 def _check_state(name: str, key: str, value: Any, text: str) -> None:
