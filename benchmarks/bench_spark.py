@@ -336,7 +336,8 @@ def run_connect(events: int = 1_000_000, keys: int = KEYS) -> None:
     if _stored_sums(url) != want:
         raise AssertionError("the classic replay differs from a plain fold")
     with tempfile.TemporaryDirectory() as root:
-        rich = ("rich", "markdown_it", "mdurl", "pygments")  # this module's package needs it
+        # this module's package needs them (dependencies of eventlanes, which nodes have)
+        rich = ("rich", "markdown_it", "mdurl", "pygments", "click")
         server = spark_connect.start(Path(root), extra=rich)
         try:
             runs = replays_in_subprocess(url, "", env=server.driver_env(), remote=server.url)
