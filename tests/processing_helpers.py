@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -52,6 +55,21 @@ def assert_exactly_once_in_order(app: el.App, table: str) -> int:
         assert version > last.get(stream, 0), f"{stream}: v{version} handled after v{last[stream]}"
         last[stream] = version
     return len(rows)
+
+
+def ask_workers_for_stacks(supervisor: subprocess.Popen) -> None:
+    """Ask each worker of a running ``run --processes`` (the supervisor's children) for its
+    threads' stacks (SIGUSR1: they write them to the log the supervisor's stderr carries),
+    and give them a moment to."""
+    path = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children")
+    try:
+        children = path.read_text().split()
+    except OSError:  # the supervisor is gone
+        return
+    for pid in map(int, children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):

@@ -20,7 +20,12 @@ import pytest
 import eventlanes as el
 from tests.apps.recorder import create_schema, record
 from tests.conftest import mounted_tmpfs
-from tests.processing_helpers import append_load, assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import (
+    append_load,
+    ask_workers_for_stacks,
+    assert_exactly_once_in_order,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLAIM_TIMEOUT = 1.5
@@ -82,10 +87,7 @@ def _where(app: el.App, workers: subprocess.Popen) -> str:
                   extract(epoch FROM clock_timestamp() - xact_start)::int, left(query, 100)
            FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"""
     )
-    children = Path(f"/proc/{workers.pid}/task/{workers.pid}/children").read_text().split()
-    for pid in map(int, children):
-        os.kill(pid, signal.SIGUSR1)
-    time.sleep(1.0)
+    ask_workers_for_stacks(workers)
     workers.send_signal(signal.SIGTERM)
     _, err = workers.communicate(timeout=60)
     rows = "\n".join(map(str, sessions))

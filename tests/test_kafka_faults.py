@@ -17,7 +17,7 @@ import pytest
 
 import eventlanes as el
 from tests.kafka_helpers import create_topic, high_watermarks, produce
-from tests.processing_helpers import wait_for
+from tests.processing_helpers import ask_workers_for_stacks, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.kafka_app:app"
@@ -198,9 +198,11 @@ def test_ingest_through_a_postgres_restart(private_pg, kafka_broker) -> None:
         try:
             wait_for(lambda: progress() == total, timeout=240, interval=0.2, what="all ingested")
         except AssertionError as exc:  # where each partition stood, and the run's log
-            tokens, log = _tokens(app), _stop(supervisor)
+            tokens = _tokens(app)
+            ask_workers_for_stacks(supervisor)  # into the log: where the workers are
+            log = _stop(supervisor)
             raise AssertionError(f"{exc}: tokens {tokens} of {hw}; the run's log:\n"
-                                 f"{log[-8000:]}") from None  # fmt: skip
+                                 f"{log[-16000:]}") from None  # fmt: skip
         assert supervisor.poll() is None, "the workers must wait for the database, not exit"
     finally:
         err = _stop(supervisor)
