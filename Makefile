@@ -32,9 +32,10 @@ lint: $(VENV)/.installed-dev
 
 # Four workers on two cores: most tests wait (on processes, servers, clocks) more than they
 # compute. The tests of the session's JVM and cluster share one worker, those of the broker
-# another (tests/conftest.py).
+# another (tests/conftest.py). The slowest tests are listed at the end: the suite's time is
+# watched (15 minutes at most on two cores).
 test: lint
-	$(BIN)/pytest -q -n 4 --dist loadgroup
+	$(BIN)/pytest -q -n 4 --dist loadgroup --durations=20
 
 # The documentation site (docs/, Sphinx): strict (-W -n: a warning, a broken link or a missing
 # reference fails) and offline. tests/test_docs.py runs the same build in `make test`.

@@ -77,9 +77,10 @@ def _restart(server, seconds: float = DOWN) -> float:
 
 
 def _where(app: el.App, workers: subprocess.Popen) -> str:
-    """Each segment's position, owner and error; the database's sessions (what each waits
-    on); then the workers' stacks (asked for by SIGUSR1) and log, once stopped (a fresh clone
-    once saw every segment stand still, without an error, for 11 s after the restart)."""
+    """Each segment's position, owner and error; how far readers may read (the visibility
+    horizon) and whom they wait behind; the database's sessions (what each waits on); then the
+    workers' stacks (asked for by SIGUSR1) and log, once stopped (a run once saw every segment
+    stand still, without an error, for 13 s after the restart)."""
     status = app.status("recorder")
     segments = [(str(s.segment), s.position, s.owner, s.last_error) for s in status.segments]
     sessions = app.db.query(
@@ -87,11 +88,13 @@ def _where(app: el.App, workers: subprocess.Popen) -> str:
                   extract(epoch FROM clock_timestamp() - xact_start)::int, left(query, 100)
            FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"""
     )
+    readable, behind = app.store.head(), app.store.read_wait()  # below the visibility horizon
     ask_workers_for_stacks(workers)
     workers.send_signal(signal.SIGTERM)
     _, err = workers.communicate(timeout=60)
     rows = "\n".join(map(str, sessions))
-    return (f"at {status.position} of {status.head}; segments {segments}; sessions:\n{rows}\n"
+    return (f"at {status.position} of {status.head} (readable: {readable}, readers wait "
+            f"behind: {behind}); segments {segments}; sessions:\n{rows}\n"
             f"the workers' stacks and log:\n{err[-16000:]}")  # fmt: skip
 
 
