@@ -144,12 +144,11 @@ class LogSender:
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
-        """In a child forked from this worker: its records go to its own stderr."""
+        """In a child forked from this worker: its records go to its own stderr (its copy of
+        the pipe end is closed; the worker's stays). The lock is new: another thread may have
+        held it at the fork."""
         self.lock = threading.Lock()
-        if self.channel is not None:
-            with suppress(OSError):
-                self.channel.close()  # the child's copy of the pipe end; the worker's stays
-            self.channel = None
+        self.detach()
 
     def detach(self) -> None:
         """From now, records go to stderr."""
