@@ -424,7 +424,7 @@ class AggregationExecutor(Executor):
             return
         started = time.perf_counter()
         try:
-            self._write(st)
+            self._write_all([st])
         except ClaimLostError:
             self.lost(st)
             self._let_go(st)
@@ -449,14 +449,10 @@ class AggregationExecutor(Executor):
             cache.dirty = 0
             self._full(seg)  # bounded memory: past the budget, read back from the table
 
-    def _write(self, st: SegmentState) -> None:
-        """The states changed (downstream stages first, then published, then the segment's
-        own with its token in one transaction), all in the commit span."""
-        self._write_all([st])
-
     def _write_all(self, group: list[SegmentState]) -> None:
-        """:meth:`_write` of several segments, their own states and tokens in one transaction
-        (each in its commit span)."""
+        """The states each segment of ``group`` changed: downstream stages first, then
+        published, then the segments' own with their tokens, in one transaction; each
+        segment's commit span covers the whole write."""
         with ExitStack() as spans_open:
             for st in group:
                 spans_open.enter_context(self.committing(st, st.token.position))
