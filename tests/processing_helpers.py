@@ -57,16 +57,25 @@ def assert_exactly_once_in_order(app: el.App, table: str) -> int:
     return len(rows)
 
 
+def worker_pids(supervisor: int) -> list[int]:
+    """The worker processes of the ``run --processes`` supervisor ``supervisor`` (not its
+    resource tracker, also a child). From /proc, stdlib only: Spark executors import this
+    module."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+            if ppid == supervisor and b"spawn_main" in cmdline:
+                pids.append(int(stat.parent.name))
+    return pids
+
+
 def ask_workers_for_stacks(supervisor: subprocess.Popen) -> None:
-    """Ask each worker of a running ``run --processes`` (the supervisor's children) for its
-    threads' stacks (SIGUSR1: they write them to the log the supervisor's stderr carries),
-    and give them a moment to."""
-    path = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children")
-    try:
-        children = path.read_text().split()
-    except OSError:  # the supervisor is gone
-        return
-    for pid in map(int, children):
+    """Ask each worker of a running ``run --processes`` for its threads' stacks (SIGUSR1:
+    they write them to the log the supervisor's stderr carries), and give them a moment to.
+    Workers only: SIGUSR1 would end the resource tracker."""
+    for pid in worker_pids(supervisor.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
     time.sleep(1.0)

@@ -24,7 +24,7 @@ import pytest
 
 import eventlanes as el
 from tests.apps.recorder import create_schema
-from tests.processing_helpers import wait_for
+from tests.processing_helpers import wait_for, worker_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGNALS_PY = ROOT / "src" / "eventlanes" / "signals.py"
@@ -505,18 +505,6 @@ def test_a_second_stop_after_a_discarded_one_still_interrupts_the_start_up() -> 
     assert proc.stdout.splitlines() == ["stopped by SIGTERM"], (proc.stdout, proc.stderr)
 
 
-def _worker_pids(supervisor: int) -> list[int]:
-    """The worker processes of the supervisor ``supervisor`` (not its resource tracker)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-            if ppid == supervisor and b"spawn_main" in cmdline:
-                pids.append(int(stat.parent.name))
-    return pids
-
-
 def _gone(pid: int) -> bool:
     """Ended (a zombie nobody reaps counts: the tests' pid 1 may not reap orphans)."""
     try:
@@ -540,7 +528,7 @@ def test_workers_whose_supervisor_was_killed_stop_and_release_their_claims(tmp_p
     lines, seen = _stderr_lines(proc), []
     try:
         _read_until(lines, "ready:", seen, 60)
-        workers = _worker_pids(proc.pid)
+        workers = worker_pids(proc.pid)
         assert len(workers) == 2, (workers, seen)
         proc.kill()
         proc.wait(10)
