@@ -6,9 +6,13 @@ and every range the pushdown cannot fold exactly takes the row path, with its er
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +23,11 @@ import eventlanes as el
 from eventlanes.hashing import stable_hash
 from eventlanes.processing.aggregating.pushdown import base as pushdown
 from eventlanes.processing.aggregating.pushdown import build
-from tests.processing_helpers import run_until_caught_up
+from tests.processing_helpers import run_until_caught_up, wait_for
 from tests.test_declarative import stored
 
 E = el.NewEvent
+ROOT = Path(__file__).resolve().parent.parent
 FIELDS = {
     "events": el.count(),
     "ok": el.count(where={"status": "ok"}),
@@ -41,6 +46,18 @@ FIELDS = {
     "last_big": el.last("big", bool),
     "first_o": el.first("o"),
 }
+#: what a range merged into the stored states inside SQLite takes (Pushdown.merge_in_place)
+PLACEABLE = {
+    "events": el.count(),
+    "ok": el.count(where={"status": "ok"}),
+    "with_v": el.count("v"),
+    "n": el.sum("n"),
+    "n_ok": el.sum("n", where={"status": "ok", "big": False}),
+    "lo": el.min("v"),
+    "hi": el.max("v"),
+    "lo_s": el.min("s", str),
+    "hi_s": el.max("s", str),
+}
 NAMES = ["push", "rows"]
 
 
@@ -49,6 +66,7 @@ def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranges of a few hundred positions, so a test folds many of them (and mixes them with
     ranges that take the row path)."""
     monkeypatch.setattr(pushdown, "SPAN", 700)
+    monkeypatch.setattr(pushdown, "PLACE_SPAN", 700)
     monkeypatch.setattr(pushdown, "TEXT_SPAN", 150)
 
 
@@ -436,3 +454,127 @@ def test_what_the_arrow_fold_cannot_fold_fails_as_on_the_row_path(
     push, rows = errors(app, "push"), errors(app, "rows")
     assert push == rows
     assert re.search(message, push[0]), push
+
+
+# -- ranges merged into the stored states inside SQLite (one segment, placeable fields) -------
+def test_ranges_merged_in_place_equal_the_row_path(tmp_path: Path) -> None:
+    """One segment over every key, counts, sums and extremes: each range is folded and merged
+    into the stored rows by one statement, with its token; a second catch-up merges into rows
+    that exist. Several segments merge in memory (a range is read once for all of them)."""
+    app = el.App(f"sqlite:///{tmp_path}/m.db", claim_timeout=5)
+    define(app, PLACEABLE, segments=1)
+    app.aggregation("four", key="robot", on=["Fastened", "Loosened"], fields=PLACEABLE,
+                    segments=4, persist_every=0.05, batch_size=97)  # fmt: skip
+    load(app.store, 4000, seed=21)
+    run_until_caught_up(app, 120, [*NAMES, "four"])
+    want = assert_same(app)
+    assert stored(app, "four") == want
+    push = aggregation(app, "push")
+    assert push.placed > 3000  # a short range at the head, not yet due, merges in memory
+    assert aggregation(app, "four").placed == 0 and aggregation(app, "four").pushed_down > 3000
+    placed = push.placed
+    load(app.store, 2000, seed=22)
+    run(app)
+    assert assert_same(app) != want
+    assert push.placed > placed + 1000
+
+
+def test_held_states_are_written_before_a_range_is_merged_in_place(tmp_path: Path) -> None:
+    """Ranges with source chains are folded by rows into states held in memory; the range
+    merged in place after them finds those states written (not lost, not counted twice)."""
+    app = el.App(f"sqlite:///{tmp_path}/h.db", claim_timeout=5)
+    define(app, PLACEABLE, segments=1)
+    # Held in memory longer than the catch-up takes, unless a long range merged in place
+    # writes them first (the short last range waits for its write to be due).
+    aggregation(app, "push").persist_every = 2.0
+    load(app.store, 1500, seed=23)
+    load(app.store, 1500, seed=24, chains=0.5)
+    load(app.store, 1500, seed=25)
+    run(app)
+    want = assert_same(app)
+    assert sum(d for _, _, d, _ in want.values()) > 50
+    assert 1500 < aggregation(app, "push").placed < 4000
+
+
+def test_a_replay_over_merged_inputs_is_not_merged_in_place(tmp_path: Path) -> None:
+    """After a reset the rows hold offsets past the token: the statement refuses them (nothing
+    written), and the replayed inputs are dropped by the row path."""
+    app = el.App(f"sqlite:///{tmp_path}/r.db", claim_timeout=5)
+    define(app, PLACEABLE, segments=1)
+    load(app.store, 3000, seed=26)
+    run(app)
+    before = assert_same(app)
+    folded = app.store.head()
+    placed = aggregation(app, "push").placed
+    for name in NAMES:
+        app.reset(name, to=1000)
+    load(app.store, 1000, seed=27)
+    run(app)
+    after = assert_same(app)
+    dropped = sum(d for _, _, d, _ in after.values()) - sum(d for _, _, d, _ in before.values())
+    replayed = sum(1 for e in app.store.iter_events(1000, until=folded) if e.type != "Painted")
+    assert dropped == replayed > 1000
+    assert aggregation(app, "push").placed > placed  # the new events, after the replay
+
+
+def test_sums_past_64_bits_are_merged_in_memory_exactly(tmp_path: Path) -> None:
+    """SQLite turns an integer sum that overflows into a float, and reads a stored integer
+    past 64 bits as one: such a state is never merged in place (it would be rounded)."""
+    app = el.App(f"sqlite:///{tmp_path}/b.db", claim_timeout=5)
+    define(app, {"n": el.sum("n"), "hi": el.max("n"), "events": el.count()}, segments=1)
+    big = 2**63 - 5
+    for n in [big, 10, 7, big]:  # a range each: the sum passes 64 bits at the second
+        app.store.append("s", [E("Fastened", {"robot": "r1", "n": n}),
+                               *[E("Painted", {}) for _ in range(800)]])  # fmt: skip
+        run(app)
+    want = assert_same(app)
+    assert want["r1"][0] == {"n": 2 * big + 17, "hi": big, "events": 4}
+    assert aggregation(app, "push").placed == 1  # only the first range
+
+
+def serve_placing(url: str) -> None:
+    """A worker process: the in-place aggregation over small ranges, until killed."""
+    pushdown.PLACE_SPAN = 300
+    pushdown.TEXT_SPAN = 150
+    app = el.App(url, claim_timeout=5)
+    define(app, PLACEABLE, segments=1)
+    app.start(["push"])
+    while True:
+        time.sleep(1)
+
+
+def test_a_worker_killed_while_merging_in_place_merges_each_event_once(tmp_path: Path) -> None:
+    """SIGKILLs at random moments of a catch-up merged in place, while events are appended:
+    states and token are one transaction, so the restarted worker neither loses nor repeats
+    an event (equal to the row path, nothing dropped)."""
+    url = f"sqlite:///{tmp_path}/k.db"
+    app = el.App(url, claim_timeout=1)
+    define(app, PLACEABLE, segments=1)
+    load(app.store, 4000, seed=28)
+    code = f"from tests.test_declarative_pushdown import serve_placing; serve_placing({url!r})"
+    rng = random.Random(28)
+    log = tmp_path / "worker.log"
+    for round_ in range(4):
+        start = max((s.position for s in app.status("push").segments), default=0)
+        load(app.store, 1600, seed=29 + round_)
+        worker = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ),
+                                  stderr=log.open("a"))  # fmt: skip
+        try:
+            wait_for(
+                lambda start=start, worker=worker: worker.poll() is not None
+                or any(s.position > start for s in app.status("push").segments),
+                timeout=60, what="the worker's first range",
+            )  # fmt: skip
+            assert worker.poll() is None, log.read_text()[-3000:]
+            load(app.store, 400, seed=39 + round_)  # appended while it merges
+            time.sleep(rng.uniform(0.0, 0.3))
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    run(app)
+    want = assert_same(app)
+    assert sum(d for _, _, d, _ in want.values()) == 0
+    assert sum(v["events"] for v, _, _, _ in want.values()) == sum(
+        1 for e in app.store.iter_events() if e.type != "Painted"
+    )

@@ -180,6 +180,8 @@ class Aggregation(Processor):
         self.publish = sink_of(name, publish, self.version)
         #: events this process folded inside SQLite (for tests and tuning)
         self.pushed_down = 0
+        #: of those, the events merged into the stored states inside SQLite too
+        self.placed = 0
 
     def on(self, *types: str) -> Callable[[Fold], Fold]:
         self._python_only("on()")

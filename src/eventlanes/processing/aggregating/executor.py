@@ -22,13 +22,14 @@ from ...segments import Segment
 from ...tracing import spans
 from ..executors.base import Executor
 from ..handling.failures import describe
-from ..segment import Outcome, SegmentState
+from ..segment import Outcome, SegmentState, advanced
 from ..tables.states import Entry, encode_all
 from .aggregation import Aggregation, Fold, Stage
 from .dedupe import Marks, dedupe
 from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
 from .publish import publish_states
-from .pushdown.base import Folded
+from .pushdown import base as ranges
+from .pushdown.base import Folded, Pending
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +144,12 @@ class AggregationExecutor(Executor):
 
     def traced_events(self, events: Any) -> tuple[list[Event], int, int | None, int | None]:
         """A range folded in SQLite has no events in Python to link: its count and range."""
-        if isinstance(events, Folded):
+        if isinstance(events, Folded | Pending):
             return [], events.events, events.after + 1, events.upto
         return events, len(events), None, None
 
     def trace_attributes(self, events: Any) -> dict[str, Any] | None:
-        return {spans.PUSHDOWN: isinstance(events, Folded)}
+        return {spans.PUSHDOWN: isinstance(events, Folded | Pending)}
 
     def _entries(self, st: SegmentState) -> dict[str, Entry]:
         seg = st.segment.id
@@ -192,13 +193,26 @@ class AggregationExecutor(Executor):
         seg = st.segment.id
         entries = self._entries(st)
         self.flushed_at.setdefault(seg, time.monotonic())
+        parts: Iterable[Any] = (events,)
+        if isinstance(events, Pending):
+            placed = self._in_place(st, events)
+            if placed is not None:
+                return placed
+            entries = self._entries(st)
+            parts = events.folds()  # merged in memory after all (or by rows), a part at a time
         started = time.perf_counter()
+        handled = 0
         try:
-            if isinstance(events, Folded):
-                handled = self._fold_range(st, entries, events)
-            else:
-                handled = len(events)
-                self._fold_events(st, entries, events)
+            for part in parts:
+                if isinstance(part, Folded):
+                    handled += self._fold_range(st, entries, part)
+                else:
+                    handled += len(part)
+                    self._fold_events(st, entries, part)
+                if part is not events and self._full(seg):  # a long range: bounded memory
+                    self.flush(st)  # states before the token: a replay drops them (offsets)
+                    if st.lost or st.dirty:  # lost, or the write failed (backing off)
+                        return Outcome.LOST if st.lost else Outcome.FAILED
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._let_go(st)
             return self.back_off(st, exc)
@@ -302,6 +316,65 @@ class AggregationExecutor(Executor):
         finally:
             st.idle_now()
 
+    def _in_place(self, st: SegmentState, pending: Pending) -> Outcome | None:
+        """Merge ``pending`` into the stored states inside the database, with the token, in
+        one transaction (:meth:`~.pushdown.base.Pushdown.merge_in_place`), when a write is
+        due or the range is long: first the states held here are written (if changed) and
+        let go, since the rows change under them. None: the range is merged in memory
+        instead (nothing of it was written)."""
+        pushdown = pending.reader.pushdown
+        seg = st.segment.id
+        if (
+            pushdown is None
+            or pushdown.store.db is not self.runtime.db  # states, token and events: one file
+            or self.agg.publish is not None
+            or self.agg.stages
+        ):
+            return None
+        # A write now: only when one is due, or for a long range (a catch-up writes once per
+        # range anyway). A trickle at the head stays held and conflated (persist_every).
+        since = self.flushed_at.get(seg, st.persisted_at)
+        if (
+            pending.upto - pending.after < ranges.SPAN
+            and time.monotonic() - since < self.persist_every
+        ):
+            return None
+        if st.dirty and self.changed.get(seg):
+            self.flush(st)
+            if st.lost or st.dirty:  # lost, or the write failed (backing off)
+                return Outcome.LOST if st.lost else Outcome.FAILED
+        with self.holding:
+            if self.holder.get(seg) == (st, st.segment):
+                for held in (self.entries, self.marks, self.changed):
+                    held.pop(seg, None)
+                self.caches[seg] = _Cache()
+        token = advanced(st.token, pending.upto)
+        started = time.perf_counter()
+
+        def store_token(conn: Any) -> None:
+            self.tokens.store(self.name, seg, token, self.owner, conn=conn)
+
+        try:
+            with self.committing(st, pending.upto):
+                events = pushdown.merge_in_place(self.name, pending, store_token)
+        except ClaimLostError:
+            self.lost(st)
+            self._let_go(st)
+            return Outcome.LOST
+        except Exception as exc:  # noqa: BLE001 - the database failed: retry from the token
+            log.error("%s %s: writing states failed: %s", self.name, st.segment, describe(exc))
+            self._let_go(st)
+            return self.back_off(st, exc)
+        if events is None:
+            return None
+        seconds = time.perf_counter() - started
+        self.agg.pushed_down += events
+        self.agg.placed += events
+        self.observer.batch_handled(self.name, str(st.segment), events, seconds)
+        st.token = token
+        self._written(st, seconds)
+        return Outcome.OK
+
     def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
         """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a
         state holds an own position at or above its first event), fold it again by rows."""
@@ -309,7 +382,11 @@ class AggregationExecutor(Executor):
         keys = [g[0] for g in folded]
         marks = self._load(seg, entries, keys)
         pushdown = folded.reader.pushdown
-        if pushdown is not None and pushdown.merge(folded, entries, marks, self.source):
+        if (
+            pushdown is not None
+            and folded.exact
+            and pushdown.merge(folded, entries, marks, self.source)
+        ):
             self._dirtied(seg, keys)
             self.agg.pushed_down += folded.events
             return folded.events

@@ -17,7 +17,7 @@ from ...tokens import Token
 from ..executors.base import Executor
 from ..segment import Outcome, SegmentState, advanced
 from .coordinator import Coordinator
-from .reader import BatchReader, Upto
+from .reader import Batch, BatchReader, Upto
 
 log = logging.getLogger("eventlanes.processing")
 
@@ -44,7 +44,7 @@ class ReadAhead:
     states: tuple[SegmentState, ...]
     tokens: tuple[Token, ...]
     seen: int  # the wake-up generation before the read
-    events: list[Event]
+    events: Batch
     upto: Upto
     moved: bool
 

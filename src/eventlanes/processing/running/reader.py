@@ -14,12 +14,14 @@ from ...store import EventStore
 from ...tokens import Token
 from ...upcasting import Upcasters
 from ..aggregating.pushdown import build as build_pushdown
-from ..aggregating.pushdown.base import Folded
+from ..aggregating.pushdown.base import Folded, Pending
 from ..options import OrderKey
 from ..processor import Processor
 from ..segment import SegmentState
 
 Upto = int | dict[str, int]
+#: what a read gives: events, a range folded in SQL (a Folded list), or one to merge in place
+Batch = list[Any] | Pending
 _POSITION = attrgetter("position")
 
 
@@ -47,10 +49,13 @@ class BatchReader:
             getattr(proc, "pushdown", False),
             self.upcasters,
         )
+        #: its ranges may be merged into the stored states in the database (one segment over
+        #: every key, no output that needs the states in Python)
+        self.in_place = getattr(proc, "publish", None) is None and not getattr(proc, "stages", ())
 
     def read(
         self, states: Sequence[SegmentState], tokens: Sequence[Token] | None = None
-    ) -> tuple[list[Any], Upto, bool]:
+    ) -> tuple[Batch, Upto, bool]:
         """The next batch for ``states``: events, how far it is complete, and whether it moves
         any token (a read past events of other segments does). Per-stream routing filters by
         segment in SQL; other policies need the event, so they filter here. ``tokens``: the
@@ -66,7 +71,8 @@ class BatchReader:
             if after >= self.pushdown.rows_until and all(
                 t.is_plain and not t.sources and t.position == after for t in held
             ):
-                folded, upto = self.pushdown.read(after, self)
+                whole = len(states) == 1 and states[0].segment.mask == 0
+                folded, upto = self.pushdown.read(after, self, self.in_place and whole)
                 if folded is not None:
                     return (folded if folded else []), upto, upto > after
         if len(self.sources) == 1:
@@ -86,13 +92,22 @@ class BatchReader:
         )
         return events, uptos, any(uptos[n] > afters[n] for n in uptos)
 
-    def share(
-        self, states: Sequence[SegmentState], events: list[Any]
-    ) -> dict[SegmentState, list[Any]]:
+    def share(self, states: Sequence[SegmentState], events: Batch) -> dict[SegmentState, Any]:
         """Each event to the held segment that owns it, unless that segment has seen it (a
         range folded in SQL: each key's group)."""
+        if isinstance(events, Pending):
+            if len(states) == 1 and states[0].segment.mask == 0:
+                return {states[0]: events}
+            # Read for one segment, shared by several (never so far): each folds it by rows.
+            unfolded = Folded([], events.after, events.upto, self, exact=False)
+            return {st: unfolded for st in states}
         if isinstance(events, Folded) and self.pushdown is not None:
             return self.pushdown.share(events, list(states))
+        return self._share_events(states, events)
+
+    def _share_events(
+        self, states: Sequence[SegmentState], events: list[Event]
+    ) -> dict[SegmentState, list[Event]]:
         only = states[0] if len(states) == 1 else None
         if only and only.segment.mask == 0 and only.token.is_plain and not only.token.sources:
             return {only: events}  # the whole hash space, nothing seen ahead: no hashing
@@ -116,15 +131,15 @@ class BatchReader:
         return shares
 
     def cut(
-        self, shares: dict[SegmentState, list[Event]], events: list[Event], upto: Upto
-    ) -> tuple[dict[SegmentState, list[Event]], Upto, tuple[list[Event], Upto] | None]:
+        self, shares: dict[SegmentState, Any], events: Batch, upto: Upto
+    ) -> tuple[dict[SegmentState, Any], Upto, tuple[list[Event], Upto] | None]:
         """The shares of a one-source batch cut so none is longer than ``batch_size``: where
         one would be, the batch ends at that share's last event, and so does how far it is
         complete. Returns the shares, how far they are complete, and what was cut off (None
         when nothing was): the events after the cut, exactly the start of the next batch,
         and ``upto``, how far they are complete."""
         size = self.proc.batch_size
-        if not isinstance(upto, int) or isinstance(events, Folded):
+        if not isinstance(upto, int) or isinstance(events, Folded | Pending):
             return shares, upto, None  # several sources: cut by the merge; a fold: by range
         over = [evs[size - 1].position for evs in shares.values() if len(evs) > size]
         if not over:

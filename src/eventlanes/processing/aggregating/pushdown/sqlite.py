@@ -43,8 +43,10 @@ PostgreSQL, :mod:`.postgres` gives the same groups from ranges read into Arrow.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -52,9 +54,11 @@ from ....store.sqlite import SQLiteEventStore
 from ....upcasting import Upcasters
 from ..declarative import NAME, Declaration
 from . import base
-from .base import Pushdown
+from .base import Pending, Pushdown
 
 __all__ = ["SQLitePushdown"]
+
+log = logging.getLogger("eventlanes.aggregation")
 
 try:  # several times faster than the stdlib; the groups hold 64-bit integers at most
     from orjson import loads as _loads
@@ -74,6 +78,16 @@ class Unsafe(Exception):
     """The range cannot be folded in SQL exactly: the row path folds it."""
 
 
+class _NotPlaced(Exception):
+    """The upsert of a range merged in place failed: it is merged in memory instead."""
+
+
+#: the temporary table (of the worker's connection) a range merged in place is staged in
+_STAGED = "el_placed_groups"
+#: a source whose name may stand in a JSON path and a string literal as it is
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class SQLitePushdown(Pushdown):
     """The statement folding one declaration over a range of a SQLite store."""
 
@@ -84,6 +98,9 @@ class SQLitePushdown(Pushdown):
     ) -> None:
         super().__init__(decl, store, upcasters)
         self.sql, self.params, self.props = self._plan(decl, store.events_table)
+        #: the statements merging a range in place (None: this declaration is merged in memory)
+        self._place = self._place_plan(decl, store.events_table)
+        self.places = self._place is not None
 
     def _plan(self, decl: Declaration, table: str) -> tuple[str, list[Any], list[str]]:
         """The fold: the range's rows (``position > ?1 AND position <= ?2``) grouped by key,
@@ -123,12 +140,14 @@ class SQLitePushdown(Pushdown):
             f"json_group_array(json_array({', '.join(['key', 'n', 'lo', 'hi', *outs])}))",
             "max(b)", "sum(n)", *(f"sum(c{i})" for i in col.values()),
         ]  # fmt: skip
-        sql = (
-            f"SELECT {', '.join(one)} FROM (SELECT {', '.join(grouped)} FROM "
+        #: the groups as rows: key, n, lo, hi, b, c{i}..., f{j}... (staged by merge_in_place)
+        self.grouped_sql = (
+            f"SELECT {', '.join(grouped)} FROM "
             f"(SELECT {', '.join(values)} FROM (SELECT {', '.join(rows)} FROM {table} "
             f"WHERE position > ?1 AND position <= ?2 AND type IN ({marks}) LIMIT -1) LIMIT -1) "
-            "GROUP BY k)"
+            "GROUP BY k"
         )
+        sql = f"SELECT {', '.join(one)} FROM ({self.grouped_sql})"
         self.text_sql = (
             f"SELECT group_concat(data, ''), max(length(data)), group_concat(CASE WHEN "
             f"metadata <> '{{}}' THEN metadata END, ''), max(length(metadata)) FROM {table} "
@@ -137,16 +156,16 @@ class SQLitePushdown(Pushdown):
         return sql, [*params, *types], props
 
     # -- reading (the reader's thread) --------------------------------------------------------
-    def _native_span(self, after: int) -> tuple[int, int]:
+    def _native_span(self, after: int, span: int) -> tuple[int, int]:
         """How many positions after ``after`` may be folded in SQL, and (when that is 0) up to
         where the row path must fold: with upcasters into the folded types, a range ends
         before its first event of an old type, and the positions up to the last one within
         :data:`~.base.SPAN` go to the row path. The head is read first: every event up to it is
         committed, so the range (capped there) holds no old event the query did not see."""
         if self.upcasters is None:
-            return base.SPAN, after
+            return span, after
         old = sorted(self.upcasters.sources())
-        bound = min(self.store.head(), after + base.SPAN)
+        bound = min(self.store.head(), after + span)
         sql = self.store.db.sql(
             f"SELECT min(position), max(position) FROM {self.store.events_table} "
             f"WHERE type IN ({', '.join('?' * len(old))}) AND position > ? AND position <= ?"
@@ -161,11 +180,16 @@ class SQLitePushdown(Pushdown):
         reader may see) and its end; None instead of groups: not exact (the row path)."""
         return self.store.fold_upto(after, span, partial(self._fold, after))
 
-    def _fold(self, after: int, conn: Any, upto: int) -> list[list[Any]] | None:
-        """The groups of ``(after, upto]``, or None when the range is not safe to fold in SQL:
-        its text checked first, :data:`~.base.TEXT_SPAN` positions at a time, then the fold."""
-        if upto == after:
-            return []
+    def _pending(self, after: int, span: int) -> tuple[list[int] | None, int]:
+        return self.store.fold_upto(after, span, partial(self._text_checked, after))
+
+    def fold_exactly(self, after: int, upto: int) -> list[list[Any]] | None:
+        with self.store.db.snapshot() as conn:  # type: ignore[attr-defined]
+            return self._fold(after, conn, upto)
+
+    def _text_checked(self, after: int, conn: Any, upto: int) -> list[int] | None:
+        """The range's text checked, :data:`~.base.TEXT_SPAN` positions at a time: how many
+        times each property is named in it, or None when it is not safe to fold in SQL."""
         types = self.params[len(self.params) - len(self.decl.types) :]
         named = [0] * (len(self.props) + 1)
         for low in range(after, upto, base.TEXT_SPAN):
@@ -177,6 +201,16 @@ class SQLitePushdown(Pushdown):
                 return None
             if meta and not _plain(meta, meta_longest):
                 return None
+        return named
+
+    def _fold(self, after: int, conn: Any, upto: int) -> list[list[Any]] | None:
+        """The groups of ``(after, upto]``, or None when the range is not safe to fold in SQL:
+        its text checked first, then the fold."""
+        if upto == after:
+            return []
+        named = self._text_checked(after, conn, upto)
+        if named is None:
+            return None
         js, bad, *present = conn.execute(self.sql, (after, upto, *self.params)).fetchone()
         if bad or named != [p or 0 for p in present]:  # a property named twice in an event
             return None
@@ -191,6 +225,101 @@ class SQLitePushdown(Pushdown):
             except Unsafe:
                 return None
         return groups
+
+    # -- merging in place (the worker's thread) -----------------------------------------------
+    def merge_in_place(
+        self, name: str, pending: Pending, store_token: Callable[[Any], None]
+    ) -> int | None:
+        """The range's groups staged in a temporary table of this thread's connection, in a
+        read transaction (appends go on meanwhile), checked as :meth:`_fold` checks them; then
+        in one write transaction, one statement upserts them into the states (a state that
+        is not as the merge in memory would take it, or a sum past 64 bits, fails the
+        statement: nothing is written, None) and ``store_token(conn)`` moves the token."""
+        assert self._place is not None  # placed only when :attr:`places`
+        db = self.store.db
+        after = pending.after
+        try:
+            with db.snapshot() as conn:  # type: ignore[attr-defined]
+                conn.execute(f"DROP TABLE IF EXISTS temp.{_STAGED}")
+                try:
+                    conn.execute(
+                        f"CREATE TEMPORARY TABLE {_STAGED} AS {self.grouped_sql}",
+                        (after, pending.upto, *self.params),
+                    )
+                    bad, *present = conn.execute(self._place[0]).fetchone()
+                except sqlite3.Error as exc:  # malformed JSON, a sum past 64 bits: rows tell
+                    log.debug("range after %d not merged in place: %s", after, exc)
+                    return None
+            if bad or pending.named != [p or 0 for p in present]:
+                return None
+            with db.transaction() as conn:
+                try:
+                    conn.execute(self._place[1], {"name": name, "after": after})
+                except sqlite3.Error as exc:  # a state the merge in memory would not take
+                    log.debug("range after %d not merged in place: %s", after, exc)
+                    raise _NotPlaced from exc
+                store_token(conn)
+        except _NotPlaced:
+            return None
+        finally:
+            with db.connection() as conn:
+                if not conn.in_transaction:
+                    conn.execute(f"DROP TABLE IF EXISTS temp.{_STAGED}")
+        return int(present[0] or 0)
+
+    def _place_plan(self, decl: Declaration, source: str) -> tuple[str, str] | None:
+        """The statements of :meth:`merge_in_place`: the staged groups' checks, and the upsert
+        merging them as :meth:`~.base.Pushdown.merge` does (None: not for this declaration;
+        counts, integer sums, integer and text minimums and maximums only, under plain
+        names). A state row is updated only if every field has the type the merge in memory
+        takes and its offsets of ``source`` are before the range (``:after``); else its value
+        is set to NULL, which the table refuses: the statement fails, nothing is written."""
+        outs = list(decl.fields)
+        if not all(NAME.fullmatch(out) for out in outs) or not _PLAIN_NAME.fullmatch(source):
+            return None
+        inserted, merged, ok = [], [], []
+        for j, (out, op) in enumerate(decl.fields.items()):
+            path = f"'$.{out}'"
+            cur = f"json_extract(value, {path})"
+            new = f"json_extract(excluded.value, {path})"
+            if op.kind in ("count", "sum") and op.type is int:
+                inserted.append(f"'{out}', coalesce(f{j}, 0)")
+                merged.append(f"{path}, {cur} + {new}")
+                ok.append(f"typeof({cur}) = 'integer' AND typeof({cur} + {new}) = 'integer'")
+            elif op.kind in ("min", "max") and op.type in (int, str):
+                cmp = "<" if op.kind == "min" else ">"
+                inserted.append(f"'{out}', f{j}")
+                merged.append(
+                    f"{path}, CASE WHEN {new} IS NOT NULL AND ({cur} IS NULL OR {new} {cmp} "
+                    f"{cur}) THEN {new} ELSE {cur} END"
+                )
+                kind = "integer" if op.type is int else "text"
+                ok.append(
+                    f"json_type(value, {path}) IS NOT NULL AND typeof({cur}) IN ('{kind}', 'null')"
+                )
+            else:
+                return None
+        own = f"'$.{source}'"
+        # No offset of the source, or one before the range (a number: text compares above
+        # every number, a missing element is NULL and refuses the row).
+        ok.append(
+            f"CASE WHEN json_type(offsets, {own}) IS NULL THEN 1 ELSE "
+            f"json_extract(offsets, '$.{source}[0]') = '' "
+            f"AND json_extract(offsets, '$.{source}[1][0]') <= :after END"
+        )
+        table = self.store.db.table("aggregates")
+        checks = ", ".join(["max(b)", "sum(n)", *(f"sum(c{i})" for i in range(len(self.props)))])
+        upsert = (
+            f"INSERT INTO {table} (aggregation, key, value, offsets, dropped, dropped_by, "
+            f"updated_at) SELECT :name, key, json_object({', '.join(inserted)}), "
+            f"json_object('{source}', json_array('', json_array(hi))), 0, NULL, "
+            f"{self.store.db.now_ms} FROM temp.{_STAGED} WHERE true "
+            "ON CONFLICT (aggregation, key) DO UPDATE SET "
+            f"value = CASE WHEN {' AND '.join(ok)} THEN json_set(value, {', '.join(merged)}) END, "
+            f"offsets = json_set(offsets, {own}, json(json_extract(excluded.offsets, {own}))), "
+            "updated_at = excluded.updated_at"
+        )
+        return f"SELECT {checks} FROM temp.{_STAGED}", upsert
 
     def _checked(self, text: str, longest: int, named: list[int]) -> bool:
         """No escape SQLite and Python read differently, no NUL (SQLite reads up to it), no
