@@ -578,3 +578,50 @@ def test_a_worker_killed_while_merging_in_place_merges_each_event_once(tmp_path:
     assert sum(v["events"] for v, _, _, _ in want.values()) == sum(
         1 for e in app.store.iter_events() if e.type != "Painted"
     )
+
+
+# -- PostgreSQL: ranges read into Arrow, their groups merged into the states in the database -
+def test_arrow_ranges_merged_in_place_on_postgres_equal_the_row_path(pg_url: str) -> None:
+    """The groups of each range copied into PostgreSQL and merged there by one statement (4
+    segments: each its part, with its token); text extremes compare by code point, as in
+    Python; a second catch-up updates the rows; republished duplicates in between (merged in
+    memory, by rows) are written before the next range is merged in place."""
+    app = pg_app(pg_url)
+    define(app, PLACEABLE)
+    load(app.store, 3000, seed=31)
+    app.store.append("s", [E("Fastened", {"robot": "r1", "s": s}) for s in ["B", "a", "ä", "Z"]])
+    run(app)
+    want = assert_same(app)
+    push = aggregation(app, "push")
+    assert push.placed > 2000
+    placed = push.placed
+    load(app.store, 1000, seed=32, chains=0.5)
+    load(app.store, 3000, seed=33)
+    run(app)
+    assert assert_same(app) != want
+    assert push.placed > placed
+    assert sum(d for _, _, d, _ in stored(app, "push").values()) > 50
+
+
+def test_a_replay_and_sums_past_64_bits_are_not_merged_in_place_on_postgres(pg_url: str) -> None:
+    """A sum leaving 64 bits and offsets at or past the range (a reset) fail the statement:
+    nothing is written, and the range is merged in memory, as the row path folds it."""
+    app = pg_app(pg_url)
+    define(app, {"n": el.sum("n"), "hi": el.max("n"), "events": el.count()}, segments=1)
+    big = 2**63 - 5
+    for first in [[("r1", big)], [("r1", 10)], []]:  # a range each (Painted: not folded)
+        app.store.append("s", [*[E("Fastened", {"robot": r, "n": n}) for r, n in first],
+                               E("Fastened", {"robot": "r2", "n": 1}),
+                               *[E("Painted", {}) for _ in range(700 - len(first))]])  # fmt: skip
+        run(app)
+    want = assert_same(app)
+    assert want["r1"][0] == {"n": big + 10, "hi": big, "events": 2}  # past 64 bits: exact
+    # The first range by rows (its sum might pass 64 bits: Arrow refuses it), the second
+    # merged in memory (the stored sum passes 64 bits), the third in place.
+    assert aggregation(app, "push").placed == 1
+    for name in NAMES:  # r2's last event replayed alone (r1 is before): refused for its offsets
+        app.reset(name, to=1000)
+    run(app)
+    after = assert_same(app)
+    assert after["r2"][0] == want["r2"][0] == {"n": 3, "hi": 1, "events": 3}
+    assert after["r2"][2] == 1  # dropped as already folded

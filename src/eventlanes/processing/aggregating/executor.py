@@ -194,12 +194,18 @@ class AggregationExecutor(Executor):
         entries = self._entries(st)
         self.flushed_at.setdefault(seg, time.monotonic())
         parts: Iterable[Any] = (events,)
-        if isinstance(events, Pending):
+        if isinstance(events, Pending) or (
+            isinstance(events, Folded)
+            and events.exact
+            and events.reader.pushdown is not None
+            and events.reader.pushdown.places_folded
+        ):
             placed = self._in_place(st, events)
             if placed is not None:
                 return placed
             entries = self._entries(st)
-            parts = events.folds()  # merged in memory after all (or by rows), a part at a time
+            if isinstance(events, Pending):  # merged in memory after all (or by rows)
+                parts = events.folds()  # a part at a time
         started = time.perf_counter()
         handled = 0
         try:
@@ -316,7 +322,7 @@ class AggregationExecutor(Executor):
         finally:
             st.idle_now()
 
-    def _in_place(self, st: SegmentState, pending: Pending) -> Outcome | None:
+    def _in_place(self, st: SegmentState, pending: Pending | Folded) -> Outcome | None:
         """Merge ``pending`` into the stored states inside the database, with the token, in
         one transaction (:meth:`~.pushdown.base.Pushdown.merge_in_place`), when a write is
         due or the range is long: first the states held here are written (if changed) and

@@ -168,8 +168,11 @@ class Pushdown(ABC):
         some events (:mod:`.sqlite`: those of old types)."""
         return span, after
 
-    #: this backend can merge a range into the stored states itself (:meth:`merge_in_place`)
+    #: this backend can merge a range into the stored states itself (:meth:`merge_in_place`):
+    #: a range it has only checked (:class:`Pending`, SQLite), or its groups read already
+    #: (a :class:`Folded`, PostgreSQL: they are copied into the database)
     places = False
+    places_folded = False
 
     def _pending(self, after: int, span: int) -> tuple[list[int] | None, int]:
         """A range to merge in place: its end, and the counts of its text's property names
@@ -182,12 +185,12 @@ class Pushdown(ABC):
         raise NotImplementedError
 
     def merge_in_place(
-        self, name: str, pending: Pending, store_token: Callable[[Any], None]
+        self, name: str, pending: Pending | Folded, store_token: Callable[[Any], None]
     ) -> int | None:
         """Fold ``pending`` into the stored states of aggregation ``name`` inside the database,
         with ``store_token(conn)`` in the same transaction: the events merged, or None when
-        nothing was written because the range cannot be merged so exactly (then
-        :meth:`Pending.fold` and the merge in memory decide). Backends that place say how."""
+        nothing was written because the range cannot be merged so exactly (then the merge in
+        memory decides). Backends that place say how."""
         raise NotImplementedError
 
     # -- reading (the reader's thread) --------------------------------------------------------

@@ -20,13 +20,29 @@ event's key with the error.
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable
 from typing import Any
+
+import psycopg
 
 from ....store.postgres import PostgresEventStore
 from ....upcasting import Upcasters
 from ....upcasting.arrow import upcast_batch
-from ..declarative import Declaration
-from .base import Pushdown
+from ..declarative import NAME, Declaration
+from .base import Folded, Pending, Pushdown
+
+log = logging.getLogger("eventlanes.aggregation")
+
+#: the temporary table (dropped at commit) a range merged in place is copied into
+_STAGED = "el_placed_groups"
+#: a source whose name may stand in a JSON path and a string literal as it is
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _NotPlaced(Exception):
+    """The upsert of a range merged in place failed: it is merged in memory instead."""
 
 
 class PostgresPushdown(Pushdown):
@@ -42,6 +58,9 @@ class PostgresPushdown(Pushdown):
         self.kinds = decl.kinds()
         self.spec = list(decl.partials())
         self.types = sorted(upcasters.reads(decl.types) or () if upcasters else decl.types)
+        #: the statements merging a range's groups in place (None: merged in memory)
+        self._place = self._place_plan(decl, store.events_table)
+        self.places_folded = self._place is not None
 
     def _range(self, after: int, span: int) -> tuple[list[list[Any]] | None, int]:
         import pyarrow as pa
@@ -61,3 +80,94 @@ class PostgresPushdown(Pushdown):
             batches = [upcast_batch(self.upcasters, b) for b in batches]
         table = pa.Table.from_batches(batches)
         return groups(table, self.decl.key, self.kinds, self.spec), upto
+
+    # -- merging in place (the worker's thread) -----------------------------------------------
+    def merge_in_place(
+        self, name: str, pending: Pending | Folded, store_token: Callable[[Any], None]
+    ) -> int | None:
+        """The range's groups (``pending``: a :class:`~.base.Folded` read by the reader)
+        copied into a temporary table, then merged into the states by one statement, and
+        ``store_token(conn)``, in one transaction: the events merged, or None when nothing
+        was written (a stored state the merge in memory would not take as it is fails the
+        statement: a sum past 64 bits, a field of another type, offsets at or past the range;
+        or the role may not create temporary tables)."""
+        assert self._place is not None and isinstance(pending, Folded)
+        create, copy_in, upsert = self._place
+        db = self.store.db
+        outs = range(4, 4 + len(self.fields))
+        try:
+            with db.transaction() as conn:
+                try:
+                    with conn.transaction():  # a savepoint: its failure leaves the rest
+                        conn.execute(create)
+                        with conn.cursor().copy(copy_in) as copy:
+                            for g in pending:
+                                copy.write_row([g[0], g[3], *(g[i] for i in outs)])
+                        conn.execute(upsert, {"name": name, "after": pending.after})
+                except psycopg.Error as exc:
+                    log.debug("range after %d not merged in place: %s", pending.after, exc)
+                    raise _NotPlaced from exc
+                store_token(conn)
+        except _NotPlaced:
+            return None
+        return pending.events
+
+    def _place_plan(self, decl: Declaration, source: str) -> tuple[str, str, str] | None:
+        """The statements of :meth:`merge_in_place` (None: not for this declaration; as on
+        SQLite, counts, integer sums, integer and text minimums and maximums, plain names).
+        Rows that exist are updated by the main statement and new ones inserted by its
+        ``WITH``: both see the table as it was, so each key is written once. A stored field
+        is read as its JSON text (``json``, not ``jsonb``, which rewrites ``5e3`` as 5000)
+        through checks that fail the statement where the merge in memory would not take it as
+        it is: another type gives NULL (the table refuses it), a number that is not a 64-bit
+        integer fails its cast. Text compares by code point (``COLLATE "C"``), as Python."""
+        outs = list(decl.fields)
+        if not all(NAME.fullmatch(out) for out in outs) or not _PLAIN_NAME.fullmatch(source):
+            return None
+        columns, inserted, merged = ["key TEXT NOT NULL", "hi BIGINT NOT NULL"], [], "s.j::jsonb"
+        for j, (out, op) in enumerate(decl.fields.items()):
+            got, text = f"json_typeof(s.j -> '{out}')", f"(s.j ->> '{out}')"
+            if op.kind in ("count", "sum") and op.type is int:
+                columns.append(f"f{j} BIGINT")
+                inserted.append(f"'{out}', coalesce(f{j}, 0)")
+                new = (
+                    f"CASE WHEN {got} = 'number' THEN to_jsonb({text}::bigint + "
+                    f"coalesce(s.f{j}, 0)) END"
+                )
+            elif op.kind in ("min", "max") and op.type in (int, str):
+                kind, cur = ("number", f"{text}::bigint") if op.type is int else (
+                    "string", f'{text} COLLATE "C"')  # fmt: skip
+                columns.append(f"f{j} {'BIGINT' if op.type is int else 'TEXT'}")
+                inserted.append(f"'{out}', f{j}")
+                pick = "least" if op.kind == "min" else "greatest"  # both skip a NULL
+                value = f"CASE WHEN {got} = '{kind}' THEN {cur} END"
+                new = (
+                    f"CASE WHEN {got} IN ('{kind}', 'null') THEN "
+                    f"coalesce(to_jsonb({pick}({value}, s.f{j})), 'null'::jsonb) END"
+                )
+            else:
+                return None
+            merged = f"jsonb_set({merged}, '{{{out}}}', {new})"
+        table = self.store.db.table("aggregates")
+        own = (
+            f"(NOT s.o ? '{source}' OR (s.o -> '{source}' ->> 0 = '' "
+            f"AND (s.o -> '{source}' -> 1 ->> 0)::bigint <= %(after)s))"
+        )
+        create = f"CREATE TEMPORARY TABLE {_STAGED} ({', '.join(columns)}) ON COMMIT DROP"
+        fields = ", ".join(f"f{j}" for j in range(len(outs)))
+        copy_in = f"COPY {_STAGED} (key, hi, {fields}) FROM STDIN"
+        now = self.store.db.now_ms
+        upsert = (
+            f"WITH fresh AS (INSERT INTO {table} (aggregation, key, value, offsets, dropped, "
+            f"dropped_by, updated_at) SELECT %(name)s, key, "
+            f"jsonb_build_object({', '.join(inserted)})::text, "
+            f"jsonb_build_object('{source}', jsonb_build_array('', jsonb_build_array(hi)))::text,"
+            f" 0, NULL, {now} FROM {_STAGED} ON CONFLICT (aggregation, key) DO NOTHING) "
+            f"UPDATE {table} AS t SET value = CASE WHEN {own} THEN ({merged})::text END, "
+            f"offsets = jsonb_set(s.o, '{{{source}}}', "
+            f"jsonb_build_array('', jsonb_build_array(s.hi)))::text, updated_at = {now} "
+            f"FROM (SELECT g.*, a.value::json AS j, a.offsets::jsonb AS o FROM {_STAGED} g "
+            f"JOIN {table} a ON a.aggregation = %(name)s AND a.key = g.key OFFSET 0) s "
+            "WHERE t.aggregation = %(name)s AND t.key = s.key"
+        )
+        return create, copy_in, upsert

@@ -54,7 +54,7 @@ from ....store.sqlite import SQLiteEventStore
 from ....upcasting import Upcasters
 from ..declarative import NAME, Declaration
 from . import base
-from .base import Pending, Pushdown
+from .base import Folded, Pending, Pushdown
 
 __all__ = ["SQLitePushdown"]
 
@@ -228,14 +228,14 @@ class SQLitePushdown(Pushdown):
 
     # -- merging in place (the worker's thread) -----------------------------------------------
     def merge_in_place(
-        self, name: str, pending: Pending, store_token: Callable[[Any], None]
+        self, name: str, pending: Pending | Folded, store_token: Callable[[Any], None]
     ) -> int | None:
         """The range's groups staged in a temporary table of this thread's connection, in a
         read transaction (appends go on meanwhile), checked as :meth:`_fold` checks them; then
         in one write transaction, one statement upserts them into the states (a state that
         is not as the merge in memory would take it, or a sum past 64 bits, fails the
         statement: nothing is written, None) and ``store_token(conn)`` moves the token."""
-        assert self._place is not None  # placed only when :attr:`places`
+        assert self._place is not None and isinstance(pending, Pending)  # :attr:`places`
         db = self.store.db
         after = pending.after
         try:
