@@ -114,60 +114,59 @@ class PostgresPushdown(Pushdown):
 
     def _place_plan(self, decl: Declaration, source: str) -> tuple[str, str, str] | None:
         """The statements of :meth:`merge_in_place` (None: not for this declaration; as on
-        SQLite, counts, integer sums, integer and text minimums and maximums, plain names).
-        Rows that exist are updated by the main statement and new ones inserted by its
-        ``WITH``: both see the table as it was, so each key is written once. A stored field
-        is read as its JSON text (``json``, not ``jsonb``, which rewrites ``5e3`` as 5000)
-        through checks that fail the statement where the merge in memory would not take it as
-        it is: another type gives NULL (the table refuses it), a number that is not a 64-bit
-        integer fails its cast. Text compares by code point (``COLLATE "C"``), as Python."""
+        SQLite, counts, integer sums, integer and text minimums and maximums, plain names):
+        one upsert, whose inserted row holds the range's partials (the state of a new key).
+        A stored field is read as its JSON text (``json``, not ``jsonb``, which rewrites
+        ``5e3`` as 5000) through checks that fail the statement where the merge in memory
+        would not take it as it is: another type gives NULL (the table refuses it), a number
+        that is not a 64-bit integer fails its cast. Text compares by code point
+        (``COLLATE "C"``), as Python."""
         outs = list(decl.fields)
         if not all(NAME.fullmatch(out) for out in outs) or not _PLAIN_NAME.fullmatch(source):
             return None
-        columns, inserted, merged = ["key TEXT NOT NULL", "hi BIGINT NOT NULL"], [], "s.j::jsonb"
+        table = self.store.db.table("aggregates")
+        stored, part = f"{table}.value::json", "excluded.value::json"
+        columns, inserted, merged = ["key TEXT NOT NULL", "hi BIGINT NOT NULL"], [], stored
+        merged += "::jsonb"
         for j, (out, op) in enumerate(decl.fields.items()):
-            got, text = f"json_typeof(s.j -> '{out}')", f"(s.j ->> '{out}')"
+            got, text, new = f"json_typeof({stored} -> '{out}')", f"({stored} ->> '{out}')", ""
             if op.kind in ("count", "sum") and op.type is int:
                 columns.append(f"f{j} BIGINT")
                 inserted.append(f"'{out}', coalesce(f{j}, 0)")
                 new = (
                     f"CASE WHEN {got} = 'number' THEN to_jsonb({text}::bigint + "
-                    f"coalesce(s.f{j}, 0)) END"
+                    f"({part} ->> '{out}')::bigint) END"
                 )
             elif op.kind in ("min", "max") and op.type in (int, str):
-                kind, cur = ("number", f"{text}::bigint") if op.type is int else (
-                    "string", f'{text} COLLATE "C"')  # fmt: skip
+                kind, cast = ("number", "::bigint") if op.type is int else (
+                    "string", ' COLLATE "C"')  # fmt: skip
                 columns.append(f"f{j} {'BIGINT' if op.type is int else 'TEXT'}")
                 inserted.append(f"'{out}', f{j}")
                 pick = "least" if op.kind == "min" else "greatest"  # both skip a NULL
-                value = f"CASE WHEN {got} = '{kind}' THEN {cur} END"
+                value = f"CASE WHEN {got} = '{kind}' THEN {text}{cast} END"
                 new = (
-                    f"CASE WHEN {got} IN ('{kind}', 'null') THEN "
-                    f"coalesce(to_jsonb({pick}({value}, s.f{j})), 'null'::jsonb) END"
+                    f"CASE WHEN {got} IN ('{kind}', 'null') THEN coalesce(to_jsonb({pick}("
+                    f"{value}, ({part} ->> '{out}'){cast})), 'null'::jsonb) END"
                 )
             else:
                 return None
             merged = f"jsonb_set({merged}, '{{{out}}}', {new})"
-        table = self.store.db.table("aggregates")
+        offsets = f"{table}.offsets::jsonb"
         own = (
-            f"(NOT s.o ? '{source}' OR (s.o -> '{source}' ->> 0 = '' "
-            f"AND (s.o -> '{source}' -> 1 ->> 0)::bigint <= %(after)s))"
+            f"(NOT {offsets} ? '{source}' OR ({offsets} -> '{source}' ->> 0 = '' "
+            f"AND ({offsets} -> '{source}' -> 1 ->> 0)::bigint <= %(after)s))"
         )
         create = f"CREATE TEMPORARY TABLE {_STAGED} ({', '.join(columns)}) ON COMMIT DROP"
         fields = ", ".join(f"f{j}" for j in range(len(outs)))
         copy_in = f"COPY {_STAGED} (key, hi, {fields}) FROM STDIN"
         now = self.store.db.now_ms
         upsert = (
-            f"WITH fresh AS (INSERT INTO {table} (aggregation, key, value, offsets, dropped, "
-            f"dropped_by, updated_at) SELECT %(name)s, key, "
-            f"jsonb_build_object({', '.join(inserted)})::text, "
-            f"jsonb_build_object('{source}', jsonb_build_array('', jsonb_build_array(hi)))::text,"
-            f" 0, NULL, {now} FROM {_STAGED} ON CONFLICT (aggregation, key) DO NOTHING) "
-            f"UPDATE {table} AS t SET value = CASE WHEN {own} THEN ({merged})::text END, "
-            f"offsets = jsonb_set(s.o, '{{{source}}}', "
-            f"jsonb_build_array('', jsonb_build_array(s.hi)))::text, updated_at = {now} "
-            f"FROM (SELECT g.*, a.value::json AS j, a.offsets::jsonb AS o FROM {_STAGED} g "
-            f"JOIN {table} a ON a.aggregation = %(name)s AND a.key = g.key OFFSET 0) s "
-            "WHERE t.aggregation = %(name)s AND t.key = s.key"
+            f"INSERT INTO {table} (aggregation, key, value, offsets, dropped, dropped_by, "
+            f"updated_at) SELECT %(name)s, key, json_build_object({', '.join(inserted)})::text, "
+            f"json_build_object('{source}', json_build_array('', json_build_array(hi)))::text, "
+            f"0, NULL, {now} FROM {_STAGED} ON CONFLICT (aggregation, key) DO UPDATE SET "
+            f"value = CASE WHEN {own} THEN ({merged})::text END, "
+            f"offsets = jsonb_set({offsets}, '{{{source}}}', "
+            f"excluded.offsets::jsonb -> '{source}')::text, updated_at = excluded.updated_at"
         )
         return create, copy_in, upsert
