@@ -178,3 +178,23 @@ print(revenue.get("ada"), revenue.get("bob"))
         log = worker.communicate()[0]
     assert worker.returncode == 0, log
     assert "ready: 2 processor(s) running" in log, log
+
+
+def test_every_module_imports_without_the_postgresql_driver() -> None:
+    """Spark executors import eventlanes and the user's app, often in a Python without
+    psycopg (a SQLite store, or an export): no module may need it to be imported. (A module
+    that did stopped every cluster replay at the preflight.)"""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "for blocked in ('psycopg', 'psycopg_pool', 'psycopg_binary'):\n"
+        "    sys.modules[blocked] = None\n"
+        "import eventlanes\n"
+        "skip = ('eventlanes.testing.postgres', 'eventlanes.dashboard', 'eventlanes.cli')\n"
+        "for info in pkgutil.walk_packages(eventlanes.__path__, 'eventlanes.'):\n"
+        "    if not info.name.startswith(skip) and info.name != 'eventlanes.__main__':\n"
+        "        importlib.import_module(info.name)\n"
+        "import tests.apps.cluster_app\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.observe import Observer
-from eventlanes.processing.aggregating.executor import STATE_OVERHEAD
+from eventlanes.processing.aggregating.cache import STATE_OVERHEAD
 from eventlanes.processing.options import STATE_CACHE_BYTES
 from tests.processing_helpers import wait_for
 

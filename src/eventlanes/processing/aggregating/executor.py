@@ -9,9 +9,9 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from itertools import filterfalse, islice, repeat
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ClaimLostError
@@ -25,6 +25,7 @@ from ..handling.failures import describe
 from ..segment import Outcome, SegmentState, advanced
 from ..tables.states import Entry, encode_all
 from .aggregation import Aggregation, Fold, Stage
+from .cache import StateCache
 from .dedupe import Marks, dedupe
 from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
 from .publish import publish_states
@@ -37,63 +38,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from ..runtime import Runtime
-
-
-#: A cached state's bytes, estimated from its JSON text (value and offsets) when it is loaded
-#: or written: ``STATE_OVERHEAD + BYTES_PER_CHAR * characters``, no step per event. Measured
-#: (Python 3.11, orjson) by deep sys.getsizeof of what the executor held at the end of
-#: benchmarks/bench_memory.py's runs (the Entry, key, decoded value and offsets, dict slots
-#: after churn, the size kept, a pending position): 990 B per {"sum","n"} state read back (48
-#: characters), 830 B per new one (41); and by RSS over 200,000 states held alike, more than
-#: {"sum","n"}: 20 int fields 1.0 KB for 205 more characters, 50 ints 1.8 KB for 272, a 1.3 KB
-#: string 1.3 KB for 1,279. So 700 + 6 per character: close for numbers, above for text.
-STATE_OVERHEAD = 700
-BYTES_PER_CHAR = 6
-
-
-class _Cache:
-    """A held segment's cached states, by estimated bytes: per key (in the order they were
-    last loaded, changed or written: the oldest first, and the changed ones behind the clean
-    ones), their sum, and the part changed since the last write (each counted at its size
-    when it was loaded or written). Kept in C-speed steps per key, none per event."""
-
-    __slots__ = ("sizes", "used", "dirty")
-
-    def __init__(self) -> None:
-        self.sizes: dict[str, int] = {}
-        self.used = 0
-        self.dirty = 0
-
-    def add(self, keys: list[str], chars: Iterable[int]) -> None:
-        """Count ``keys`` (distinct) at the ``chars`` of their texts, moved to the end."""
-        sizes = self.sizes
-        self.used -= sum(map(sizes.pop, keys, repeat(0)))
-        new = [STATE_OVERHEAD + BYTES_PER_CHAR * n for n in chars]
-        sizes.update(zip(keys, new, strict=True))
-        self.used += sum(new)
-
-    def dirtied(self, keys: Collection[str]) -> None:
-        """``keys`` (cached, clean until now) changed: counted dirty, moved to the end."""
-        sizes = self.sizes
-        moved = list(map(sizes.pop, keys))
-        sizes.update(zip(keys, moved, strict=True))
-        self.dirty += sum(moved)
-
-    def oldest_clean(self, changed: set[str], excess: int) -> list[str]:
-        """The clean keys, the oldest first, of ``excess`` bytes or just above (all of them
-        when they are fewer), taken by the average size in C-speed slices."""
-        sizes = self.sizes
-        clean = filterfalse(changed.__contains__, sizes)
-        picked: list[str] = []
-        found = 0
-        while found < excess:
-            average = self.used // max(1, len(sizes)) or 1
-            more = list(islice(clean, -(-(excess - found) // average)))
-            if not more:
-                break
-            picked += more
-            found += sum(map(sizes.__getitem__, more))
-        return picked
 
 
 def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
@@ -112,7 +56,7 @@ class AggregationExecutor(Executor):
     States stay in memory after a write while the segment is held as it was: they equal the
     stored rows, since only the claim's holder writes them. A segment split, merged, released
     or lost starts from the table again. The states cached take ``state_cache_bytes`` at most
-    (estimated: :class:`_Cache`), shared evenly by the segments held: past it, states written
+    (estimated: :class:`StateCache`), shared evenly by the segments held: past it, states written
     and unchanged since are dropped, the oldest first; when the changed ones alone fill it,
     they are written at once, without waiting for ``persist_every``."""
 
@@ -127,7 +71,7 @@ class AggregationExecutor(Executor):
         self.entries: dict[int, dict[str, Entry]] = {}
         self.marks: dict[int, Marks] = {}  # what dedupe knows of the entries' offsets
         self.changed: dict[int, set[str]] = {}
-        self.caches: dict[int, _Cache] = {}  # the entries' estimated bytes
+        self.caches: dict[int, StateCache] = {}  # the entries' estimated bytes
         self.budget = agg.state_cache_bytes
         self.fresh_chars: int | None = None  # the JSON text of initial(), measured once
         self.holder: dict[int, tuple[SegmentState, Segment]] = {}
@@ -160,7 +104,7 @@ class AggregationExecutor(Executor):
                     if held.overlaps(st.segment):  # split or merged: let go before this claim
                         self._discard(other)
                 self.holder[seg] = (st, st.segment)
-                self.caches[seg] = _Cache()
+                self.caches[seg] = StateCache()
             return self.entries.setdefault(seg, {})
 
     def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
@@ -292,7 +236,7 @@ class AggregationExecutor(Executor):
             self._evict(seg, cache, share)
         return cache.dirty >= share
 
-    def _evict(self, seg: int, cache: _Cache, target: int) -> None:
+    def _evict(self, seg: int, cache: StateCache, target: int) -> None:
         """Drop states written and unchanged since (they equal their rows), the oldest first,
         until ``cache`` is under ``target`` bytes or only changed ones are left. Their pending
         positions go too: they were written into the rows' offsets, and are read back with
@@ -353,7 +297,7 @@ class AggregationExecutor(Executor):
             if self.holder.get(seg) == (st, st.segment):
                 for held in (self.entries, self.marks, self.changed):
                     held.pop(seg, None)
-                self.caches[seg] = _Cache()
+                self.caches[seg] = StateCache()
         token = advanced(st.token, pending.upto)
         started = time.perf_counter()
 

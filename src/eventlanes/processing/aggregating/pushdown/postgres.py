@@ -25,8 +25,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from ....store.postgres import PostgresEventStore
 from ....upcasting import Upcasters
 from ....upcasting.arrow import upcast_batch
@@ -92,6 +90,8 @@ class PostgresPushdown(Pushdown):
         statement: a sum past 64 bits, a field of another type, offsets at or past the range;
         or the role may not create temporary tables)."""
         assert self._place is not None and isinstance(pending, Folded)
+        import psycopg  # here: executors import this module, and may have no psycopg
+
         create, copy_in, upsert = self._place
         db = self.store.db
         outs = range(4, 4 + len(self.fields))
