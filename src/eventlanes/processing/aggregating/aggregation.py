@@ -183,6 +183,13 @@ class Aggregation(Processor):
         #: of those, the events merged into the stored states inside SQLite too
         self.placed = 0
 
+    @property
+    def merges_in_database(self) -> bool:
+        """Its ranges folded in the database may be merged into the stored states there too
+        (:mod:`.pushdown`): not when each state written is published, which needs it in
+        Python (a declarative aggregation has no downstream stages)."""
+        return self.publish is None
+
     def on(self, *types: str) -> Callable[[Fold], Fold]:
         self._python_only("on()")
         register = self.folds.on(*types)

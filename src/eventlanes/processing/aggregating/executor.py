@@ -159,10 +159,11 @@ class AggregationExecutor(Executor):
                 else:
                     handled += len(part)
                     self._fold_events(st, entries, part)
-                if part is not events and self._full(seg):  # a long range: bounded memory
-                    self.flush(st)  # states before the token: a replay drops them (offsets)
-                    if st.lost or st.dirty:  # lost, or the write failed (backing off)
-                        return Outcome.LOST if st.lost else Outcome.FAILED
+                # A long range, memory bounded: states written before the token (a replay
+                # drops them by their offsets).
+                full = part is not events and self._full(seg)
+                if full and (failed := self._flushed(st)) is not None:
+                    return failed
         except Exception as exc:  # noqa: BLE001 - a fold may have half-updated a state
             self._let_go(st)
             return self.back_off(st, exc)
@@ -277,8 +278,7 @@ class AggregationExecutor(Executor):
         if (
             pushdown is None
             or pushdown.store.db is not self.runtime.db  # states, token and events: one file
-            or self.agg.publish is not None
-            or self.agg.stages
+            or not self.agg.merges_in_database
         ):
             return None
         # A write now: only when one is due, or for a long range (a catch-up writes once per
@@ -289,10 +289,8 @@ class AggregationExecutor(Executor):
             and time.monotonic() - since < self.persist_every
         ):
             return None
-        if st.dirty and self.changed.get(seg):
-            self.flush(st)
-            if st.lost or st.dirty:  # lost, or the write failed (backing off)
-                return Outcome.LOST if st.lost else Outcome.FAILED
+        if st.dirty and self.changed.get(seg) and (failed := self._flushed(st)) is not None:
+            return failed
         with self.holding:
             if self.holder.get(seg) == (st, st.segment):
                 for held in (self.entries, self.marks, self.changed):
@@ -324,6 +322,14 @@ class AggregationExecutor(Executor):
         st.token = token
         self._written(st, seconds)
         return Outcome.OK
+
+    def _flushed(self, st: SegmentState) -> Outcome | None:
+        """:meth:`flush` in the middle of a batch: None once written, else the batch's outcome
+        (the claim lost, or the write failed: the segment backs off)."""
+        self.flush(st)
+        if st.lost or st.dirty:
+            return Outcome.LOST if st.lost else Outcome.FAILED
+        return None
 
     def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
         """Merge a range folded in SQL; or, when the dedupe fast rule does not hold for it (a

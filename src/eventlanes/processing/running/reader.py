@@ -49,9 +49,9 @@ class BatchReader:
             getattr(proc, "pushdown", False),
             self.upcasters,
         )
-        #: its ranges may be merged into the stored states in the database (one segment over
-        #: every key, no output that needs the states in Python)
-        self.in_place = getattr(proc, "publish", None) is None and not getattr(proc, "stages", ())
+        #: its ranges may be merged into the stored states in the database (when one segment
+        #: covers every key)
+        self.in_place = getattr(proc, "merges_in_database", False)
 
     def read(
         self, states: Sequence[SegmentState], tokens: Sequence[Token] | None = None
@@ -71,8 +71,7 @@ class BatchReader:
             if after >= self.pushdown.rows_until and all(
                 t.is_plain and not t.sources and t.position == after for t in held
             ):
-                whole = len(states) == 1 and states[0].segment.mask == 0
-                folded, upto = self.pushdown.read(after, self, self.in_place and whole)
+                folded, upto = self.pushdown.read(after, self, self.in_place and _whole(states))
                 if folded is not None:
                     return (folded if folded else []), upto, upto > after
         if len(self.sources) == 1:
@@ -96,7 +95,7 @@ class BatchReader:
         """Each event to the held segment that owns it, unless that segment has seen it (a
         range folded in SQL: each key's group)."""
         if isinstance(events, Pending):
-            if len(states) == 1 and states[0].segment.mask == 0:
+            if _whole(states):
                 return {states[0]: events}
             # Read for one segment, shared by several (never so far): each folds it by rows.
             unfolded = Folded([], events.after, events.upto, self, exact=False)
@@ -227,3 +226,8 @@ def read_merged(
             uptos[name] = kept[-1].position if kept else afters[name]
         kept_parts.append(kept)
     return list(heapq.merge(*kept_parts, key=order)), uptos
+
+
+def _whole(states: Sequence[SegmentState]) -> bool:
+    """One held segment over every key (a range merged in place is all its own)."""
+    return len(states) == 1 and states[0].segment.mask == 0

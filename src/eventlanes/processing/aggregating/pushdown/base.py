@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ....hashing import stable_hash
 from ....upcasting import Upcasters
 from ...tables.states import Entry
-from ..declarative import Declaration
+from ..declarative import NAME, Declaration
 from ..dedupe import Marks
 
 if TYPE_CHECKING:
     from ...segment import SegmentState
 
 __all__ = [
-    "KIND", "PLACE_SPAN", "SPAN", "TEXT_SPAN", "Field", "Folded", "Pending", "Pushdown",
-    "RowSource",
+    "KIND", "PLACE_SPAN", "SPAN", "STAGED", "TEXT_SPAN", "Field", "Folded", "NotPlaced",
+    "Pending", "Pushdown", "RowSource", "placeable",
 ]  # fmt: skip
 
 log = logging.getLogger("eventlanes.aggregation")
@@ -56,6 +56,30 @@ class Field:
     out: str
     kind: int
     type: type
+
+
+#: the temporary table (of the worker's connection) a range merged in place is staged in
+STAGED = "el_placed_groups"
+
+
+def placeable(decl: Declaration, source: str) -> bool:
+    """A range of ``decl`` may be merged into the stored states inside the database: every
+    field a count, an integer sum, or an integer or text minimum or maximum (what the
+    statements merge), and the fields and ``source`` plain names (they stand in JSON paths
+    and string literals as they are)."""
+    return NAME.fullmatch(source) is not None and all(
+        NAME.fullmatch(out)
+        and (
+            (op.kind in ("count", "sum") and op.type is int)
+            or (op.kind in ("min", "max") and op.type in (int, str))
+        )
+        for out, op in decl.fields.items()
+    )
+
+
+class NotPlaced(Exception):
+    """The upsert of a range merged in place failed: nothing of it is written (the write
+    transaction rolls back), and it is merged in memory instead."""
 
 
 class RowSource(Protocol):

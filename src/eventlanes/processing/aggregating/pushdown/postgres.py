@@ -21,26 +21,16 @@ event's key with the error.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
 from ....store.postgres import PostgresEventStore
 from ....upcasting import Upcasters
 from ....upcasting.arrow import upcast_batch
-from ..declarative import NAME, Declaration
-from .base import Folded, Pending, Pushdown
+from ..declarative import Declaration
+from .base import STAGED, Folded, NotPlaced, Pending, Pushdown, placeable
 
 log = logging.getLogger("eventlanes.aggregation")
-
-#: the temporary table (dropped at commit) a range merged in place is copied into
-_STAGED = "el_placed_groups"
-#: a source whose name may stand in a JSON path and a string literal as it is
-_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class _NotPlaced(Exception):
-    """The upsert of a range merged in place failed: it is merged in memory instead."""
 
 
 class PostgresPushdown(Pushdown):
@@ -106,9 +96,9 @@ class PostgresPushdown(Pushdown):
                         conn.execute(upsert, {"name": name, "after": pending.after})
                 except psycopg.Error as exc:
                     log.debug("range after %d not merged in place: %s", pending.after, exc)
-                    raise _NotPlaced from exc
+                    raise NotPlaced from exc
                 store_token(conn)
-        except _NotPlaced:
+        except NotPlaced:
             return None
         return pending.events
 
@@ -121,8 +111,7 @@ class PostgresPushdown(Pushdown):
         would not take it as it is: another type gives NULL (the table refuses it), a number
         that is not a 64-bit integer fails its cast. Text compares by code point
         (``COLLATE "C"``), as Python."""
-        outs = list(decl.fields)
-        if not all(NAME.fullmatch(out) for out in outs) or not _PLAIN_NAME.fullmatch(source):
+        if not placeable(decl, source):
             return None
         table = self.store.db.table("aggregates")
         stored, part = f"{table}.value::json", "excluded.value::json"
@@ -137,7 +126,7 @@ class PostgresPushdown(Pushdown):
                     f"CASE WHEN {got} = 'number' THEN to_jsonb({text}::bigint + "
                     f"({part} ->> '{out}')::bigint) END"
                 )
-            elif op.kind in ("min", "max") and op.type in (int, str):
+            else:  # a minimum or maximum (placeable)
                 kind, cast = ("number", "::bigint") if op.type is int else (
                     "string", ' COLLATE "C"')  # fmt: skip
                 columns.append(f"f{j} {'BIGINT' if op.type is int else 'TEXT'}")
@@ -148,23 +137,21 @@ class PostgresPushdown(Pushdown):
                     f"CASE WHEN {got} IN ('{kind}', 'null') THEN coalesce(to_jsonb({pick}("
                     f"{value}, ({part} ->> '{out}'){cast})), 'null'::jsonb) END"
                 )
-            else:
-                return None
             merged = f"jsonb_set({merged}, '{{{out}}}', {new})"
         offsets = f"{table}.offsets::jsonb"
         own = (
             f"(NOT {offsets} ? '{source}' OR ({offsets} -> '{source}' ->> 0 = '' "
             f"AND ({offsets} -> '{source}' -> 1 ->> 0)::bigint <= %(after)s))"
         )
-        create = f"CREATE TEMPORARY TABLE {_STAGED} ({', '.join(columns)}) ON COMMIT DROP"
-        fields = ", ".join(f"f{j}" for j in range(len(outs)))
-        copy_in = f"COPY {_STAGED} (key, hi, {fields}) FROM STDIN"
+        create = f"CREATE TEMPORARY TABLE {STAGED} ({', '.join(columns)}) ON COMMIT DROP"
+        fields = ", ".join(f"f{j}" for j in range(len(decl.fields)))
+        copy_in = f"COPY {STAGED} (key, hi, {fields}) FROM STDIN"
         now = self.store.db.now_ms
         upsert = (
             f"INSERT INTO {table} (aggregation, key, value, offsets, dropped, dropped_by, "
             f"updated_at) SELECT %(name)s, key, json_build_object({', '.join(inserted)})::text, "
             f"json_build_object('{source}', json_build_array('', json_build_array(hi)))::text, "
-            f"0, NULL, {now} FROM {_STAGED} ON CONFLICT (aggregation, key) DO UPDATE SET "
+            f"0, NULL, {now} FROM {STAGED} ON CONFLICT (aggregation, key) DO UPDATE SET "
             f"value = CASE WHEN {own} THEN ({merged})::text END, "
             f"offsets = jsonb_set({offsets}, '{{{source}}}', "
             f"excluded.offsets::jsonb -> '{source}')::text, updated_at = excluded.updated_at"

@@ -54,7 +54,7 @@ from ....store.sqlite import SQLiteEventStore
 from ....upcasting import Upcasters
 from ..declarative import NAME, Declaration
 from . import base
-from .base import Folded, Pending, Pushdown
+from .base import STAGED, Folded, NotPlaced, Pending, Pushdown, placeable
 
 __all__ = ["SQLitePushdown"]
 
@@ -76,16 +76,6 @@ _ALLOWED = {int: "'integer', 'null'", bool: "'true', 'false', 'null'", str: "'te
 
 class Unsafe(Exception):
     """The range cannot be folded in SQL exactly: the row path folds it."""
-
-
-class _NotPlaced(Exception):
-    """The upsert of a range merged in place failed: it is merged in memory instead."""
-
-
-#: the temporary table (of the worker's connection) a range merged in place is staged in
-_STAGED = "el_placed_groups"
-#: a source whose name may stand in a JSON path and a string literal as it is
-_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SQLitePushdown(Pushdown):
@@ -240,10 +230,10 @@ class SQLitePushdown(Pushdown):
         after = pending.after
         try:
             with db.snapshot() as conn:  # type: ignore[attr-defined]
-                conn.execute(f"DROP TABLE IF EXISTS temp.{_STAGED}")
+                conn.execute(f"DROP TABLE IF EXISTS temp.{STAGED}")
                 try:
                     conn.execute(
-                        f"CREATE TEMPORARY TABLE {_STAGED} AS {self.grouped_sql}",
+                        f"CREATE TEMPORARY TABLE {STAGED} AS {self.grouped_sql}",
                         (after, pending.upto, *self.params),
                     )
                     bad, *present = conn.execute(self._place[0]).fetchone()
@@ -257,14 +247,14 @@ class SQLitePushdown(Pushdown):
                     conn.execute(self._place[1], {"name": name, "after": after})
                 except sqlite3.Error as exc:  # a state the merge in memory would not take
                     log.debug("range after %d not merged in place: %s", after, exc)
-                    raise _NotPlaced from exc
+                    raise NotPlaced from exc
                 store_token(conn)
-        except _NotPlaced:
+        except NotPlaced:
             return None
         finally:
             with db.connection() as conn:
                 if not conn.in_transaction:
-                    conn.execute(f"DROP TABLE IF EXISTS temp.{_STAGED}")
+                    conn.execute(f"DROP TABLE IF EXISTS temp.{STAGED}")
         return int(present[0] or 0)
 
     def _place_plan(self, decl: Declaration, source: str) -> tuple[str, str] | None:
@@ -274,8 +264,7 @@ class SQLitePushdown(Pushdown):
         names). A state row is updated only if every field has the type the merge in memory
         takes and its offsets of ``source`` are before the range (``:after``); else its value
         is set to NULL, which the table refuses: the statement fails, nothing is written."""
-        outs = list(decl.fields)
-        if not all(NAME.fullmatch(out) for out in outs) or not _PLAIN_NAME.fullmatch(source):
+        if not placeable(decl, source):
             return None
         inserted, merged, ok = [], [], []
         for j, (out, op) in enumerate(decl.fields.items()):
@@ -286,7 +275,7 @@ class SQLitePushdown(Pushdown):
                 inserted.append(f"'{out}', coalesce(f{j}, 0)")
                 merged.append(f"{path}, {cur} + {new}")
                 ok.append(f"typeof({cur}) = 'integer' AND typeof({cur} + {new}) = 'integer'")
-            elif op.kind in ("min", "max") and op.type in (int, str):
+            else:  # a minimum or maximum (placeable)
                 cmp = "<" if op.kind == "min" else ">"
                 inserted.append(f"'{out}', f{j}")
                 merged.append(
@@ -297,8 +286,6 @@ class SQLitePushdown(Pushdown):
                 ok.append(
                     f"json_type(value, {path}) IS NOT NULL AND typeof({cur}) IN ('{kind}', 'null')"
                 )
-            else:
-                return None
         own = f"'$.{source}'"
         # No offset of the source, or one before the range (a number: text compares above
         # every number, a missing element is NULL and refuses the row).
@@ -313,13 +300,13 @@ class SQLitePushdown(Pushdown):
             f"INSERT INTO {table} (aggregation, key, value, offsets, dropped, dropped_by, "
             f"updated_at) SELECT :name, key, json_object({', '.join(inserted)}), "
             f"json_object('{source}', json_array('', json_array(hi))), 0, NULL, "
-            f"{self.store.db.now_ms} FROM temp.{_STAGED} WHERE true "
+            f"{self.store.db.now_ms} FROM temp.{STAGED} WHERE true "
             "ON CONFLICT (aggregation, key) DO UPDATE SET "
             f"value = CASE WHEN {' AND '.join(ok)} THEN json_set(value, {', '.join(merged)}) END, "
             f"offsets = json_set(offsets, {own}, json(json_extract(excluded.offsets, {own}))), "
             "updated_at = excluded.updated_at"
         )
-        return f"SELECT {checks} FROM temp.{_STAGED}", upsert
+        return f"SELECT {checks} FROM temp.{STAGED}", upsert
 
     def _checked(self, text: str, longest: int, named: list[int]) -> bool:
         """No escape SQLite and Python read differently, no NUL (SQLite reads up to it), no
