@@ -87,7 +87,7 @@ def _forget(url: str, name: str) -> None:
 
 
 @contextmanager
-def _stores(backend: str) -> Iterator[Callable[[], str]]:
+def stores(backend: str) -> Iterator[Callable[[], str]]:
     """Fresh store URLs on ``backend`` (PostgreSQL: $EVENTLANES_TEST_POSTGRES_URL or an
     embedded server, fsync on, as :func:`.common.databases`)."""
     here = Path(tempfile.mkdtemp(prefix="eventlanes-scale-"))
@@ -109,7 +109,7 @@ def _stores(backend: str) -> Iterator[Callable[[], str]]:
 
 def _measure(backend: str, events: int, sizes: tuple[int, ...], rounds: int) -> list[list[Any]]:
     runs: dict[int, list[tuple[float, float, float, int]]] = {k: [] for k in sizes}
-    with _stores(backend) as new_url:
+    with stores(backend) as new_url:
         urls = {keys: new_url() for keys in sizes}
         wants = {}
         for keys, url in urls.items():

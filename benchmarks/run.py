@@ -32,6 +32,7 @@ BENCHMARKS = {
     "upcast": "benchmarks.bench_upcast",
     "scale": "benchmarks.bench_scale",
     "segments": "benchmarks.bench_segments",
+    "spark-keys": "benchmarks.bench_spark_keys",
 }
 
 

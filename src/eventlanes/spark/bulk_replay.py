@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from ..errors import FieldTypeError, InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
+from ..processing.tables.staging import StagedStates
 from ..tokens import Token
 from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
 from ..tracing import spans
@@ -46,6 +48,7 @@ from .fold import (
     spec_of,
 )
 from .input import ReplayInput, check_read, keyed_of, read_input, upcasters_of
+from .parts import parts_of
 from .projections import replay_projection
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
@@ -300,51 +303,90 @@ def save_states(app: Any, conn: Any, name: str, states: Encoded) -> None:
 def _aggregation(
     app: Any, agg: Aggregation, source: ReplayInput, n: int, owner: str, records: list
 ) -> tuple[int, int]:
+    """States folded by Spark, staged a bounded part at a time (the driver's memory does not
+    grow with the keys), then moved in with every segment's token in one transaction."""
     spec = spec_of(agg, app.store.events_table)
-    if agg.declaration is not None:  # native column expressions, no Python per event
-        from .declarative import declared_states
-
-        folded: Any = None
-        decl, table = agg.declaration, app.store.events_table
-        chained_types = source.chained_types
-        if chained_types is None and source.chained is not None:
-            # From the store: one pass, folded as if no event had a source chain, the read
-            # telling which types have chained events. Only when a folded type has, the plan
-            # with the chains' window runs (reading again); the first result is dropped.
-            chained_types = []
-        declared, read = declared_states(decl, source.df, table, source.columns, chained_types)
-        if source.chained is not None:
-            seen = source.chained()
-            if seen is None or decl.types & seen:
-                again = None if seen is None else sorted(seen)
-                df = source.df if source.events_df is None else source.events_df
-                declared, read = declared_states(decl, df, table, source.columns, again)
-        states = {agg.name: declared}
-        # From an export, the plan's own count is Spark's count of the files' rows (no second
-        # job); from the store, the ranges' counts must agree with it too.
-        if not source.parquet:
-            check_read(agg.name, "read", source.read(), source.expected)
-        events = check_read(agg.name, "read", read, source.expected)
-    else:
-        folded = fold_aggregation(spec, source.events, n, columns=source.columns, typed=source.df)
-        if spec.stages:
-            folded = folded.cache()
-        states = collect_states(folded)
-        events = check_read(agg.name, "read", source.read(), source.expected)
-    for plan in fold_stages(spec, folded, n):
-        for name, entries in collect_states(plan).items():
-            states.setdefault(name, {}).update(entries)
     names = [agg.name, *(s.name for s in agg.stages)]
-    source.verify()
-    table = app.aggregate_states
-    db = app.db
-    with db.transaction() as conn:
-        for name in names:  # from scratch: what the replay did not produce does not exist
-            conn.execute(db.sql(f"DELETE FROM {table.table} WHERE aggregation = ?"), (name,))
-        for name in names:
-            save_states(app, conn, name, states)
-        for record in records:
-            app.tokens.store(agg.name, record.segment.id, Token(source.end), owner, conn=conn)
-    if spec.stages:
-        folded.unpersist()
-    return events, sum(len(v) for v in states.values())
+    with StagedStates(app.aggregate_states, agg.name) as stage:
+        folded: Any = None
+        if agg.declaration is not None:  # native column expressions, no Python per event
+            events = _declared(app, agg, source, stage)
+        else:
+            folded = fold_aggregation(spec, source.events, n, columns=source.columns,
+                                      typed=source.df)  # fmt: skip
+            if spec.stages:
+                folded = folded.cache()
+            _stage(stage, _states(folded, source.expected, agg.name), agg.name)
+            events = check_read(agg.name, "read", source.read(), source.expected)
+        for plan in fold_stages(spec, folded, n):
+            _stage(stage, _states(plan, source.expected, agg.name), agg.name)
+        source.verify()
+
+        def tokens(conn: Any) -> None:
+            for record in records:
+                app.tokens.store(agg.name, record.segment.id, Token(source.end), owner, conn=conn)
+
+        stage.replace(names, tokens)
+        if spec.stages:
+            folded.unpersist()
+        return events, stage.rows
+
+
+def _declared(app: Any, agg: Aggregation, source: ReplayInput, stage: StagedStates) -> int:
+    """Stage a declarative aggregation's states; the events Spark read (checked)."""
+    from .declarative import declared_parts
+
+    decl, table = agg.declaration, app.store.events_table
+    assert decl is not None
+    chained_types = source.chained_types
+    if chained_types is None and source.chained is not None:
+        # From the store: one pass, folded as if no event had a source chain, the read
+        # telling which types have chained events. Only when a folded type has, the plan
+        # with the chains' window runs (reading again); the first result is dropped.
+        chained_types = []
+    parts = declared_parts(decl, source.df, table, source.columns, chained_types,
+                           source.expected)  # fmt: skip
+    read = _stage(stage, parts, agg.name, rows=True)
+    if source.chained is not None:
+        seen = source.chained()
+        if seen is None or decl.types & seen:
+            stage.clear()
+            again = None if seen is None else sorted(seen)
+            df = source.df if source.events_df is None else source.events_df
+            parts = declared_parts(decl, df, table, source.columns, again, source.expected)
+            read = _stage(stage, parts, agg.name, rows=True)
+    # From an export, the plan's own count is Spark's count of the files' rows (no second
+    # job); from the store, the ranges' counts must agree with it too.
+    if not source.parquet:
+        check_read(agg.name, "read", source.read(), source.expected)
+    return check_read(agg.name, "read", read, source.expected)
+
+
+#: the staged columns after (aggregation) name, as the plans name them
+STAGED_COLUMNS = ("key", "value", "offsets", "dropped", "dropped_by")
+SLICE = 20_000  # states staged per transaction
+
+
+def _states(df: Any, bound: int, name: str) -> Iterator[Any]:
+    """The rows of kind "state" of a fold's output, a bounded part at a time."""
+    return parts_of(df.where(df.kind == "state").select("name", *STAGED_COLUMNS), bound, name)
+
+
+def _stage(stage: StagedStates, parts: Any, name: str, rows: bool = False) -> int:
+    """Stage every part (Arrow tables of ``STATE_SCHEMA`` rows, or of the declarative plan's
+    rows when ``rows``: then of aggregation ``name``, and a null key's row is no state);
+    returns the ``rows`` column's sum (the rows the plan read), or 0."""
+    import pyarrow.compute as pc
+
+    read = 0
+    for part in parts:
+        if rows:
+            read += pc.sum(part.column("rows")).as_py() or 0
+            part = part.filter(pc.is_valid(part.column("key")))
+        # Python rows a slice at a time: their objects, not the Arrow part's, are the bulk
+        for i in range(0, part.num_rows, SLICE):
+            piece = part.slice(i, SLICE)
+            named = repeat(name) if rows else piece.column("name").to_pylist()
+            columns = [piece.column(c).to_pylist() for c in STAGED_COLUMNS]
+            stage.add(list(zip(named, *columns, strict=False)))
+    return read

@@ -18,11 +18,13 @@ engine's shape (``{source: [partition, path]}``) and the inputs dropped.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import FieldTypeError
 from ..processing.aggregating.declarative import TYPES, Declaration, Op
 from .export import PREFIX
+from .parts import parts_of
 
 CHAIN_SCHEMA = (
     "source_chain array<struct<source: string, partition: string, offset: long, out: long>>"
@@ -392,17 +394,19 @@ def plan(
     )
 
 
-def declared_states(
+def declared_parts(
     decl: Declaration,
     df: Any,
     source: str,
     columns: dict[str, str] | None = None,
     chained_types: list[str] | None = None,
-) -> tuple[dict[str, tuple[str, str, int, str | None]], int]:
-    """Run the plan: key -> (value JSON, offsets JSON, dropped, dropped_by JSON), as
-    ``save_encoded`` takes, and
-    the rows the plan read (of every type). ``columns``/``chained_types``: what a Parquet export
-    knows of its events (typed columns; the types with chained events), None otherwise."""
+    bound: int = 0,
+) -> Iterator[Any]:
+    """Run the plan: its rows (``STATES``) as Arrow tables, a bounded part at a time
+    (:func:`.parts.parts_of`; ``bound``: at most this many rows), a null key's row counting
+    the events of other types (the rows read of every type are the ``rows`` column's sum).
+    ``columns``/``chained_types``: what a Parquet export knows of its events (typed columns;
+    the types with chained events), None otherwise."""
     from pyspark.sql import functions as F
 
     if chained_types is not None:
@@ -415,19 +419,10 @@ def declared_states(
         rows = _rows(decl, df, source, columns)
         chained_keys = F.broadcast(rows.where("chained").select("key").distinct())
     try:
-        table = plan(decl, df, source, chained_keys, columns).toArrow()
+        yield from parts_of(plan(decl, df, source, chained_keys, columns), bound, decl.name)
     except Exception as exc:
         text = str(exc)
         if FIELD_ERROR in text:  # our strict type check, as the local engine raises it
             message = text[text.index(FIELD_ERROR) + len(FIELD_ERROR) :].splitlines()[0]
             raise FieldTypeError(message.split(" SQLSTATE")[0].rstrip(". ")) from None
         raise
-    read = sum(table.column("rows").to_pylist())
-    keys, values, offsets, dropped, by = (
-        table.column(c).to_pylist() for c in ("key", "value", "offsets", "dropped", "dropped_by")
-    )
-    states = {
-        k: (v, o, d, b) for k, v, o, d, b in zip(keys, values, offsets, dropped, by, strict=True)
-    }
-    states.pop(None, None)  # the rows of other types
-    return states, read

@@ -1,0 +1,109 @@
+"""States computed elsewhere (a Spark replay), staged beside the states table in bounded
+chunks, then moved in by one short transaction that also moves the tokens.
+
+Staging holds no lock other writers wait for: on SQLite the stage is a temporary table of the
+thread's connection (its own file, so the heartbeat's writes go on); on PostgreSQL an
+unlogged table of its own, named after the aggregation (a replay holds every segment's claim,
+so one replay at a time uses it; a crashed replay's leftover is dropped by the next). Until
+:meth:`StagedStates.replace` commits, the stored states and tokens are untouched: a crash at
+any point before leaves the last committed replay (or run) as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .states import StateTable
+
+#: (aggregation, key, value JSON, offsets JSON, dropped, dropped_by JSON)
+COLUMNS = "aggregation, key, value, offsets, dropped, dropped_by"
+
+
+class StagedStates:
+    """``with StagedStates(table, name) as stage: stage.add(rows); stage.replace(names, fn)``"""
+
+    def __init__(self, table: StateTable, name: str) -> None:
+        self.table = table
+        self.db = db = table.db
+        self.postgres = db.backend == "postgresql"
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        if self.postgres:  # the prefix is validated; the rest is hex
+            self.stage = db.table(f"replay_{digest}")
+        else:
+            self.stage = f"temp.{db.table('replay_states')}"
+        self.rows = 0  # staged so far
+
+    def __enter__(self) -> StagedStates:
+        self._drop()
+        if self.postgres:
+            create = f"""CREATE UNLOGGED TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT
+                NOT NULL, value TEXT NOT NULL, offsets TEXT NOT NULL, dropped BIGINT NOT NULL,
+                dropped_by TEXT)"""
+            with self.db.transaction() as conn:
+                conn.execute(create)
+        else:
+            create = f"""CREATE TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT NOT NULL,
+                value TEXT NOT NULL, offsets TEXT NOT NULL, dropped INTEGER NOT NULL,
+                dropped_by TEXT)"""
+            with self.db.connection() as conn:
+                conn.execute(create)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.postgres:
+            with self.db.transaction() as conn:
+                conn.execute(f"DROP TABLE IF EXISTS {self.stage}")
+        else:
+            with self.db.connection() as conn:
+                if not conn.in_transaction:
+                    conn.execute(f"DROP TABLE IF EXISTS {self.stage}")
+
+    def add(self, rows: Sequence[tuple[str, str, str, str, int, str | None]]) -> None:
+        """Stage ``rows`` (:data:`COLUMNS`), in a transaction of their own."""
+        if not rows:
+            return
+        if self.postgres:
+            copy_in = f"COPY {self.stage} ({COLUMNS}) FROM STDIN"
+            with self.db.transaction() as conn, conn.cursor() as cur, cur.copy(copy_in) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            with self.db.connection() as conn:
+                conn.execute("BEGIN")  # deferred: it writes the temporary file only
+                try:
+                    conn.executemany(f"INSERT INTO {self.stage} VALUES (?, ?, ?, ?, ?, ?)", rows)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+        self.rows += len(rows)
+
+    def clear(self) -> None:
+        """Forget what was staged (a plan run again)."""
+        if self.postgres:
+            with self.db.transaction() as conn:
+                conn.execute(f"TRUNCATE {self.stage}")
+        else:
+            with self.db.connection() as conn:
+                conn.execute(f"DELETE FROM {self.stage}")
+        self.rows = 0
+
+    def replace(self, names: Iterable[str], then: Callable[[Any], None]) -> None:
+        """In one transaction: the states of ``names`` become exactly the staged ones (a state
+        the replay did not produce does not exist), and ``then(conn)`` (the tokens)."""
+        t = self.table.table
+        # SQLite: in the states' order (neighbouring rows of their B-tree written together;
+        # the sort spills to a temporary file). A key staged twice fails the primary key.
+        order = "" if self.postgres else " ORDER BY aggregation, key"
+        move = f"""INSERT INTO {t} ({COLUMNS}, updated_at)
+            SELECT {COLUMNS}, {self.db.now_ms} FROM {self.stage}{order}"""
+        with self.db.transaction() as conn:
+            for name in names:
+                conn.execute(self.db.sql(f"DELETE FROM {t} WHERE aggregation = ?"), (name,))
+            conn.execute(move)
+            then(conn)

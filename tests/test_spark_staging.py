@@ -1,0 +1,98 @@
+"""A Spark replay's states reach the store a bounded part at a time: staged beside the states,
+then moved in with every segment's token by one transaction. In many parts they equal the
+local engine's; a replay killed while it stages leaves the states and tokens as they were, and
+the next replay finishes the work."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+import eventlanes as el
+import eventlanes.spark.parts
+from tests.processing_helpers import Logged
+from tests.test_declarative import define, load, run, stored
+
+E = el.NewEvent
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+def test_states_in_many_parts_equal_the_local_engine_and_replace_the_old_ones(
+    spark, store_url: str, monkeypatch
+) -> None:
+    app = el.App(store_url, claim_timeout=5)
+    define(app)
+    load(app.store, 1500, seed=3)
+    run(app, ["declared", "python"])
+    want = stored(app, "python")
+    assert len(want) > 40  # enough keys for many parts
+    table = app.db.table("aggregates")
+    ghost = app.db.sql(f"INSERT INTO {table} (aggregation, key, value, offsets, dropped, "
+                       "updated_at) VALUES (?, 'ghost', '1', '{}', 0, 0)")  # fmt: skip
+    with app.db.transaction() as conn:  # a state no event makes: the replay must remove it
+        for name in ("declared", "python"):
+            conn.execute(ghost, (name,))
+    monkeypatch.setattr(eventlanes.spark.parts, "PART", 20)  # parts of at most about 20 states
+    for name in ("declared", "python"):
+        result = el.spark.replay(app, name, spark=spark)
+        assert result.keys == len(want) and result.events == app.store.count()
+        assert stored(app, name) == want
+        assert {s.position for s in app.status(name).segments} == {app.store.head()}
+    if app.db.backend == "postgresql":  # the unlogged stage is gone with the replay
+        left = app.db.query("SELECT count(*) FROM pg_tables WHERE tablename LIKE ?",
+                            (app.db.table("replay_") + "%",))  # fmt: skip
+        assert left == [(0,)]
+
+
+def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finishes(
+    pg_url: str, tmp_path
+) -> None:
+    """SIGKILL once some parts are staged: the states and tokens are the last run's, exactly;
+    the next replay (its leftover stage dropped) writes the replay's states."""
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}prefix=staged_{os.getpid()}_"
+    app = el.App(url, claim_timeout=3)
+    counts = app.aggregation("counts", key="robot", on="Fastened",
+                             fields={"n": el.count(), "ok": el.sum("ok")})  # fmt: skip
+    app.store.append("s", [E("Fastened", {"robot": f"r{i % 90}", "ok": i % 2}) for i in range(900)])
+    run(app, ["counts"])
+    before = stored(app, "counts"), [s.position for s in app.status("counts").segments]
+    with app.db.transaction() as conn:  # the replay must put this state back
+        sql = f"UPDATE {app.db.table('aggregates')} SET value = ? WHERE key = 'r0'"
+        conn.execute(app.db.sql(sql), ('{"n":0,"ok":0}',))
+    before = stored(app, "counts"), before[1]
+    env = {**os.environ, "EVENTLANES_TEST_APP_URL": url}
+    stage = app.db.table("replay_") + "%"
+
+    def staged() -> int:
+        found = app.db.query("SELECT tablename FROM pg_tables WHERE tablename LIKE ?", (stage,))
+        if not found:
+            return 0
+        return app.db.query(f"SELECT count(*) FROM {found[0][0]}")[0][0]
+
+    def replay(name: str) -> Logged:
+        return Logged([sys.executable, "-m", "eventlanes.cli", "replay",
+                       "tests.apps.staged_app:app", "counts", "--master", "local[1]"],
+                      tmp_path, name, cwd=ROOT, env=env)  # fmt: skip
+
+    first = replay("killed")
+    try:
+        first.wait_working(lambda: staged() > 0 or first.process.poll() is not None, "a part")
+        assert first.process.poll() is None, first.err()[-2000:]
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    finally:
+        if first.process.poll() is None:
+            first.process.kill()
+    assert staged() > 0  # killed while staging: the stage is left behind
+    assert (stored(app, "counts"), [s.position for s in app.status("counts").segments]) == before
+    second = replay("finished")
+    assert second.process.wait(300) == 0, second.err()[-2000:]
+    assert stored(app, "counts")["r0"][0] == {"n": 10, "ok": 0}
+    assert stored(app, "counts") | {"r0": before[0]["r0"]} == before[0]
+    assert staged() == 0
+    assert counts.dropped() == 0
