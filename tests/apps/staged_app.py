@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 
 import eventlanes as el
-import eventlanes.spark.parts
+import eventlanes.spark.staging
 
-eventlanes.spark.parts.PART = 3
+eventlanes.spark.staging.PART = 3
 
 app = el.App(os.environ.get("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db"), claim_timeout=3)
 app.aggregation("counts", key="robot", on="Fastened", fields={"n": el.count(), "ok": el.sum("ok")})

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 from ..errors import FieldTypeError, InvalidInputError, SparkJobError
@@ -48,10 +47,10 @@ from .fold import (
     spec_of,
 )
 from .input import ReplayInput, check_read, keyed_of, read_input, upcasters_of
-from .parts import parts_of
 from .projections import replay_projection
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
+from .staging import Staging
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -158,7 +157,7 @@ def _replay(
         source = read_input(spark, app, url, n, parquet, decl, upcasters_of(proc), keyed)
         try:
             if isinstance(proc, Aggregation):
-                events, keys = _aggregation(app, proc, source, n, owner, records)
+                events, keys = _aggregation(app, proc, source, n, owner, records, url)
             else:
                 events, keys = replay_projection(app, proc, source, url, owner, records), 0
         except Exception as exc:
@@ -301,26 +300,34 @@ def save_states(app: Any, conn: Any, name: str, states: Encoded) -> None:
 
 
 def _aggregation(
-    app: Any, agg: Aggregation, source: ReplayInput, n: int, owner: str, records: list
+    app: Any,
+    agg: Aggregation,
+    source: ReplayInput,
+    n: int,
+    owner: str,
+    records: list,
+    url: str | None,
 ) -> tuple[int, int]:
-    """States folded by Spark, staged a bounded part at a time (the driver's memory does not
-    grow with the keys), then moved in with every segment's token in one transaction."""
+    """States folded by Spark and staged where the driver's memory does not grow with the
+    keys (:class:`Staging`), then moved in with every segment's token in one transaction."""
     spec = spec_of(agg, app.store.events_table)
     names = [agg.name, *(s.name for s in agg.stages)]
     with StagedStates(app.aggregate_states, agg.name) as stage:
+        staging = Staging(stage, agg.name, source.expected, url if not source.parquet else None)
         folded: Any = None
         if agg.declaration is not None:  # native column expressions, no Python per event
-            events = _declared(app, agg, source, stage)
+            events = _declared(app, agg, source, staging)
         else:
             folded = fold_aggregation(spec, source.events, n, columns=source.columns,
                                       typed=source.df)  # fmt: skip
             if spec.stages:
                 folded = folded.cache()
-            _stage(stage, _states(folded, source.expected, agg.name), agg.name)
+            staging.states(folded)
             events = check_read(agg.name, "read", source.read(), source.expected)
         for plan in fold_stages(spec, folded, n):
-            _stage(stage, _states(plan, source.expected, agg.name), agg.name)
+            staging.states(plan)
         source.verify()
+        staging.check()
 
         def tokens(conn: Any) -> None:
             for record in records:
@@ -329,12 +336,12 @@ def _aggregation(
         stage.replace(names, tokens)
         if spec.stages:
             folded.unpersist()
-        return events, stage.rows
+        return events, staging.staged
 
 
-def _declared(app: Any, agg: Aggregation, source: ReplayInput, stage: StagedStates) -> int:
+def _declared(app: Any, agg: Aggregation, source: ReplayInput, staging: Staging) -> int:
     """Stage a declarative aggregation's states; the events Spark read (checked)."""
-    from .declarative import declared_parts
+    from .declarative import declared_plan
 
     decl, table = agg.declaration, app.store.events_table
     assert decl is not None
@@ -344,49 +351,16 @@ def _declared(app: Any, agg: Aggregation, source: ReplayInput, stage: StagedStat
         # telling which types have chained events. Only when a folded type has, the plan
         # with the chains' window runs (reading again); the first result is dropped.
         chained_types = []
-    parts = declared_parts(decl, source.df, table, source.columns, chained_types,
-                           source.expected)  # fmt: skip
-    read = _stage(stage, parts, agg.name, rows=True)
+    read = staging.declared(declared_plan(decl, source.df, table, source.columns, chained_types))
     if source.chained is not None:
         seen = source.chained()
         if seen is None or decl.types & seen:
-            stage.clear()
+            staging.clear()
             again = None if seen is None else sorted(seen)
             df = source.df if source.events_df is None else source.events_df
-            parts = declared_parts(decl, df, table, source.columns, again, source.expected)
-            read = _stage(stage, parts, agg.name, rows=True)
+            read = staging.declared(declared_plan(decl, df, table, source.columns, again))
     # From an export, the plan's own count is Spark's count of the files' rows (no second
     # job); from the store, the ranges' counts must agree with it too.
     if not source.parquet:
         check_read(agg.name, "read", source.read(), source.expected)
     return check_read(agg.name, "read", read, source.expected)
-
-
-#: the staged columns after (aggregation) name, as the plans name them
-STAGED_COLUMNS = ("key", "value", "offsets", "dropped", "dropped_by")
-SLICE = 20_000  # states staged per transaction
-
-
-def _states(df: Any, bound: int, name: str) -> Iterator[Any]:
-    """The rows of kind "state" of a fold's output, a bounded part at a time."""
-    return parts_of(df.where(df.kind == "state").select("name", *STAGED_COLUMNS), bound, name)
-
-
-def _stage(stage: StagedStates, parts: Any, name: str, rows: bool = False) -> int:
-    """Stage every part (Arrow tables of ``STATE_SCHEMA`` rows, or of the declarative plan's
-    rows when ``rows``: then of aggregation ``name``, and a null key's row is no state);
-    returns the ``rows`` column's sum (the rows the plan read), or 0."""
-    import pyarrow.compute as pc
-
-    read = 0
-    for part in parts:
-        if rows:
-            read += pc.sum(part.column("rows")).as_py() or 0
-            part = part.filter(pc.is_valid(part.column("key")))
-        # Python rows a slice at a time: their objects, not the Arrow part's, are the bulk
-        for i in range(0, part.num_rows, SLICE):
-            piece = part.slice(i, SLICE)
-            named = repeat(name) if rows else piece.column("name").to_pylist()
-            columns = [piece.column(c).to_pylist() for c in STAGED_COLUMNS]
-            stage.add(list(zip(named, *columns, strict=False)))
-    return read

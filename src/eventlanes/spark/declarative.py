@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import FieldTypeError
 from ..processing.aggregating.declarative import TYPES, Declaration, Op
 from .export import PREFIX
-from .parts import parts_of
+from .staging import parts_of
 
 CHAIN_SCHEMA = (
     "source_chain array<struct<source: string, partition: string, offset: long, out: long>>"
@@ -394,19 +395,17 @@ def plan(
     )
 
 
-def declared_parts(
+def declared_plan(
     decl: Declaration,
     df: Any,
     source: str,
     columns: dict[str, str] | None = None,
     chained_types: list[str] | None = None,
-    bound: int = 0,
-) -> Iterator[Any]:
-    """Run the plan: its rows (``STATES``) as Arrow tables, a bounded part at a time
-    (:func:`.parts.parts_of`; ``bound``: at most this many rows), a null key's row counting
-    the events of other types (the rows read of every type are the ``rows`` column's sum).
-    ``columns``/``chained_types``: what a Parquet export knows of its events (typed columns;
-    the types with chained events), None otherwise."""
+) -> Any:
+    """The plan's DataFrame (``STATES``), a null key's row counting the events of other types
+    (the rows read of every type are the ``rows`` column's sum). ``columns``/``chained_types``:
+    what a Parquet export knows of its events (typed columns; the types with chained events),
+    None otherwise. Run it inside :func:`field_errors`."""
     from pyspark.sql import functions as F
 
     if chained_types is not None:
@@ -418,11 +417,32 @@ def declared_parts(
     if has_chain:
         rows = _rows(decl, df, source, columns)
         chained_keys = F.broadcast(rows.where("chained").select("key").distinct())
+    return plan(decl, df, source, chained_keys, columns)
+
+
+@contextmanager
+def field_errors() -> Iterator[None]:
+    """Our strict type check failing a Spark job, raised as the local engine raises it."""
     try:
-        yield from parts_of(plan(decl, df, source, chained_keys, columns), bound, decl.name)
+        yield
     except Exception as exc:
         text = str(exc)
-        if FIELD_ERROR in text:  # our strict type check, as the local engine raises it
+        if FIELD_ERROR in text:
             message = text[text.index(FIELD_ERROR) + len(FIELD_ERROR) :].splitlines()[0]
             raise FieldTypeError(message.split(" SQLSTATE")[0].rstrip(". ")) from None
         raise
+
+
+def declared_parts(
+    decl: Declaration,
+    df: Any,
+    source: str,
+    columns: dict[str, str] | None = None,
+    chained_types: list[str] | None = None,
+    bound: int = 0,
+) -> Iterator[Any]:
+    """The plan's rows (:func:`declared_plan`) as Arrow tables, a bounded part at a time
+    (:func:`.staging.parts_of`; ``bound``: at most this many rows)."""
+    with field_errors():
+        yield from parts_of(declared_plan(decl, df, source, columns, chained_types), bound,
+                            decl.name)  # fmt: skip

@@ -40,7 +40,7 @@ class StagedStates:
         if self.postgres:
             create = f"""CREATE UNLOGGED TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT
                 NOT NULL, value TEXT NOT NULL, offsets TEXT NOT NULL, dropped BIGINT NOT NULL,
-                dropped_by TEXT)"""
+                dropped_by TEXT, job INTEGER, task INTEGER)"""  # the Spark task that wrote it
             with self.db.transaction() as conn:
                 conn.execute(create)
         else:
@@ -82,6 +82,11 @@ class StagedStates:
                     raise
                 conn.execute("COMMIT")
         self.rows += len(rows)
+
+    def count(self) -> int:
+        """The states staged (by this process and by others: executors)."""
+        with self.db.connection() as conn:
+            return int(conn.execute(f"SELECT count(*) FROM {self.stage}").fetchone()[0])
 
     def clear(self) -> None:
         """Forget what was staged (a plan run again)."""
