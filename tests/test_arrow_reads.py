@@ -381,7 +381,7 @@ def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) ->
     of Spark folding every event, and of the Python fold; batches the C reader does not take
     (a deep value) are sent as events and merged with the rest."""
     from eventlanes.processing.aggregating.declarative import TYPES
-    from eventlanes.spark.declarative import declared_parts
+    from eventlanes.spark.declarative import declared_plan
     from eventlanes.spark.source import Declared, read_events
     from tests.test_declarative import run, stored
     from tests.test_spark_export import collected
@@ -394,12 +394,12 @@ def test_executor_folds_equal_spark_folding_the_events(spark, store_url: str) ->
     head = app.store.head()
     url, table = app.url, app.store.events_table
     events = read_events(spark, url, 0, head, 4, Declared(kinds, ("Fastened",)))[0]
-    want, read = collected(declared_parts(decl, events, table, None, []))
+    want, read = collected(declared_plan(decl, events, table, None, []))
     assert read == head
     for partitions in (1, 8):
         shape = Declared(kinds, ("Fastened",), fields, decl.key)
         df, counter = read_events(spark, url, 0, head, partitions, shape)
-        got, read = collected(declared_parts(decl, df, table, None, []))
+        got, read = collected(declared_plan(decl, df, table, None, []))
         assert read == head and counter.total() == head
         assert got == want
     run(app, ["python"])

@@ -25,16 +25,13 @@ def manifest(directory) -> dict:
     return json.loads((directory / MANIFEST).read_text())
 
 
-def collected(parts: Any) -> tuple[dict[str, tuple[str, str, int, str | None]], int]:
-    """A declarative plan's parts as key -> (value, offsets, dropped, dropped_by) JSON texts,
+def collected(plan: Any) -> tuple[dict[str, tuple[str, str, int, str | None]], int]:
+    """A declarative plan's states as key -> (value, offsets, dropped, dropped_by) JSON texts,
     and the rows it read (a null key's row counts the other types: no state)."""
-    states, read = {}, 0
-    for part in parts:
-        rows = part.to_pylist()
-        read += sum(r["rows"] for r in rows)
-        cols = ("value", "offsets", "dropped", "dropped_by")
-        states.update({r["key"]: tuple(r[c] for c in cols) for r in rows if r["key"] is not None})
-    return states, read
+    rows = plan.toArrow().to_pylist()
+    cols = ("value", "offsets", "dropped", "dropped_by")
+    states = {r["key"]: tuple(r[c] for c in cols) for r in rows if r["key"] is not None}
+    return states, sum(r["rows"] for r in rows)
 
 
 def test_export_types_a_property_only_where_one_type_holds(tmp_path) -> None:
@@ -137,7 +134,7 @@ def test_a_typed_column_of_another_type_fails_the_replay_naming_the_event(spark,
 def test_the_plan_counts_every_row_it_read_and_a_stale_export_writes_nothing(
     spark, tmp_path
 ) -> None:
-    from eventlanes.spark.declarative import declared_parts
+    from eventlanes.spark.declarative import declared_plan
     from eventlanes.spark.source import SCHEMA
 
     app = el.App(f"sqlite:///{tmp_path}/c.db")
@@ -150,7 +147,7 @@ def test_the_plan_counts_every_row_it_read_and_a_stale_export_writes_nothing(
     decl = agg.declaration
     assert decl is not None
     columns = manifest(export)["columns"]
-    states, read = collected(declared_parts(decl, df.where("position > 5"), "x", columns, []))
+    states, read = collected(declared_plan(decl, df.where("position > 5"), "x", columns, []))
     assert read == 25 and set(states) == {"r0", "r1", "r2", "r3"}  # the other type counted
     # An export the store does not match (here: of another store) is refused before any write.
     other = el.App(f"sqlite:///{tmp_path}/o.db")

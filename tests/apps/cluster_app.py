@@ -10,7 +10,13 @@ from __future__ import annotations
 import os
 
 import eventlanes as el
+import eventlanes.spark.staging
 from tests.apps.recorder import create_schema
+
+# Parts of at most about 100 states: the cluster's and Spark Connect's replays of a few hundred
+# keys take the driver's bounded parts (states kept on the executors, counted, collected by
+# hash bucket), as a replay of many keys does.
+eventlanes.spark.staging.PART = 100
 
 
 def add(state: dict, event: el.Event) -> None:

@@ -25,7 +25,6 @@ from typing import Any
 from ..errors import FieldTypeError
 from ..processing.aggregating.declarative import TYPES, Declaration, Op
 from .export import PREFIX
-from .staging import parts_of
 
 CHAIN_SCHEMA = (
     "source_chain array<struct<source: string, partition: string, offset: long, out: long>>"
@@ -431,18 +430,3 @@ def field_errors() -> Iterator[None]:
             message = text[text.index(FIELD_ERROR) + len(FIELD_ERROR) :].splitlines()[0]
             raise FieldTypeError(message.split(" SQLSTATE")[0].rstrip(". ")) from None
         raise
-
-
-def declared_parts(
-    decl: Declaration,
-    df: Any,
-    source: str,
-    columns: dict[str, str] | None = None,
-    chained_types: list[str] | None = None,
-    bound: int = 0,
-) -> Iterator[Any]:
-    """The plan's rows (:func:`declared_plan`) as Arrow tables, a bounded part at a time
-    (:func:`.staging.parts_of`; ``bound``: at most this many rows)."""
-    with field_errors():
-        yield from parts_of(declared_plan(decl, df, source, columns, chained_types), bound,
-                            decl.name)  # fmt: skip

@@ -8,6 +8,7 @@ hash bucket of the key at a time, each part staged before the next is asked for.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from ..errors import SparkJobError
 from ..processing.tables.staging import StagedStates
 from .ingest import ingest
+
+log = logging.getLogger("eventlanes.spark")
 
 #: states collected at a time, at most about (their Arrow columns, then one Python tuple each)
 PART = 100_000
@@ -44,6 +47,8 @@ def parts_of(df: Any, bound: int, what: str) -> Iterator[Any]:
             table = kept.where(bucket == i).toArrow()
             seen += table.num_rows
             yield table
+            log.info("%s: %d of %d parts of the states staged (%d states)", what, i + 1, parts,
+                     seen)  # fmt: skip
         if seen != total:  # a part lost or doubled: nothing may be written
             raise SparkJobError(
                 f"{what}: Spark returned {seen:,} states in parts but counted {total:,}: "
