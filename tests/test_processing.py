@@ -629,3 +629,34 @@ def test_a_cut_batch_hands_out_the_rest_without_reading_it_again(
     assert sum(returned) <= 400 * 1.2 + dropped, (
         f"{sum(returned)} events read for 400 ({dropped} in read-aheads dropped)"
     )
+
+
+def test_a_claim_of_ours_we_do_not_hold_is_let_go(tmp_path) -> None:
+    """Before: a claim the token store recorded for a node that never learnt it had it (the
+    answer lost as the database restarted) was extended by that node's heartbeat forever, its
+    coordinator at its share never took it, and no other node could: the segment's events
+    were never handled, with no error (seen in a PostgreSQL-restart test). Now a node lets go
+    every claim of its own it does not hold."""
+    url = f"sqlite:///{tmp_path}/zombie.db"
+    first = el.App(url, claim_timeout=2)
+    first.processor("p", segments=4, max_segments=2).on("E")(lambda e, ctx: None)
+    first.store.append("s", [el.NewEvent("E", {"i": i}) for i in range(40)])
+    first.start(["p"])
+    try:
+        wait_for(lambda: sum(s.owner is not None for s in first.status("p").segments) == 2,
+                 timeout=30, what="two segments held")  # fmt: skip
+        rows = first.status("p").segments
+        owner = next(s.owner for s in rows if s.owner is not None)
+        free = next(s.segment.id for s in rows if s.owner is None)
+        # The claim as the store records it when its answer never reached the node.
+        assert first.tokens.claim("p", free, owner) is not None
+        second = el.App(url, claim_timeout=2)
+        second.processor("p", segments=4, max_segments=2).on("E")(lambda e, ctx: None)
+        second.start(["p"])
+        try:
+            second.wait_until_caught_up(30, ["p"])
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    assert {s.position for s in first.status("p").segments} == {first.store.head()}

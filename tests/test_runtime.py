@@ -322,7 +322,11 @@ def test_wait_for_returns_right_after_the_handling_under_steady_appends(store_ur
         stop.set()
         background.join()
         app.stop()
-    assert max(lags) < 0.1, f"wait_for returned {max(lags) * 1000:.0f} ms after the handling"
+    # Woken by the commit, not by the 0.25 s poll: most waits end within 50 ms of the handling
+    # (a poll would end 1 in 5 so). Not every one: under the suite's load a waiter can be
+    # descheduled for 200 ms (seen once in a fresh clone, the other nine under 25 ms).
+    quick = sum(lag < 0.05 for lag in lags)
+    assert quick >= 7, f"only {quick} of 10 waits returned within 50 ms: {lags}"
     head = app.store.head()
     with pytest.raises(TimeoutError, match=f"position\\(s\\) {head + 1}"):
         app.store.append("late", [el.NewEvent("E")])

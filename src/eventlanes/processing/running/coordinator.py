@@ -141,8 +141,24 @@ class Coordinator:
                 self.forget(seg_id)
         carry_out(self, status, drop)
         self._claim(status, drop)
+        self._let_go_unheld(status)
         self._notify_claims()
         return True
+
+    def _let_go_unheld(self, status: dict[int, SegmentStatus]) -> None:
+        """Release every claim the token store records as ours that this node does not hold (a
+        claim whose answer was lost as the database restarted): the heartbeat extends all of
+        our claims, so such a claim would never expire, and no node would handle its
+        segment. Rows this round released or merged away look so in ``status`` too: the
+        candidates are read again (rarely any)."""
+        if not any(r.owner == self.owner and i not in self.claimed for i, r in status.items()):
+            return
+        for row in self.tokens.status(self.name):
+            seg_id = row.segment.id
+            if row.owner == self.owner and seg_id not in self.claimed:
+                log.warning("%s: letting go of %s, claimed for this node but not held by it",
+                            self.name, row.segment)  # fmt: skip
+                self.tokens.release(self.name, seg_id, self.owner, hold_off=0.0)
 
     def _claim(self, status: dict[int, SegmentStatus], drop: Drop) -> None:
         limit: int | None = None  # static mode takes its fixed segments, no fair-share cap
