@@ -33,7 +33,6 @@ class StagedStates:
             self.stage = db.table(f"replay_{digest}")
         else:
             self.stage = f"temp.{db.table('replay_states')}"
-        self.rows = 0  # staged so far
 
     def __enter__(self) -> StagedStates:
         self._drop()
@@ -41,23 +40,25 @@ class StagedStates:
             create = f"""CREATE UNLOGGED TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT
                 NOT NULL, value TEXT NOT NULL, offsets TEXT NOT NULL, dropped BIGINT NOT NULL,
                 dropped_by TEXT, job INTEGER, task INTEGER)"""  # the Spark task that wrote it
-            with self.db.transaction() as conn:
-                conn.execute(create)
         else:
             create = f"""CREATE TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT NOT NULL,
                 value TEXT NOT NULL, offsets TEXT NOT NULL, dropped INTEGER NOT NULL,
                 dropped_by TEXT)"""
-            with self.db.connection() as conn:
-                conn.execute(create)
+        self._run(create)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._drop()
 
+    def _run(self, statement: str) -> None:
+        """PostgreSQL: in a transaction of its own; SQLite: on the thread's connection (the
+        temporary table is its own, and takes no lock on the store)."""
+        with self.db.transaction() if self.postgres else self.db.connection() as conn:
+            conn.execute(statement)
+
     def _drop(self) -> None:
         if self.postgres:
-            with self.db.transaction() as conn:
-                conn.execute(f"DROP TABLE IF EXISTS {self.stage}")
+            self._run(f"DROP TABLE IF EXISTS {self.stage}")
         else:
             with self.db.connection() as conn:
                 if not conn.in_transaction:
@@ -81,7 +82,6 @@ class StagedStates:
                     conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
-        self.rows += len(rows)
 
     def count(self) -> int:
         """The states staged (by this process and by others: executors)."""
@@ -90,13 +90,7 @@ class StagedStates:
 
     def clear(self) -> None:
         """Forget what was staged (a plan run again)."""
-        if self.postgres:
-            with self.db.transaction() as conn:
-                conn.execute(f"TRUNCATE {self.stage}")
-        else:
-            with self.db.connection() as conn:
-                conn.execute(f"DELETE FROM {self.stage}")
-        self.rows = 0
+        self._run(f"{'TRUNCATE' if self.postgres else 'DELETE FROM'} {self.stage}")
 
     def replace(self, names: Iterable[str], then: Callable[[Any], None]) -> None:
         """In one transaction: the states of ``names`` become exactly the staged ones (a state
