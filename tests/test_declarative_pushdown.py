@@ -6,6 +6,7 @@ and every range the pushdown cannot fold exactly takes the row path, with its er
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -406,10 +407,13 @@ def pg_app(pg_url: str) -> el.App:
     return el.App(f"{pg_url}?prefix=pd{random.randrange(10**9)}_", claim_timeout=5)
 
 
-def test_arrow_fold_on_postgres_equals_the_row_path(pg_url: str) -> None:
+def test_arrow_fold_on_postgres_equals_the_row_path(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Every operation, filters, nulls, other types, skewed keys, several segments; then
     republished duplicates and a value Python reads as a float (ranges with
     them take the row path); a restart over stored states."""
+    caplog.set_level(logging.DEBUG, "eventlanes.aggregation")  # why a range took the rows
     app = pg_app(pg_url)
     fields = {k: v for k, v in FIELDS.items() if k != "first_o"}  # non-strings: row path
     define(app, fields)
@@ -427,7 +431,11 @@ def test_arrow_fold_on_postgres_equals_the_row_path(pg_url: str) -> None:
     run(app)
     assert assert_same(app) != want
     assert sum(d for _, _, d, _ in stored(app, "push").values()) > 50  # duplicates dropped alike
-    assert push.pushed_down > before
+    # (once, under two suites' load, no range of this run was pushed down: the reasons the
+    # ranges took the row path are logged at debug, shown here if it happens again)
+    why = [r.getMessage() for r in caplog.records if "by rows" in r.getMessage()
+           or "not merged in place" in r.getMessage()]  # fmt: skip
+    assert push.pushed_down > before, why
 
 
 @pytest.mark.parametrize(
