@@ -44,7 +44,7 @@ LAYERS: tuple[str, ...] = (
     "processing.running", "processing",
     # the edges, what an app defines, this process as a node, operations, the App and its
     # face, what stands on them
-    "kafka", "registry", "node", "admin", "app",
+    "kafka", "lakehouse", "registry", "node", "admin", "app",
     "loader", "__init__", "spark", "dashboard", "testing", "cli",
     # python -m eventlanes: the command
     "__main__",

@@ -73,13 +73,26 @@ def test_cli_replays_an_export_on_connect(spark_connect, tmp_path) -> None:
     exported = cli(spark_connect, "export", url, "--parquet", str(tmp_path / "export"), url=url)
     assert exported.returncode == 0, exported.stdout + exported.stderr[-3000:]
     fill(url, 200, seed=2)  # after the export: the live processor folds these
+    delta = str(tmp_path / "by_function.delta")  # the states as a Delta table too
     result = cli(spark_connect, "replay", APP, "by_function", "--parquet",
-                 str(tmp_path / "export"), "--remote", spark_connect.url, url=url)  # fmt: skip
+                 str(tmp_path / "export"), "--remote", spark_connect.url, "--delta", delta,
+                 url=url)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "by_function: Spark read and replayed 500 events up to position 500" in result.stdout
+    said = "".join(result.stdout.split())  # (the console folds the long line)
+    assert f"writtentotheDeltatable{delta});everysegment" in said, result.stdout
     app = open_app(url)
     assert states(app, "by_function") == plain_fold(url, until=500)
     assert {p for _, p in tokens(app, "by_function")} == {500}
+    from deltalake import DeltaTable
+
+    table = DeltaTable(delta)
+    rows = table.to_pyarrow_table().select(["key", "state"]).to_pylist()
+    assert {r["key"]: json.loads(r["state"]) for r in rows} == plain_fold(url, until=500)
+    segments = [s for s, _ in tokens(app, "by_function")]
+    assert [table.transaction_version(f"eventlanes/by_function/{s}") for s in segments] == [
+        500
+    ] * len(segments)
 
 
 def test_cli_run_engine_spark_on_connect_with_appends(spark_connect, tmp_path) -> None:
@@ -165,6 +178,28 @@ def test_a_bad_remote_is_one_error_line(tmp_path, remote: str) -> None:
         assert lines[0].startswith(f"error: cannot reach the Spark Connect server {remote}: ")
     else:
         assert lines[0].startswith(f"error: invalid Spark Connect URL {remote!r}"), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["totals", "by_function", "--delta", "t"], "--delta names one table: replay one"),
+        (["totals", "--delta", "t", "--delta-option", "nokey"], "invalid --delta-option 'nokey'"),
+        (["recorder", "--delta", "t"], "'recorder': a Delta table holds an aggregation's"),
+    ],
+)
+def test_a_bad_delta_request_is_one_error_line(tmp_path, args: list[str], message: str) -> None:
+    url = f"sqlite:///{tmp_path}/events.db"
+    el.open_store(url).close()
+    done = subprocess.run(
+        [sys.executable, "-m", "eventlanes.cli", "replay", APP, *args, "--master", "local[1]"],
+        cwd=tmp_path, env={**os.environ, "EVENTLANES_TEST_APP_URL": url, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].startswith(f"error: {message}"), lines[0]
+    assert not (tmp_path / "t").exists()
 
 
 # -- the client side of the Python-API cases, run as ``python -m tests.test_spark_connect``

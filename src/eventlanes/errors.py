@@ -128,6 +128,11 @@ class SparkJobError(EventlanesError):
     code, a replay that read fewer or more events than the store has)."""
 
 
+class DeltaWriteError(EventlanesError):
+    """A Delta table a replay may not write (another store's), or a write that stopped: the
+    table and the store are left as they were."""
+
+
 class FieldTypeError(InvalidInputError):
     """An event's property does not have the type a declarative aggregation declared for it
     (raised while folding, naming the event)."""

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FieldTypeError, InvalidInputError, SparkJobError
+from ..lakehouse import DeltaStates
 from ..processing.aggregating.aggregation import Aggregation
 from ..processing.tables.staging import StagedStates
 from ..tokens import Token
@@ -99,14 +100,20 @@ def replay(
     py_files: Iterable[str] = (),
     archives: Iterable[str] = (),
     remote: str | None = None,
+    delta: str | None = None,
+    delta_options: Mapping[str, str] | None = None,
 ) -> ReplayResult:
     """Replay ``name`` from the start on ``spark`` (any session: built by the user, by
     ``spark-submit``, in a notebook; a Spark Connect one too) or on a new one for ``master``
-    (or for the Spark Connect server ``remote``, ``sc://host:port``). With tracing on, the
-    replay is one span (``replay NAME``, child of the caller's), never one per event."""
+    (or for the Spark Connect server ``remote``, ``sc://host:port``). ``delta``: an
+    aggregation's states are also written to the Delta table there (``delta_options``: its
+    storage options), before the store's, with the position in the commit
+    (:mod:`eventlanes.lakehouse.delta`). With tracing on, the replay is one span (``replay
+    NAME``, child of the caller's), never one per event."""
     tracer = spans.tracer()
+    target = _delta_target(app.get(name), delta, delta_options)
     args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives,
-            remote)  # fmt: skip
+            remote, target)  # fmt: skip
     if tracer is None:
         return _replay(*args)
     proc = app.get(name)
@@ -131,6 +138,7 @@ def _replay(
     py_files: Iterable[str],
     archives: Iterable[str],
     remote: str | None,
+    target: DeltaStates | None,
 ) -> ReplayResult:
     proc = app.get(name)
     if not isinstance(proc, Aggregation) and (
@@ -152,12 +160,14 @@ def _replay(
     records, beat = hold_every_segment(app, proc, owner, wait)
     start = time.perf_counter()
     try:
+        if target is not None:  # another store's table: refused before the job
+            target.check([r.segment.id for r in records], app.store.head())
         decl = getattr(proc, "declaration", None)
         keyed = keyed_of(proc) if isinstance(proc, Aggregation) else None
         source = read_input(spark, app, url, n, parquet, decl, upcasters_of(proc), keyed)
         try:
             if isinstance(proc, Aggregation):
-                events, keys = _aggregation(app, proc, source, n, owner, records, url)
+                events, keys = _aggregation(app, proc, source, n, owner, records, url, target)
             else:
                 events, keys = replay_projection(app, proc, source, url, owner, records), 0
         except Exception as exc:
@@ -172,6 +182,20 @@ def _replay(
         beat.stop()
         release_all(app.tokens, proc.name, owner, records)
     return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
+
+
+def _delta_target(proc: Any, uri: str | None, options: Mapping[str, str] | None) -> Any:
+    """The Delta table a replay writes (None: none), checked before a session starts."""
+    if uri is None:
+        if options:
+            raise InvalidInputError(f"{proc.name}: Delta storage options without a Delta table")
+        return None
+    if not isinstance(proc, Aggregation):
+        raise InvalidInputError(
+            f"{proc.name!r}: a Delta table holds an aggregation's states; this is a projection "
+            "(its handlers write its own tables)"
+        )
+    return DeltaStates(uri, proc.name, proc.declaration, options)
 
 
 #: how ``policies.state_key`` ends its refusal of a key that is not a string
@@ -307,9 +331,12 @@ def _aggregation(
     owner: str,
     records: list,
     url: str | None,
+    target: DeltaStates | None = None,
 ) -> tuple[int, int]:
     """States folded by Spark and staged where the driver's memory does not grow with the
-    keys (:class:`Staging`), then moved in with every segment's token in one transaction."""
+    keys (:class:`Staging`), written to the Delta table ``target`` if any (read back from the
+    stage a bounded chunk at a time), then moved in with every segment's token in one
+    transaction."""
     spec = spec_of(agg, app.store.events_table)
     names = [agg.name, *(s.name for s in agg.stages)]
     with StagedStates(app.aggregate_states, agg.name) as stage:
@@ -333,6 +360,9 @@ def _aggregation(
             for record in records:
                 app.tokens.store(agg.name, record.segment.id, Token(source.end), owner, conn=conn)
 
+        if target is not None:
+            segments = [record.segment.id for record in records]
+            target.write(stage.rows(), segments, source.end, staging.staged)
         stage.replace(names, tokens)
         if spec.stages:
             folded.unpersist()

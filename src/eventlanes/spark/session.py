@@ -235,13 +235,13 @@ def _add_archives(spark: Any, archives: list[str]) -> None:
         spark.addArtifacts(path, archive=True)
 
 
-def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
-    """``--conf k=v`` options (repeatable) as a dict."""
+def parse_conf(pairs: Iterable[str], option: str = "--conf") -> dict[str, str]:
+    """``--conf k=v`` options (repeatable; or ``option``'s) as a dict."""
     conf = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise InvalidInputError(f"invalid --conf {pair!r}: use key=value")
+            raise InvalidInputError(f"invalid {option} {pair!r}: use key=value")
         conf[key.strip()] = value
     return conf
 

@@ -12,7 +12,7 @@ any point before leaves the last committed replay (or run) as it was.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .states import StateTable
@@ -87,6 +87,22 @@ class StagedStates:
         """The states staged (by this process and by others: executors)."""
         with self.db.connection() as conn:
             return int(conn.execute(f"SELECT count(*) FROM {self.stage}").fetchone()[0])
+
+    def rows(self, size: int = 20_000) -> Iterator[list[tuple[str, str, str]]]:
+        """The staged (aggregation, key, value) in (aggregation, key) order, ``size`` rows at
+        a time (PostgreSQL: a server-side cursor; SQLite: the thread's connection, which
+        holds the stage), so that a reader's memory does not grow with the states."""
+        select = f"SELECT aggregation, key, value FROM {self.stage} ORDER BY aggregation, key"
+        if self.postgres:
+            with self.db.transaction() as conn, conn.cursor(name="eventlanes_stage") as cur:
+                cur.execute(select)
+                while batch := cur.fetchmany(size):
+                    yield batch
+            return
+        with self.db.connection() as conn:
+            cur = conn.execute(select)
+            while batch := cur.fetchmany(size):
+                yield batch
 
     def clear(self) -> None:
         """Forget what was staged (a plan run again)."""

@@ -1,0 +1,187 @@
+"""A Spark replay writes an aggregation's states to a Delta Lake table (deltalake), the
+position in the same commit as the rows, before the store's states and tokens move: a replay
+that dies between the two is finished by the next without a second commit; a table of
+another store is refused before any work. Spark, DuckDB and Polars read the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eventlanes as el
+from eventlanes import DeltaWriteError
+from eventlanes.lakehouse import DeltaStates
+from eventlanes.lakehouse.delta import app_id
+from eventlanes.processing.tables.staging import StagedStates
+from tests.test_declarative import FIELDS, define, load
+
+E = el.NewEvent
+
+
+def rows(app: el.App, *names: str) -> dict[tuple[str, str], str]:
+    """(aggregation, key) -> state JSON, as the store keeps them."""
+    t = app.db.table("aggregates")
+    found = app.db.query(f"SELECT aggregation, key, value FROM {t}")
+    return {(a, k): v for a, k, v in found if a in names}
+
+
+def table_rows(uri: str) -> dict[tuple[str, str], str]:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri).to_pyarrow_table()
+    cols = [table.column(c).to_pylist() for c in ("aggregation", "key", "state")]
+    return {(a, k): s for a, k, s in zip(*cols, strict=True)}
+
+
+def positions(uri: str, name: str, segments: int) -> list[int | None]:
+    from deltalake import DeltaTable
+
+    return [DeltaTable(uri).transaction_version(app_id(name, s)) for s in range(segments)]
+
+
+def commits(uri: str) -> int:
+    from deltalake import DeltaTable
+
+    return len(DeltaTable(uri).history())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+def test_a_replay_writes_its_states_to_delta_with_the_position_in_the_commit(
+    spark, store_url: str, tmp_path: Path
+) -> None:
+    import duckdb
+    import polars as pl
+    from deltalake import DeltaTable
+
+    app = el.App(store_url, claim_timeout=5)
+    define(app)
+    load(app.store, 1500, seed=4)
+    for name in ("declared", "python"):
+        uri = str(tmp_path / name)
+        result = el.spark.replay(app, name, spark=spark, delta=uri)
+        want = rows(app, name)
+        assert len(want) == result.keys > 40
+        assert table_rows(uri) == want
+        assert positions(uri, name, 2) == [result.end] * 2 == [app.store.head()] * 2
+        table = DeltaTable(uri).to_pyarrow_table()
+        assert set(table.column("position").to_pylist()) == {result.end}
+        if name == "declared":  # one typed column per field, equal to the state's
+            got = table.select(list(FIELDS)).to_pylist()
+            assert got == [{f: json.loads(s)[f] for f in FIELDS}
+                           for s in table.column("state").to_pylist()]  # fmt: skip
+            assert table.schema.field("n").type == "int64"
+            assert table.schema.field("hi_t").type == "double"
+            assert table.schema.field("first_s").type == "string"
+        # Spark without a Delta jar (the table's current files, as Parquet), DuckDB, Polars
+        files = DeltaTable(uri).file_uris()
+        spark_rows = spark.read.parquet(*files).select("aggregation", "key", "state").collect()
+        assert {(r[0], r[1]): r[2] for r in spark_rows} == want
+        duck = duckdb.execute("SELECT aggregation, key, state FROM read_parquet(?)", [files])
+        assert {(a, k): s for a, k, s in duck.fetchall()} == want
+        frame = pl.read_delta(uri).select("aggregation", "key", "state")
+        assert {(a, k): s for a, k, s in frame.iter_rows()} == want
+
+
+def test_a_replay_that_dies_after_the_delta_commit_is_finished_by_the_next(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    """Killed between the Delta commit and the store's move: the table is at the replay's end,
+    the store as it was; the next replay to the same end moves the store and does not commit
+    to the table again; one after more events replaces the rows."""
+    from examples.screws import append_raw, build
+    from tests.processing_helpers import run_until_caught_up
+
+    app = el.App(f"sqlite:///{tmp_path}/events.db", claim_timeout=5)
+    normalise, screws, factories = build(app)  # an aggregation and its downstream stage
+    append_raw(app.store, 150, seed=6)
+    run_until_caught_up(app, 60, [normalise.name])  # the aggregation's input, not folded
+    names = (screws.name, factories.name)
+    uri = str(tmp_path / "screws")
+    segments = len(app.status(screws.name).segments)
+    replace = StagedStates.replace
+
+    def dies(self: StagedStates, *args: Any) -> None:
+        raise SystemExit("killed before the store's move")
+
+    monkeypatch.setattr(StagedStates, "replace", dies)
+    with pytest.raises(SystemExit):
+        el.spark.replay(app, screws.name, spark=spark, delta=uri)
+    head = app.store.head()
+    assert positions(uri, screws.name, segments) == [head] * segments
+    assert {s.position for s in app.status(screws.name).segments} == {0}
+    assert rows(app, *names) == {}  # the store moved nothing
+    staged = table_rows(uri)
+    assert {a for a, _ in staged} == set(names)
+    monkeypatch.setattr(StagedStates, "replace", replace)
+    result = el.spark.replay(app, screws.name, spark=spark, delta=uri)
+    assert result.end == head and commits(uri) == 1  # the write was done: not done again
+    assert rows(app, *names) == staged
+    assert {s.position for s in app.status(screws.name).segments} == {head}
+    append_raw(app.store, 60, seed=7)
+    run_until_caught_up(app, 60, [normalise.name])
+    result = el.spark.replay(app, screws.name, spark=spark, delta=uri)
+    assert result.end > head and commits(uri) == 2
+    assert positions(uri, screws.name, segments) == [result.end] * segments
+    assert table_rows(uri) == rows(app, *names) != staged
+
+
+def test_a_delta_table_of_another_store_is_refused_before_any_work(spark, tmp_path: Path) -> None:
+    uri = str(tmp_path / "counts")
+    apps = []
+    for n, events in (("a", 300), ("b", 100)):
+        app = el.App(f"sqlite:///{tmp_path}/{n}.db", claim_timeout=5)
+        app.aggregation("counts", key="robot", on="Fastened", fields={"n": el.count()})
+        app.store.append("s", [E("Fastened", {"robot": f"r{i % 7}"}) for i in range(events)])
+        apps.append(app)
+    el.spark.replay(apps[0], "counts", spark=spark, delta=uri)
+    before = table_rows(uri)
+    with pytest.raises(
+        DeltaWriteError,
+        match=r"holds segment 0 at position 300, past this "
+        r"store's head 100 .*nothing was written",
+    ):
+        el.spark.replay(apps[1], "counts", spark=spark, delta=uri)
+    assert table_rows(uri) == before and commits(uri) == 1
+    assert {s.position for s in apps[1].status("counts").segments} == {0}
+    assert rows(apps[1], "counts") == {}
+
+
+def test_what_a_delta_table_cannot_hold_is_refused_clearly(tmp_path: Path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/events.db")
+    app.aggregation("odd", key="robot", on="Fastened", fields={"a b": el.count()})
+    app.aggregation("clash", key="robot", on="Fastened", fields={"key": el.count()})
+    app.processor("proj").on("Fastened")(lambda event, ctx: None)
+    uri = str(tmp_path / "t")
+    with pytest.raises(el.InvalidInputError, match=r"odd: field 'a b' cannot be a column"):
+        el.spark.replay(app, "odd", delta=uri, master="local[1]")
+    with pytest.raises(el.InvalidInputError, match=r"clash: field 'key' cannot be a column"):
+        el.spark.replay(app, "clash", delta=uri, master="local[1]")
+    with pytest.raises(el.InvalidInputError, match=r"'proj': a Delta table holds an aggreg"):
+        el.spark.replay(app, "proj", delta=uri, master="local[1]")
+    with pytest.raises(el.InvalidInputError, match=r"storage options without a Delta table"):
+        el.spark.replay(app, "odd", delta_options={"a": "b"}, master="local[1]")
+    with pytest.raises(el.InvalidInputError, match=r"location must be a path or URI"):
+        DeltaStates(" ", "odd")
+    assert not (tmp_path / "t").exists()  # refused before a session, a table or a claim
+
+
+def test_a_write_stopped_part_way_commits_nothing(tmp_path: Path) -> None:
+    """The rows stream into the commit: a state that does not fit its typed column, or fewer
+    rows than were staged, found after some rows went out, must leave the table as it was."""
+    decl = el.App(f"sqlite:///{tmp_path}/events.db").aggregation(
+        "c", key="robot", on="Fastened", fields={"n": el.sum("n")}
+    ).declaration  # fmt: skip
+    uri = str(tmp_path / "t")
+    target = DeltaStates(uri, "c", decl)
+    good = [[("c", f"r{i}", json.dumps({"n": i})) for i in range(j, j + 50)] for j in (0, 50)]
+    assert target.write(iter(good), [0, 1], end=7, count=100)
+    bad = [good[0], [("c", "r9", json.dumps({"n": "nine"}))]]
+    with pytest.raises(DeltaWriteError, match=r"keys 'r9' to 'r9'.* does not fit"):
+        target.write(iter(bad), [0, 1], end=9, count=51)
+    with pytest.raises(DeltaWriteError, match=r"100 states were read back but 101 were staged"):
+        target.write(iter(good), [0, 1], end=9, count=101)
+    assert commits(uri) == 1 and positions(uri, "c", 2) == [7, 7]
+    assert len(table_rows(uri)) == 100
