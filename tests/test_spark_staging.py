@@ -5,6 +5,7 @@ the next replay finishes the work."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
@@ -78,8 +79,10 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
     spark_connect, tmp_path
 ) -> None:
     """SIGKILL once a part is staged: the states and tokens are the last run's, exactly; the
-    next replay writes the replay's states. On the session's Spark Connect server (its thin
-    clients start no JVM), in parts of 3 states (tests/apps/staged_app.py)."""
+    next replay, writing a Delta table too, is killed once the table is committed: the store
+    is still as it was; the one after moves it and leaves the table as it was committed. On
+    the session's Spark Connect server (its thin clients start no JVM), in parts of 3 states
+    (tests/apps/staged_app.py)."""
     url = f"sqlite:///{tmp_path}/events.db"
     app = el.App(url, claim_timeout=3)
     counts = app.aggregation("counts", key="robot", on="Fastened",
@@ -93,10 +96,12 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
     before = stored(app, "counts"), [s.position for s in app.status("counts").segments]
     env = spark_connect.driver_env(EVENTLANES_TEST_APP_URL=url)
 
-    def replay(name: str) -> Logged:
+    delta = str(tmp_path / "counts.delta")
+
+    def replay(name: str, *more: str, **extra: str) -> Logged:
         return Logged([sys.executable, "-m", "eventlanes.cli", "replay",
-                       "tests.apps.staged_app:app", "counts", "--remote", spark_connect.url],
-                      tmp_path, name, cwd=ROOT, env=env)  # fmt: skip
+                       "tests.apps.staged_app:app", "counts", "--remote", spark_connect.url,
+                       *more], tmp_path, name, cwd=ROOT, env={**env, **extra})  # fmt: skip
 
     first = replay("killed")
     try:
@@ -110,9 +115,24 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
             first.process.kill()
     assert "Spark read and replayed" not in first.out()
     assert (stored(app, "counts"), [s.position for s in app.status("counts").segments]) == before
-    second = replay("finished")
-    assert second.process.wait(300) == 0, second.err()[-2000:]
-    assert "8 of 8 parts of the states staged (24 states)" in second.err()
+    second = replay("delta", "--delta", delta, EVENTLANES_TEST_KILL_BEFORE_MOVE="1")
+    assert second.process.wait(300) == -signal.SIGKILL, second.err()[-2000:]
+    assert (stored(app, "counts"), [s.position for s in app.status("counts").segments]) == before
+    from deltalake import DeltaTable
+
+    table = DeltaTable(delta)
+    segments = [s.segment.id for s in app.status("counts").segments]
+    assert [table.transaction_version(f"eventlanes/counts/{s}") for s in segments] == [240] * len(
+        segments
+    )
+    rows = table.to_pyarrow_table().select(["key", "state"]).to_pylist()
+    assert {r["key"]: json.loads(r["state"]) for r in rows} == {k: v[0] for k, v in
+                                                                 original.items()}  # fmt: skip
+    third = replay("finished", "--delta", delta)
+    assert third.process.wait(300) == 0, third.err()[-2000:]
+    assert "8 of 8 parts of the states staged (24 states)" in third.err()
+    assert "already holds position 240: not written again" in third.err()
     assert stored(app, "counts") == original != before[0]
     assert {s.position for s in app.status("counts").segments} == {240}
+    assert len(DeltaTable(delta).history()) == 1
     assert counts.dropped() == 0
