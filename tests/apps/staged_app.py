@@ -20,7 +20,7 @@ if os.environ.get("EVENTLANES_TEST_KILL_BEFORE_MOVE"):  # SIGKILL once the Delta
     def _killed(self: StagedStates, *args: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    StagedStates.replace = _killed  # type: ignore[method-assign]
+    StagedStates.replace = _killed  # type: ignore[method-assign,assignment]
 
 app = el.App(os.environ.get("EVENTLANES_TEST_APP_URL", "sqlite:///unset.db"), claim_timeout=3)
 app.aggregation("counts", key="robot", on="Fastened", fields={"n": el.count(), "ok": el.sum("ok")})
