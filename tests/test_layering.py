@@ -32,7 +32,7 @@ PACKAGE = Path(eventlanes.__file__).parent
 LAYERS: tuple[str, ...] = (
     # values: no I/O, no state
     "errors", "hashing", "observe", "signals", "segments", "callables", "names", "columnar",
-    "tracing", "events", "lineage", "policies",
+    "tracing", "events", "lineage", "policies", "windows",
     # databases, the schema, reading old shapes
     "db", "schema", "upcasting",
     # the log and the positions in it

@@ -1,0 +1,75 @@
+"""The semantics of windowed counts as a plain loop over the log: what every engine must
+produce from the same events, whatever its segments, batches or crashes. Tests hold the
+engines to it; it is kept small on purpose, so that it can be read as the specification.
+
+Inputs are ``(position, key, time, recorded)`` in position order (times in microseconds).
+For each input: its time is clamped to ``recorded + max_future``; it is late for each of its
+windows that the clock has closed (:mod:`.clock`) and counted into the others; then the clock
+advances and every open window it now closes is closed at that position, in (key, start)
+order. Sessions: an input joins (and may merge) the open sessions of its key it overlaps; one
+that overlaps none is late when its own ``[t, t + gap)`` is closed. A closed session is never
+reopened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .clock import Clock, KeyClocks
+from .kinds import Session, Window
+from .time import clamped
+
+
+@dataclass
+class Result:
+    """``counts``: (key, start, end) -> inputs counted, for every window ever opened;
+    ``closes``: (position, key, start, end) in the order windows closed; ``late``: (position,
+    key, start, end) for each window an input was late for; ``clamped``: positions clamped."""
+
+    counts: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    closes: list[tuple[int, str, int, int]] = field(default_factory=list)
+    late: list[tuple[int, str, int, int]] = field(default_factory=list)
+    clamped: list[int] = field(default_factory=list)
+
+
+def count_windows(
+    inputs: Iterable[tuple[int, str, int, int]],
+    window: Window,
+    lateness: int,
+    max_future: int,
+    clock: str = "store",
+) -> Result:
+    result = Result()
+    store, keys = Clock(lateness), KeyClocks(lateness)
+    open_: dict[str, list[tuple[int, int]]] = {}  # key -> its open windows, in time order
+    for position, key, time, recorded in inputs:
+        t, was = clamped(time, recorded, max_future)
+        if was:
+            result.clamped.append(position)
+        c = store if clock == "store" else keys.of(key)
+        mine = open_.setdefault(key, [])
+        if isinstance(window, Session):
+            before = [w for w in mine if w[0] < t + window.gap and t < w[1]]
+            if not before and c.closed(t + window.gap):  # alone, in a session already closed
+                result.late.append((position, key, t, t + window.gap))
+            else:  # joins (and may bridge) open sessions; open ones end past the watermark
+                mine[:], joined = window.joined(mine, t)
+                count = 1 + sum(result.counts.pop((key, *w)) for w in before)
+                result.counts[(key, *joined)] = count
+        else:
+            for start, end in window.windows(t):
+                if c.closed(end):
+                    result.late.append((position, key, start, end))
+                    continue
+                if (start, end) not in mine:
+                    mine.append((start, end))
+                    mine.sort()
+                result.counts[(key, start, end)] = result.counts.get((key, start, end), 0) + 1
+        c.advance(t)
+        scope = open_ if clock == "store" else {key: mine}
+        for k in sorted(scope):
+            for start, end in [w for w in scope[k] if c.closed(w[1])]:
+                scope[k].remove((start, end))
+                result.closes.append((position, k, start, end))
+    return result
