@@ -10,8 +10,14 @@ size before, the kernel's high-water mark reset first); the replay's one write t
 Targets (issue 32): many keys at least 0.6x the events/s of few; RSS growth under 50 MB.
 Every replay's states are checked equal to a plain Python loop's.
 
+``--scale``: the same replay, once per point, from 2,000,000 events over 20,000 keys up to
+10,000,000 events over 5,000,000 keys (SQLite), each in a fresh driver process (its JVM start
+not timed): the replay's time, the driver's peak Python RSS and the peak RSS of the whole
+process tree (driver, JVM, Python workers; sampled every 0.2 s), and the slopes: seconds per
+million events at few keys, per million keys at 10,000,000 events.
+
 ``python benchmarks/run.py spark-keys [--backend sqlite|postgres] [--quick]``, or
-``python -m benchmarks.bench_spark_keys [--backend ...] [--quick] [--rounds N]``.
+``python -m benchmarks.bench_spark_keys [--backend ...] [--quick] [--rounds N] [--scale]``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import eventlanes as el
@@ -94,6 +101,84 @@ def _measure(backend: str, events: int, sizes: tuple[int, ...], rounds: int) -> 
     return rows
 
 
+#: (events, keys) of the scale table
+SCALE = ((2_000_000, 20_000), (10_000_000, 20_000), (5_000_000, 2_500_000),
+         (10_000_000, 5_000_000))  # fmt: skip
+QUICK_SCALE = ((200_000, 2_000), (1_000_000, 2_000), (1_000_000, 500_000))
+
+
+def _tree_rss(proc: Any) -> int:
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except Exception:  # noqa: BLE001 - a Python worker that just ended
+            pass
+    return total
+
+
+def _scale_child(conn: Any, url: str, name: str) -> None:
+    import threading
+
+    import psutil
+
+    from eventlanes.spark import get_session
+
+    me, peak, stop = psutil.Process(), [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            peak[0] = max(peak[0], _tree_rss(me))
+
+    spark = get_session("local[2]")
+    app = el.App(url)
+    define(app, name)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    result = el.spark.replay(app, name, spark=spark)
+    seconds = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    conn.send((seconds, result.events, memory()["VmHWM"], peak[0]))
+    app.close()
+    spark.stop()
+
+
+def scale(quick: bool = False) -> None:
+    """The scale table (SQLite): one replay per point, each checked against a plain loop."""
+    points = QUICK_SCALE if quick else SCALE
+    got: dict[tuple[int, int], tuple[float, int, int, int]] = {}
+    with stores("sqlite") as new_url:
+        for events, keys in points:
+            url = new_url()
+            fill(url, events, keys)
+            want = plain_fold(url)
+            got[(events, keys)] = r = in_child(_scale_child, url, "spark-keys")
+            if r[1] != events or stored(url, "spark-keys") != want:
+                raise AssertionError(f"{events:,} events over {keys:,} keys: not what a loop "
+                                     "folds")  # fmt: skip
+            print(f"{events:,} events, {keys:,} keys: {r[0]:.1f} s, driver {r[2] >> 20} MB, "
+                  f"tree {r[3] >> 20} MB", flush=True)  # fmt: skip
+            Path(url.removeprefix("sqlite:///")).unlink()  # 10M events: a few GB of disk
+    rows = [[f"{e:,}", f"{k:,}", f"{r[0]:.1f}", f"{e / r[0]:,.0f}", f"{r[2] >> 20} MB",
+             f"{r[3] >> 20} MB"] for (e, k), r in got.items()]  # fmt: skip
+    print_table(
+        "Spark replay (local[2], SQLite) at scale: one replay per point in a fresh driver "
+        "(states checked equal to a plain loop)",
+        ["events", "keys", "replay s", "events/s", "driver peak RSS", "tree peak RSS"],
+        rows,
+    )
+    (e0, k0), (e1, _), *_, (e3, k3) = points
+    per_event = (got[(e1, k0)][0] - got[(e0, k0)][0]) / ((e1 - e0) / 1e6)
+    per_key = (got[(e3, k3)][0] - got[(e1, k0)][0]) / ((k3 - k0) / 1e6)
+    tree_per_key = (got[(e3, k3)][3] - got[(e1, k0)][3]) / ((k3 - k0) / 1e6) / 2**20
+    print(
+        f"slope: {per_event:.2f} s per million events (at {k0:,} keys); {per_key:.2f} s and "
+        f"{tree_per_key:+,.0f} MB of tree peak per million keys more (at {e1:,} events)"
+    )
+
+
 def run(backends: list[str], quick: bool = False, rounds: int = ROUNDS) -> None:
     events = QUICK_EVENTS if quick else EVENTS
     sizes = QUICK_KEYS if quick else KEYS
@@ -112,5 +197,9 @@ if __name__ == "__main__":
     parser.add_argument("--backend", action="append", choices=["sqlite", "postgres"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--scale", action="store_true", help="the scale table (SQLite)")
     args = parser.parse_args()
-    run(args.backend or ["sqlite", "postgres"], quick=args.quick, rounds=args.rounds)
+    if args.scale:
+        scale(quick=args.quick)
+    else:
+        run(args.backend or ["sqlite", "postgres"], quick=args.quick, rounds=args.rounds)
