@@ -96,14 +96,20 @@ def test_cli_replays_an_export_on_connect(spark_connect, tmp_path) -> None:
 
 
 def test_cli_run_engine_spark_on_connect_with_appends(spark_connect, tmp_path) -> None:
-    """`run --engine spark --remote`, the server named by $SPARK_REMOTE instead."""
+    """`run --engine spark --remote`, the server named by $SPARK_REMOTE instead; keeping the
+    Delta table a replay wrote current (`--delta totals=URI`)."""
     url = f"sqlite:///{tmp_path}/events.db"
     fill(url, 1_000)
     app = open_app(url)
+    delta = str(tmp_path / "totals.delta")
+    replayed = cli(spark_connect, "replay", APP, "totals", "--remote", spark_connect.url,
+                   "--delta", delta, url=url)  # fmt: skip
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr[-3000:]
+    fill(url, 200, seed=2)  # the run's first micro-batch
     env = spark_connect.driver_env(EVENTLANES_TEST_APP_URL=url, SPARK_REMOTE=spark_connect.url)
     logged = Logged(
         [sys.executable, "-m", "eventlanes.cli", "run", APP, "--engine", "spark", "--processor",
-         "totals", "--trigger", "0.3"],
+         "totals", "--trigger", "0.3", "--delta", f"totals={delta}"],
         tmp_path, "runner", cwd=ROOT, env=env,
     )  # fmt: skip
     run = logged.process
@@ -114,14 +120,21 @@ def test_cli_run_engine_spark_on_connect_with_appends(spark_connect, tmp_path) -
                 raise AssertionError(f"the runner exited: {logged.out()}{logged.err()[-3000:]}")
             return min((p for _, p in tokens(app, "totals")), default=0)
 
-        wait_for(lambda: position() == 1_000, timeout=120, what="the first micro-batch")
+        wait_for(lambda: position() == 1_200, timeout=120, what="the first micro-batch")
         fill(url, 500, seed=3)  # appended while it runs
-        wait_for(lambda: position() == 1_500, timeout=60, what="the appended events")
+        wait_for(lambda: position() == 1_700, timeout=60, what="the appended events")
     finally:
         run.send_signal(signal.SIGTERM)
         run.wait(60)
     assert run.returncode == 0, logged.out() + logged.err()[-3000:]
     assert states(app, "totals") == plain_fold(url)
+    from deltalake import DeltaTable
+
+    table = DeltaTable(delta)
+    rows = table.to_pyarrow_table().select(["key", "state"]).to_pylist()
+    assert {r["key"]: json.loads(r["state"]) for r in rows} == plain_fold(url)
+    ids = [f"eventlanes/totals/{s}" for s, _ in tokens(app, "totals")]
+    assert {table.transaction_version(i) for i in ids} == {1_700}
 
 
 def test_a_read_short_of_the_store_fails_on_connect(spark_connect, tmp_path) -> None:
@@ -183,16 +196,23 @@ def test_a_bad_remote_is_one_error_line(tmp_path, remote: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["totals", "by_function", "--delta", "t"], "--delta names one table: replay one"),
-        (["totals", "--delta", "t", "--delta-option", "nokey"], "invalid --delta-option 'nokey'"),
-        (["recorder", "--delta", "t"], "'recorder': a Delta table holds an aggregation's"),
+        (["replay", APP, "totals", "by_function", "--delta", "t"],
+         "--delta names one table: replay one"),
+        (["replay", APP, "totals", "--delta", "t", "--delta-option", "nokey"],
+         "invalid --delta-option 'nokey'"),
+        (["replay", APP, "recorder", "--delta", "t"],
+         "'recorder': a Delta table holds an aggregation's"),
+        (["run", APP, "--delta", "totals=t"],
+         "--delta keeps a table current from --engine spark runs"),
+        (["run", APP, "--engine", "spark", "--processor", "totals", "--delta", "nope=t"],
+         "--delta names 'nope', which this run does not fold on Spark"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_delta_request_is_one_error_line(tmp_path, args: list[str], message: str) -> None:
     url = f"sqlite:///{tmp_path}/events.db"
     el.open_store(url).close()
     done = subprocess.run(
-        [sys.executable, "-m", "eventlanes.cli", "replay", APP, *args, "--master", "local[1]"],
+        [sys.executable, "-m", "eventlanes.cli", *args, "--master", "local[1]"],
         cwd=tmp_path, env={**os.environ, "EVENTLANES_TEST_APP_URL": url, "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -200,6 +220,27 @@ def test_a_bad_delta_request_is_one_error_line(tmp_path, args: list[str], messag
     assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
     assert lines[0].startswith(f"error: {message}"), lines[0]
     assert not (tmp_path / "t").exists()
+
+
+def test_a_spark_job_out_of_memory_says_what_to_do() -> None:
+    """What Spark raised (its text, as seen at 5,000,000 keys on local[2] with Spark's default
+    1 GB): the error line names the memory setting to raise."""
+    from eventlanes.spark.ship import first_line
+
+    seen = RuntimeError(
+        "An error occurred while calling o715.count.\n: org.apache.spark.SparkException: Job "
+        "aborted due to stage failure: Task 0 in stage 1.0 failed 1 times, most recent failure: "
+        "Lost task 0.0 in stage 1.0 (TID 1) (localhost executor driver): org.apache.spark.memory."
+        "SparkOutOfMemoryError: [UNABLE_TO_ACQUIRE_MEMORY] Unable to acquire 262144 bytes of "
+        "memory, got 0. SQLSTATE: 53200\n\tat org.apache.spark.errors.SparkCoreErrors$."
+        "outOfMemoryError(SparkCoreErrors.scala:428)"
+    )
+    line = first_line(seen)
+    assert "Unable to acquire 262144 bytes of memory" in line
+    assert line.endswith("(Spark ran out of memory: give it more (local[N]: --conf "
+                         "spark.driver.memory=4g, read when its JVM starts; a cluster: "
+                         "spark.executor.memory))")  # fmt: skip
+    assert "memory" not in first_line(RuntimeError("pyspark.errors.X: a column is missing"))
 
 
 # -- the client side of the Python-API cases, run as ``python -m tests.test_spark_connect``

@@ -185,3 +185,72 @@ def test_a_write_stopped_part_way_commits_nothing(tmp_path: Path) -> None:
         target.write(iter(good), [0, 1], end=9, count=101)
     assert commits(uri) == 1 and positions(uri, "c", 2) == [7, 7]
     assert len(table_rows(uri)) == 100
+
+
+def test_a_continuous_run_keeps_the_table_current_and_finishes_a_lost_batch(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    """`run --engine spark --delta`: each micro-batch merges its changed states into the table,
+    its end in the commit, before the store's commit. A batch lost between the two is covered
+    by the next one (a longer batch here), and the table ends equal to the store. A table the
+    store has not written first cannot follow it."""
+    import eventlanes.spark.continuous as continuous
+    from eventlanes.spark.continuous import ContinuousAggregation
+    from eventlanes.tokens.claims import claim_all
+
+    app = el.App(f"sqlite:///{tmp_path}/events.db", claim_timeout=5)
+    app.aggregation("counts", key="robot", on="Fastened", segments=2,
+                    fields={"n": el.count(), "ok": el.sum("ok")})  # fmt: skip
+
+    def add(n: int, prefix: str) -> None:
+        app.store.append("s", [E("Fastened", {"robot": f"{prefix}{i % 13}", "ok": i % 3})
+                               for i in range(n)])  # fmt: skip
+
+    add(200, "r")
+    uri = str(tmp_path / "counts")
+    first = r"holds no position for segment 0, and the store 0: replay counts with this table"
+    with pytest.raises(DeltaWriteError, match=first):
+        ContinuousAggregation(app, "counts", spark=spark, delta=uri).start()
+    el.spark.replay(app, "counts", spark=spark, delta=uri)  # (start released its claims)
+    add(60, "r")
+    add(60, "new")  # keys the replay did not see
+
+    def runner(max_rows: int | None) -> ContinuousAggregation:
+        made = ContinuousAggregation(app, "counts", spark=spark, delta=uri, max_rows=max_rows)
+        made._records = claim_all(app.tokens, "counts", made.owner)  # batches by hand
+        return made
+
+    def lose_a_batch() -> None:
+        lost = runner(50)
+        try:
+            with monkeypatch.context() as m:
+
+                def dies(*args: Any) -> None:
+                    raise RuntimeError("killed before the store's commit")
+
+                m.setattr(continuous, "save_states", dies)
+                with pytest.raises(RuntimeError, match="killed"):
+                    lost.run_batch()
+        finally:
+            lost.stop()
+
+    lose_a_batch()  # (200, 250]: merged, not committed to the store
+    assert positions(uri, "counts", 2) == [250, 250] and commits(uri) == 2
+    assert {s.position for s in app.status("counts").segments} == {200}
+    assert table_rows(uri) != rows(app, "counts")
+    same = runner(50)  # the same batch again: the table holds it, the store takes it
+    try:
+        assert same.run_batch()
+    finally:
+        same.stop()
+    assert {s.position for s in app.status("counts").segments} == {250} and commits(uri) == 2
+    lose_a_batch()  # (250, 300]
+    longer = runner(None)  # (250, 320]: its states cover every row the lost merge wrote
+    try:
+        assert longer.run_batch() and not longer.run_batch()
+    finally:
+        longer.stop()
+    assert {s.position for s in app.status("counts").segments} == {320}
+    assert positions(uri, "counts", 2) == [320, 320] and commits(uri) == 4
+    assert table_rows(uri) == rows(app, "counts")
+    assert len(rows(app, "counts")) == 26

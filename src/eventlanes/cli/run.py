@@ -66,6 +66,8 @@ class RunOptions:
     kafka_options: tuple[str, ...] = ()
     kafka_files: tuple[str, ...] = ()
     metrics_host: str = DEFAULT_METRICS_HOST
+    delta: tuple[str, ...] = ()
+    delta_options: tuple[str, ...] = ()
 
 
 def _kafka_options(command: Any) -> Any:
@@ -98,6 +100,11 @@ def _kafka_options(command: Any) -> Any:
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
 @spark_options
 @click.option("--trigger", default=1.0, show_default=True, help="--engine spark: seconds per batch")
+@click.option("--delta", multiple=True, metavar="NAME=URI",
+              help="--engine spark: keep aggregation NAME's Delta table at URI current "
+              "(written by `replay NAME --delta URI` first; repeatable)")  # fmt: skip
+@click.option("--delta-option", "delta_options", multiple=True, metavar="K=V",
+              help="a deltalake storage option (repeatable)")  # fmt: skip
 @_kafka_options
 def run(**options: Any) -> None:
     """Run the app's processors and Kafka ingestors until SIGINT/SIGTERM (then finish batches,
@@ -128,6 +135,8 @@ def _run(o: RunOptions) -> None:
     if o.engine == "spark":
         _run_spark(app, o)
         return
+    if o.delta or o.delta_options:
+        raise InvalidInputError("--delta keeps a table current from --engine spark runs")
     _check(o)
     show = console.is_terminal if o.progress is None else o.progress
     level = _log_setup(show)
@@ -153,8 +162,13 @@ def _run_spark(app: App, o: RunOptions) -> None:
     """``--engine spark``: the aggregations asked for (or all), in micro-batches."""
     from ..spark.continuous import plan
     from ..spark.continuous import run as run_spark
+    from ..spark.session import parse_conf
 
+    tables = parse_conf(o.delta, "--delta")
     runs, skipped = plan(app, list(o.processors))
+    if unknown := sorted(set(tables) - set(runs)):
+        raise InvalidInputError(f"--delta names {', '.join(map(repr, unknown))}, which this "
+                                "run does not fold on Spark")  # fmt: skip
     console.print(
         f"spark: running {', '.join(runs)}"
         + (
@@ -163,7 +177,8 @@ def _run_spark(app: App, o: RunOptions) -> None:
             else ""
         )  # fmt: skip
     )
-    run_spark(app, runs, o.master, trigger_seconds=o.trigger,
+    run_spark(app, runs, o.master, trigger_seconds=o.trigger, delta=tables,
+              delta_options=parse_conf(o.delta_options, "--delta-option"),
               **spark_kwargs(o.conf, o.py_files, o.archives, o.remote))  # fmt: skip
 
 

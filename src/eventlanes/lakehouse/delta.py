@@ -2,8 +2,12 @@
 Parquet files and a transaction log out, no JVM), for Spark, DuckDB, Polars and Databricks.
 
 The table has one row per state: ``aggregation`` (the aggregation, or one of its downstream
-stages), ``key``, ``state`` (its JSON text, as the store keeps it), ``position`` (the log
-position the states are as of) and, for a declarative aggregation, one typed column per field.
+stages), ``key``, ``state`` (its JSON text, as the store keeps it), ``position`` (the end of the
+write that last changed the row) and, for a declarative aggregation, one typed column per
+field. A continuous run on Spark keeps it current (:meth:`DeltaStates.merge`): each
+micro-batch's changed states are upserted, the batch's end in the same commit, before the
+store's commit; a run that dies between the two is finished by the next batch, whose states
+cover every row the lost one merged.
 
 The commit protocol. One Delta commit replaces the table's rows with the states at position
 ``E`` and carries, as its application transactions, ``eventlanes/NAME/SEGMENT`` = ``E`` for
@@ -168,6 +172,57 @@ class DeltaStates:
                  self.name, count, self.uri, end)  # fmt: skip
         return True
 
+    def merge(self, rows: list[tuple[str, str, str]], tokens: Mapping[int, int], end: int) -> bool:
+        """Upsert ``rows`` (a micro-batch's changed states: (aggregation, key, state JSON)) on
+        (aggregation, key), committed with every segment's position ``end``; False (nothing
+        written) when the table already holds ``end``. The table must hold each segment at
+        its store position ``tokens[segment]`` or past it within this batch (a run that died
+        after its merge, before the store's commit: this batch's states cover every row that
+        merge touched), else nothing is written: a table behind the store lacks the states of
+        keys this batch does not change."""
+        positions = self.follows(tokens, end)
+        if all(p == end for p in positions.values()):
+            log.info("%s: the Delta table %s already holds position %d: not merged again",
+                     self.name, self.uri, end)  # fmt: skip
+            return False
+        deltalake = _deltalake()
+        import pyarrow as pa
+
+        batches = list(self._batches([rows], end)) if rows else []
+        source = pa.Table.from_batches(batches, schema=self.schema())
+        table = deltalake.DeltaTable(self.uri, storage_options=self.options)
+        merger = table.merge(
+            source,
+            predicate="t.aggregation = s.aggregation AND t.key = s.key",
+            source_alias="s",
+            target_alias="t",
+            commit_properties=self._commit_properties(list(tokens), end),
+        )
+        merger.when_matched_update_all().when_not_matched_insert_all().execute()
+        return True
+
+    def follows(self, tokens: Mapping[int, int], end: int) -> dict[int, int | None]:
+        """The table's positions, when it may follow the store from ``tokens`` (segment ->
+        the store's position) up to ``end``: each at least the store's, at most ``end``."""
+        positions = self.positions(tokens)
+        for segment, at in sorted(tokens.items()):
+            held = positions[segment]
+            if held is None or not at <= held <= end:
+                shown = "no position" if held is None else f"position {held:,}"
+                raise DeltaWriteError(
+                    f"{self.name}: the Delta table {self.uri} holds {shown} for segment "
+                    f"{segment}, and the store {at:,}: replay {self.name} with this table "
+                    "first (--delta) so that they start equal; nothing was written"
+                )
+        return positions
+
+    def _commit_properties(self, segments: list[int], end: int) -> Any:
+        deltalake = _deltalake()
+        return deltalake.CommitProperties(
+            app_transactions=[deltalake.Transaction(app_id(self.name, s), end) for s in segments],
+            custom_metadata={"eventlanes.aggregation": self.name, "eventlanes.position": str(end)},
+        )
+
     @staticmethod
     def _hand(feed: queue.Queue[Any], item: Any, writer: threading.Thread) -> None:
         while True:
@@ -190,10 +245,7 @@ class DeltaStates:
                     raise DeltaWriteError(f"{self.name}: the states' reading stopped: {item!r}")
                 yield item
 
-        commit = deltalake.CommitProperties(
-            app_transactions=[deltalake.Transaction(app_id(self.name, s), end) for s in segments],
-            custom_metadata={"eventlanes.aggregation": self.name, "eventlanes.position": str(end)},
-        )
+        commit = self._commit_properties(segments, end)
         try:
             reader = pa.RecordBatchReader.from_batches(self.schema(), batches())
             deltalake.write_deltalake(

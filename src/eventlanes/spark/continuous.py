@@ -7,6 +7,9 @@ onto the states stored so far, checks that Spark read every event of the range, 
 in one transaction fenced by the claims: the new states, every segment's token (so
 ``eventlanes status`` shows progress) and a row in ``{prefix}spark_batches``. The token store
 is the checkpoint: a runner killed at any point resumes from the last committed batch, exactly.
+With a Delta table to keep current (``delta=``, written by a replay first), each batch's
+changed states are merged into it before that commit
+(:meth:`eventlanes.lakehouse.delta.DeltaStates.merge`).
 
 Why not Structured Streaming over a Python ``DataSourceStreamReader`` (what this module used
 first): Spark runs that source's offset planning in a Python process on the driver, started
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..db import open_database
 from ..db.weather import Backoff, is_transient
 from ..errors import EventlanesError, InvalidInputError, SparkJobError
+from ..lakehouse import DeltaStates
 from ..processing.aggregating.aggregation import Aggregation
 from ..processing.tables.states import Entry, StateTable
 from ..schema import require
@@ -75,10 +80,14 @@ class ContinuousAggregation:
         max_rows: int | None = None,
         partitions: int | None = None,
         wait: bool = True,
+        delta: str | None = None,
+        delta_options: Mapping[str, str] | None = None,
     ) -> None:
         agg = app.get(name)
         if not isinstance(agg, Aggregation):
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
+        #: the Delta table kept current (written by a replay first), or None
+        self.delta = DeltaStates(delta, agg.name, agg.declaration, delta_options) if delta else None
         self.app, self.agg = app, agg
         self.spark = spark or get_session()
         self.url = executor_url(app.url, master_of(self.spark))
@@ -103,6 +112,13 @@ class ContinuousAggregation:
         app.initialize(agg.name)
         self._records = claim_all(app.tokens, agg.name, self.owner, self.wait, None)
         self._beat = Heartbeat(app.tokens, agg.name, self.owner, announce=False).start()
+        if self.delta is not None:  # a table that cannot follow the store: said at once
+            try:
+                tokens = {s.segment.id: s.token.position for s in app.tokens.status(agg.name)}
+                self.delta.follows(tokens, app.store.head())
+            except BaseException:
+                self.stop()
+                raise
         loop = threading.Thread(target=self._loop, daemon=True)
         self._threads = [loop]
         loop.start()
@@ -165,6 +181,10 @@ class ContinuousAggregation:
         finally:
             if spec.stages:
                 folded.unpersist()
+        if self.delta is not None:  # downstream first: the store's commit comes after
+            rows = [(n, key, encoded[0]) for n, entries in states.items()
+                    for key, encoded in entries.items()]  # fmt: skip
+            self.delta.merge(rows, {s: t.position for s, t in current.items()}, end)
         db = app.db
         with db.transaction() as conn:
             next_id = db.sql(f"SELECT coalesce(max(batch_id), -1) + 1 FROM {self.batches} "
@@ -217,15 +237,24 @@ def run(
     py_files: Any = (),
     archives: Any = (),
     remote: str | None = None,
+    delta: Mapping[str, str] | None = None,
+    delta_options: Mapping[str, str] | None = None,
     **options: Any,
 ) -> None:
-    """``eventlanes run APP --engine spark``: run until SIGINT/SIGTERM, then stop cleanly."""
+    """``eventlanes run APP --engine spark``: run until SIGINT/SIGTERM, then stop cleanly.
+    ``delta``: aggregation name -> the Delta table kept current."""
     names, _ = plan(app, names)
+    tables = dict(delta or {})
     if spark is None and master:
         executor_url(app.url, master)  # a store executors cannot see: refused before a JVM
     spark = spark or get_session(master, conf=conf, py_files=py_files, archives=archives,
                                  remote=remote)  # fmt: skip
-    runners = [ContinuousAggregation(app, n, spark=spark, **options) for n in names]
+    runners = [
+        ContinuousAggregation(
+            app, n, spark=spark, delta=tables.get(n), delta_options=delta_options, **options
+        )
+        for n in names
+    ]
 
     def failed() -> bool:
         for runner in runners:

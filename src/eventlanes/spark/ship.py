@@ -303,13 +303,25 @@ def preflight(
         )
 
 
+#: how Spark says a task ran out of memory
+OUT_OF_MEMORY = ("SparkOutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY", "java.lang.OutOfMemoryError")
+MEMORY_HINT = (
+    "Spark ran out of memory: give it more (local[N]: --conf spark.driver.memory=4g, read "
+    "when its JVM starts; a cluster: spark.executor.memory)"
+)
+
+
 def first_line(exc: BaseException) -> str:
     """The useful line of a Spark failure: the Python error raised on the executor, not the
-    Py4J wrapping around it."""
+    Py4J wrapping around it; with what to do when Spark ran out of memory."""
     text = str(exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = (lines[0] if lines else type(exc).__name__)[:500]
     for marker in ("Error: ", "Exception: "):
         found = [line for line in lines if marker in line and not line.startswith("at ")]
         if found:
-            return found[-1][:500]
-    return (lines[0] if lines else type(exc).__name__)[:500]
+            line = found[-1][:500]
+            break
+    if any(marker in text for marker in OUT_OF_MEMORY):
+        return f"{line} ({MEMORY_HINT})"
+    return line
