@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,47 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
     assert {s.position for s in app.status("counts").segments} == {240}
     assert len(DeltaTable(delta).history()) == 1
     assert counts.dropped() == 0
+
+
+@pytest.fixture
+def role(pg_url: str) -> Iterator[str]:
+    """A login role with no privileges (given the docs' grants by the test)."""
+    import uuid
+
+    from tests.test_schema import admin
+
+    name = f"app_{uuid.uuid4().hex[:10]}"
+    admin(pg_url, f"CREATE ROLE {name} LOGIN")
+    yield name
+    admin(pg_url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
+
+
+def test_a_role_that_may_only_write_rows_replays_on_spark(
+    spark, pg_url: str, role: str, tmp_path: Path
+) -> None:
+    """The production role of docs/how-to/postgresql.md (rows only, no CREATE in the schema):
+    the replay stages in a temporary table of its own connection, through the driver (the
+    executors cannot see it), and its states equal the local engine's; before this, the
+    replay failed with PostgreSQL's raw "permission denied for schema public"."""
+    import uuid
+
+    from tests.test_schema import admin, as_role, grant_dml
+
+    prefix = f"r{uuid.uuid4().hex[:8]}_"
+    el.open_store(f"{pg_url}?prefix={prefix}").close()  # migrated by the owner
+    grant_dml(pg_url, role)
+    app = el.App(as_role(pg_url, role, prefix), claim_timeout=5)
+    define(app)
+    load(app.store, 600, seed=8)
+    run(app, ["declared", "python"])
+    want = stored(app, "python")
+    for name in ("declared", "python"):  # a Delta table too: read back from the stage
+        result = el.spark.replay(app, name, spark=spark, delta=str(tmp_path / name))
+        assert result.keys == len(want) and stored(app, name) == want
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(tmp_path / name)).to_pyarrow_table()
+        assert table.num_rows == len(want)
+    created = admin(pg_url, f"SELECT count(*) FROM pg_tables WHERE tablename LIKE '{prefix}%' "
+                            "AND tableowner <> current_user")  # fmt: skip
+    assert created == [(0,)]  # the role created no table of its own

@@ -70,7 +70,7 @@ class Staging:
 
     def __init__(self, stage: StagedStates, name: str, bound: int, url: str | None) -> None:
         self.stage, self.name, self.bound = stage, name, bound
-        self.on_executors = stage.postgres and url is not None
+        self.on_executors = stage.shared and url is not None  # executors see the stage
         self.url = url or ""
         self.staged = 0
         self.jobs = 0  # the executors' jobs so far

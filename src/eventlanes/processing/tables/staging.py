@@ -4,7 +4,9 @@ chunks, then moved in by one short transaction that also moves the tokens.
 Staging holds no lock other writers wait for: on SQLite the stage is a temporary table of the
 thread's connection (its own file, so the heartbeat's writes go on); on PostgreSQL an
 unlogged table of its own, named after the aggregation (a replay holds every segment's claim,
-so one replay at a time uses it; a crashed replay's leftover is dropped by the next). Until
+so one replay at a time uses it; a crashed replay's leftover is dropped by the next), or, for
+a role that may not create tables in the schema, a temporary table of a connection the stage
+holds. Until
 :meth:`StagedStates.replace` commits, the stored states and tokens are untouched: a crash at
 any point before leaves the last committed replay (or run) as it was.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .states import StateTable
@@ -21,13 +24,24 @@ from .states import StateTable
 COLUMNS = "aggregation, key, value, offsets, dropped, dropped_by"
 
 
+#: PostgreSQL's insufficient_privilege
+DENIED = "42501"
+
+
 class StagedStates:
-    """``with StagedStates(table, name) as stage: stage.add(rows); stage.replace(names, fn)``"""
+    """``with StagedStates(table, name) as stage: stage.add(rows); stage.replace(names, fn)``
+
+    ``shared``: the stage is a table other sessions see (PostgreSQL's unlogged table, which
+    executors write); False when it is a temporary table of this process's connection (SQLite
+    always; PostgreSQL when the role may not create tables in the schema, as the production
+    role of the docs may not: then a connection of its own holds the stage)."""
 
     def __init__(self, table: StateTable, name: str) -> None:
         self.table = table
         self.db = db = table.db
         self.postgres = db.backend == "postgresql"
+        self.shared = self.postgres
+        self._own: Any = None  # PostgreSQL: the connection that holds a temporary stage
         digest = hashlib.sha256(name.encode()).hexdigest()[:16]
         if self.postgres:  # the prefix is validated; the rest is hex
             self.stage = db.table(f"replay_{digest}")
@@ -35,25 +49,57 @@ class StagedStates:
             self.stage = f"temp.{db.table('replay_states')}"
 
     def __enter__(self) -> StagedStates:
-        self._drop()
-        if self.postgres:
-            create = f"""CREATE UNLOGGED TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT
-                NOT NULL, value TEXT NOT NULL, offsets TEXT NOT NULL, dropped BIGINT NOT NULL,
-                dropped_by TEXT, job INTEGER, task INTEGER)"""  # the Spark task that wrote it
-        else:
-            create = f"""CREATE TABLE {self.stage} (aggregation TEXT NOT NULL, key TEXT NOT NULL,
-                value TEXT NOT NULL, offsets TEXT NOT NULL, dropped INTEGER NOT NULL,
-                dropped_by TEXT)"""
-        self._run(create)
+        columns = """(aggregation TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+            offsets TEXT NOT NULL, dropped BIGINT NOT NULL, dropped_by TEXT"""
+        if not self.postgres:
+            self._drop()
+            self._run(f"CREATE TABLE {self.stage} {columns})")
+            return self
+        try:
+            self._drop()
+            # job, task: the Spark task that wrote the row
+            self._run(f"CREATE UNLOGGED TABLE {self.stage} {columns}, job INTEGER, task INTEGER)")
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != DENIED:
+                raise
+            self.shared = False
+            self.stage = f"pg_temp.{self.stage}"
+            postgres: Any = self.db  # a connection outside the pool, for the replay's length
+            self._own = postgres.connect()
+            # pg_temp: a temporary table (needs only TEMPORARY, which every role has by default)
+            self._run(f"CREATE TABLE {self.stage} {columns}, job INTEGER, task INTEGER)")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._drop()
+        try:
+            self._drop()
+        finally:
+            if self._own is not None:
+                self._own.close()  # its temporary table goes with it
+                self._own = None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """PostgreSQL: a transaction on the stage's own connection, or the pool's."""
+        if self._own is not None:
+            with self._own.transaction():
+                yield self._own
+            return
+        with self.db.transaction() as conn:
+            yield conn
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        if self._own is not None:
+            yield self._own
+            return
+        with self.db.connection() as conn:
+            yield conn
 
     def _run(self, statement: str) -> None:
         """PostgreSQL: in a transaction of its own; SQLite: on the thread's connection (the
         temporary table is its own, and takes no lock on the store)."""
-        with self.db.transaction() if self.postgres else self.db.connection() as conn:
+        with self._transaction() if self.postgres else self.db.connection() as conn:
             conn.execute(statement)
 
     def _drop(self) -> None:
@@ -70,7 +116,7 @@ class StagedStates:
             return
         if self.postgres:
             copy_in = f"COPY {self.stage} ({COLUMNS}) FROM STDIN"
-            with self.db.transaction() as conn, conn.cursor() as cur, cur.copy(copy_in) as copy:
+            with self._transaction() as conn, conn.cursor() as cur, cur.copy(copy_in) as copy:
                 for row in rows:
                     copy.write_row(row)
         else:
@@ -85,7 +131,7 @@ class StagedStates:
 
     def count(self) -> int:
         """The states staged (by this process and by others: executors)."""
-        with self.db.connection() as conn:
+        with self._connection() as conn:
             return int(conn.execute(f"SELECT count(*) FROM {self.stage}").fetchone()[0])
 
     def rows(self, size: int = 20_000) -> Iterator[list[tuple[str, str, str]]]:
@@ -94,7 +140,7 @@ class StagedStates:
         holds the stage), so that a reader's memory does not grow with the states."""
         select = f"SELECT aggregation, key, value FROM {self.stage} ORDER BY aggregation, key"
         if self.postgres:
-            with self.db.transaction() as conn, conn.cursor(name="eventlanes_stage") as cur:
+            with self._transaction() as conn, conn.cursor(name="eventlanes_stage") as cur:
                 cur.execute(select)
                 while batch := cur.fetchmany(size):
                     yield batch
@@ -117,7 +163,7 @@ class StagedStates:
         order = "" if self.postgres else " ORDER BY aggregation, key"
         move = f"""INSERT INTO {t} ({COLUMNS}, updated_at)
             SELECT {COLUMNS}, {self.db.now_ms} FROM {self.stage}{order}"""
-        with self.db.transaction() as conn:
+        with self._transaction() if self.postgres else self.db.transaction() as conn:
             for name in names:
                 conn.execute(self.db.sql(f"DELETE FROM {t} WHERE aggregation = ?"), (name,))
             conn.execute(move)
