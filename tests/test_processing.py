@@ -660,3 +660,24 @@ def test_a_claim_of_ours_we_do_not_hold_is_let_go(tmp_path) -> None:
     finally:
         first.stop()
     assert {s.position for s in first.status("p").segments} == {first.store.head()}
+
+
+def test_a_claim_taken_after_the_extension_began_is_judged_by_the_next_one(tmp_path) -> None:
+    """The heartbeat's extension began, the node then claimed a segment (a retry's new claim),
+    and the extension's answer, which could not include it, arrived: the segment must not be
+    lost for it. It was, and its failure then went unrecorded, so its retry came with no
+    back-off (seen in a fresh clone's run: test_retries_back_off_and_release_the_claim)."""
+    app = el.App(f"sqlite:///{tmp_path}/race.db", claim_timeout=5)
+    app.processor("p", segments=1).on("E")(lambda e, ctx: None)
+    app.start(["p"])
+    try:
+        wait_for(lambda: app.status("p").segments[0].owner is not None, what="the claim")
+        (runner,) = app.node.runners
+        coordinator = runner.coordinator
+        st = coordinator.claimed[0]
+        coordinator.held(set(), since=st.claimed_at - 0.5)  # began before the claim
+        assert not st.lost
+        coordinator.held(set(), since=st.claimed_at + 0.5)  # began after: it had to see it
+        assert st.lost
+    finally:
+        app.stop()

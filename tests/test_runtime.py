@@ -141,7 +141,7 @@ def test_heartbeat_carries_on_through_database_errors(tmp_path) -> None:
     tokens.initialize("p", segments=1)
     assert tokens.claim("p", 0, "me") is not None
     held: list[set[int]] = []
-    beat = Heartbeat(tokens, "p", "me", interval=0.05, on_held=held.append)
+    beat = Heartbeat(tokens, "p", "me", interval=0.05, on_held=lambda h, _since: held.append(h))
     locker = sqlite3.connect(f"{tmp_path}/tokens.db", isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")  # every write now fails with "database is locked"
     beat.start()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..db import weather
@@ -58,6 +58,8 @@ class Claimed:
     partition: int
     next: int
     lost: bool = False
+    #: when this process took it (monotonic): an extension that began before cannot know it
+    claimed_at: float = field(default_factory=time.monotonic)
 
 
 class Stop(Exception):  # noqa: N818 - not an error of the runner: the partition stops
@@ -472,10 +474,10 @@ class IngestRunner:
             log.warning("%s: partition %d: could not record its watermarks: %s", self.name, p,
                         exc)  # fmt: skip
 
-    def _held(self, held: set[int]) -> None:
+    def _held(self, held: set[int], since: float) -> None:
         with self.lock:
             for p, h in self.claimed.items():
-                if p not in held:
+                if p not in held and h.claimed_at < since:  # a later claim: the next beat's
                     h.lost = True
 
     def _forget(self, p: int) -> None:

@@ -57,6 +57,8 @@ class SegmentState:
     parked: set[str] = field(default_factory=set)
     dirty: bool = False
     persisted_at: float = field(default_factory=time.monotonic)
+    #: when this node took the claim (monotonic): an extension that began before cannot know it
+    claimed_at: float = field(default_factory=time.monotonic)
     lost: bool = False
     crashed: bool = False  # an exception that stops the runner was recorded as its error
     stop: bool = False  # tracking mode: asks the segment's thread to leave its loop

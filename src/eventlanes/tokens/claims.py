@@ -47,7 +47,9 @@ def node_name() -> str:
 
 class Heartbeat:
     """A daemon thread that extends ``owner``'s claims every ``interval`` seconds and calls
-    ``on_held(segment ids still held)`` after each successful extension."""
+    ``on_held(segment ids still held, when the extension began)`` after each successful
+    extension: a claim taken after it began may be missing from the ids, and is judged by the
+    next one."""
 
     def __init__(
         self,
@@ -55,7 +57,7 @@ class Heartbeat:
         processor: str,
         owner: str,
         interval: float | None = None,
-        on_held: Callable[[set[int]], None] | None = None,
+        on_held: Callable[[set[int], float], None] | None = None,
         announce: bool = True,
     ) -> None:
         self.tokens = tokens
@@ -87,14 +89,14 @@ class Heartbeat:
     def beat(self) -> set[int] | None:
         """One extension; None when the database failed (logged once per outage, retried
         next time)."""
-        self._busy_since = time.monotonic()
+        self._busy_since = started = time.monotonic()
         try:
             held = set(self.tokens.extend_all(self.processor, self.owner))
             if self.announce:
                 self.tokens.heartbeat(self.processor, self.owner)
             self.outage.ok()
             if self.on_held is not None:
-                self.on_held(held)
+                self.on_held(held, started)
         except Exception as exc:  # noqa: BLE001 - the database may come back: keep beating
             self.failures += 1
             self.outage.failed(exc, self.interval)

@@ -79,8 +79,11 @@ class Coordinator:
         self.outage = Outage(proc.name)  # database outages, logged once at start and end
 
     # -- what the heartbeat learns -------------------------------------------------------------
-    def held(self, held: set[int]) -> None:
-        """Segments whose claim could not be extended are lost: nothing of theirs commits.
+    def held(self, held: set[int], since: float) -> None:
+        """Segments whose claim could not be extended are lost: nothing of theirs commits;
+        not one claimed after the extension began (``since``, monotonic), which the extension
+        may not have seen: the next one judges it (a segment claimed again for its retry was
+        lost at once, and its failure went unrecorded: no back-off).
         A segment whose handler has run past ``handler_timeout`` is given up the same way and
         recorded as failed (retried with back-off, on any node); its transaction rolls back."""
         self.read_waits.check()  # at most every few seconds: a warning if due
@@ -92,7 +95,8 @@ class Coordinator:
         with self.lock:
             for seg_id, st in self.claimed.items():
                 if seg_id not in held:
-                    st.mark_lost()
+                    if st.claimed_at < since:
+                        st.mark_lost()
                 elif not st.lost and st.stuck_for(now) > timeout:
                     st.mark_lost()  # first: its batch must not commit once we let go
                     self.failing.add(seg_id)
