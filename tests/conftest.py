@@ -86,6 +86,17 @@ def pg_url(eventlanes_postgres_url: str) -> str:
     return eventlanes_postgres_url
 
 
+@pytest.fixture
+def role(pg_url: str) -> Iterator[str]:
+    """A login role with no privileges (an app's production role before any GRANT)."""
+    from tests.test_schema import admin
+
+    name = f"app_{uuid.uuid4().hex[:10]}"
+    admin(pg_url, f"CREATE ROLE {name} LOGIN")
+    yield name
+    admin(pg_url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
+
+
 @pytest.fixture(scope="session")
 def pg_server(eventlanes_postgres: tuple[str, object]):  # type: ignore[no-untyped-def]
     """The session's embedded server itself (to freeze it), or a skip when the tests run on

@@ -8,8 +8,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,15 +42,6 @@ def relations(pg_url: str, prefix: str) -> list[str]:
     rows = admin(pg_url, f"SELECT relname FROM pg_class WHERE relname LIKE '{prefix}%' "
                          "AND relkind IN ('r', 'S') ORDER BY 1")  # fmt: skip
     return [r[0] for r in rows]
-
-
-@pytest.fixture
-def role(pg_url: str) -> Iterator[str]:
-    """A login role with no privileges (an app's production role before any GRANT)."""
-    name = f"app_{uuid.uuid4().hex[:10]}"
-    admin(pg_url, f"CREATE ROLE {name} LOGIN")
-    yield name
-    admin(pg_url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
 
 
 def as_role(pg_url: str, role: str, prefix: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -137,19 +136,6 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
     assert {s.position for s in app.status("counts").segments} == {240}
     assert len(DeltaTable(delta).history()) == 1
     assert counts.dropped() == 0
-
-
-@pytest.fixture
-def role(pg_url: str) -> Iterator[str]:
-    """A login role with no privileges (given the docs' grants by the test)."""
-    import uuid
-
-    from tests.test_schema import admin
-
-    name = f"app_{uuid.uuid4().hex[:10]}"
-    admin(pg_url, f"CREATE ROLE {name} LOGIN")
-    yield name
-    admin(pg_url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
 
 
 def test_a_role_that_may_only_write_rows_replays_on_spark(

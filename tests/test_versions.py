@@ -7,8 +7,6 @@ and an app that never declares a version storing exactly what it stored before."
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -304,15 +302,6 @@ def test_status_json_and_metrics_show_both_versions(store_url, monkeypatch) -> N
 
 
 # -- production roles ----------------------------------------------------------------------
-@pytest.fixture
-def role(pg_url: str) -> Iterator[str]:
-    """A login role with no privileges (an app's production role before any GRANT)."""
-    name = f"app_{uuid.uuid4().hex[:10]}"
-    admin(pg_url, f"CREATE ROLE {name} LOGIN")
-    yield name
-    admin(pg_url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
-
-
 def test_a_dml_only_role_promotes_and_retires_keeping_the_tables(pg_url, role) -> None:
 
     prefix = _unique_prefix()
