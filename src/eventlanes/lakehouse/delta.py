@@ -115,9 +115,11 @@ class DeltaStates:
             return dict.fromkeys(segments)
         return {s: table.transaction_version(app_id(self.name, s)) for s in segments}
 
-    def check(self, segments: Iterable[int], head: int) -> None:
-        """Before any work: a table past this store's head is another store's."""
-        ahead = {s: p for s, p in self.positions(segments).items() if p is not None and p > head}
+    def check(self, segments: Iterable[int], head: int) -> dict[int, int | None]:
+        """Before any work: a table past this store's head is another store's. The table's
+        positions (:meth:`positions`) when it is not."""
+        positions = self.positions(segments)
+        ahead = {s: p for s, p in positions.items() if p is not None and p > head}
         if ahead:
             segment, position = min(ahead.items())
             raise DeltaWriteError(
@@ -125,6 +127,7 @@ class DeltaStates:
                 f"{position:,}, past this store's head {head:,} (a table written from another "
                 "store?): nothing was written; give another location or remove that table"
             )
+        return positions
 
     def write(self, rows: Iterable[list[tuple[str, str, str]]], segments: list[int], end: int,
               count: int) -> bool:  # fmt: skip
@@ -132,8 +135,7 @@ class DeltaStates:
         lists), committed with every segment's position ``end``; False (nothing written) when
         the table's last commit already holds ``end`` for every segment. ``count``: the states
         staged; the commit is made only when exactly that many rows were given."""
-        self.check(segments, end)
-        if all(p == end for p in self.positions(segments).values()):
+        if all(p == end for p in self.check(segments, end).values()):  # one read of the log
             log.info("%s: the Delta table %s already holds position %d: not written again",
                      self.name, self.uri, end)  # fmt: skip
             return False
