@@ -77,20 +77,19 @@ class Session:
 
     gap: int
 
+    def overlapping(self, sessions: list[tuple[int, int]], t: int) -> list[tuple[int, int]]:
+        """The ``sessions`` an event at ``t`` joins: those its own ``[t, t + gap)`` overlaps."""
+        return [(s, e) for s, e in sessions if s < t + self.gap and t < e]
+
     def joined(
         self, sessions: list[tuple[int, int]], t: int
     ) -> tuple[list[tuple[int, int]], tuple[int, int]]:
         """``sessions`` (disjoint, in time order) after an event at ``t``, and the session that
         now holds it (the sessions it merged are gone from the list)."""
-        start, end = t, t + self.gap
-        kept = []
-        for s, e in sessions:
-            if s < t + self.gap and t < e:  # overlaps [t, t + gap): one session now
-                start, end = min(start, s), max(end, e)
-            else:
-                kept.append((s, e))
-        kept.append((start, end))
-        kept.sort()
+        merged = self.overlapping(sessions, t)
+        start = min([t, *(s for s, _ in merged)])
+        end = max([t + self.gap, *(e for _, e in merged)])
+        kept = sorted([w for w in sessions if w not in merged] + [(start, end)])
         return kept, (start, end)
 
     def describe(self) -> str:

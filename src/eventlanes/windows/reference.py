@@ -50,7 +50,7 @@ def count_windows(
         c = store if clock == "store" else keys.of(key)
         mine = open_.setdefault(key, [])
         if isinstance(window, Session):
-            before = [w for w in mine if w[0] < t + window.gap and t < w[1]]
+            before = window.overlapping(mine, t)
             if not before and c.closed(t + window.gap):  # alone, in a session already closed
                 result.late.append((position, key, t, t + window.gap))
             else:  # joins (and may bridge) open sessions; open ones end past the watermark

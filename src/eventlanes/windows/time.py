@@ -69,8 +69,7 @@ class EventTime:
         if isinstance(value, float) and not math.isfinite(value):
             raise self._refused(event, f"is {value!r}")
         # The decimal the JSON held (repr round-trips), scaled exactly: 1.000001 s is 1000001 us
-        exact = Decimal(repr(value)) * UNITS[self.unit] if isinstance(value, float) else (
-            Decimal(value) * UNITS[self.unit])  # fmt: skip
+        exact = Decimal(repr(value) if isinstance(value, float) else value) * UNITS[self.unit]
         if exact != exact.to_integral_value() or abs(exact) > LIMIT:
             raise self._refused(event, f"is {value!r} {self.unit}: not a whole number of "
                                        "microseconds within 64 bits")  # fmt: skip
