@@ -45,7 +45,9 @@ nitpick_ignore_regex = [
     # internal: type aliases and the runtime's parts, which the API reference leaves out
     (r"py:.*", r"(Runtime|Initial|KeyFunction|OrderKey|OnBad|Record|Fold|Handler|Events)"),
     (r"py:class", r"eventlanes\.processing\.(tables\.states\.StateTable"
-                  r"|tables\.dead_letters\.DeadLetterStore|aggregating\.declarative\.Declaration)"),
+                  r"|tables\.dead_letters\.DeadLetterStore|aggregating\.declarative\.Declaration"
+                  r"|tables\.windows\.WindowTable)"),
+    (r"py:class", r"eventlanes\.windows\.spec\.Windowing"),
     (r"py:class", r"(abc|contextlib)\..*|dict\[.*"),
     # docstrings naming internal modules and constants
     (r"py:mod", r"(pushdown|eventlanes\.db\.placeholders|eventlanes\.schema)"),

@@ -41,7 +41,7 @@ LAYERS: tuple[str, ...] = (
     "processing.options", "processing.handlers", "processing.segment", "processing.tables",
     "processing.runtime", "processing.handling", "processing.processor",
     "processing.republisher", "processing.executors", "processing.aggregating",
-    "processing.running", "processing",
+    "processing.windowing", "processing.running", "processing",
     # the edges, what an app defines, this process as a node, operations, the App and its
     # face, what stands on them
     "kafka", "lakehouse", "registry", "node", "admin", "app",

@@ -69,10 +69,20 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported a
         TokenStore,
         open_token_store,
     )
+    from .windows.kinds import hopping, session, tumbling
+    from .windows.spec import LateEvent, WindowResult
+    from .windows.time import event_time, recorded_time
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "tumbling",
+    "hopping",
+    "session",
+    "event_time",
+    "recorded_time",
+    "LateEvent",
+    "WindowResult",
     "count",
     "first",
     "last",
@@ -205,6 +215,13 @@ _HOMES = {
     "TokenRecord": ".tokens",
     "TokenStore": ".tokens",
     "open_token_store": ".tokens",
+    "hopping": ".windows.kinds",
+    "session": ".windows.kinds",
+    "tumbling": ".windows.kinds",
+    "LateEvent": ".windows.spec",
+    "WindowResult": ".windows.spec",
+    "event_time": ".windows.time",
+    "recorded_time": ".windows.time",
 }
 
 

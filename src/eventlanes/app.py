@@ -45,6 +45,7 @@ from .signals import Stopping, run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
 from .upcasting import Upcasters
+from .windows.spec import DEFAULT_RETAIN, windowing
 
 log = logging.getLogger("eventlanes.app")
 
@@ -151,6 +152,13 @@ class App(Operations):
         on: str | list[str] | None = None,
         pushdown: bool = True,
         publish: Any = None,
+        window: Any = None,
+        time: Any = None,
+        lateness: Any = "0s",
+        max_future: Any = None,
+        clock: str = "store",
+        late: str = "park",
+        retain: Any = DEFAULT_RETAIN,
         **options: Unpack[AggregationOptions],
     ) -> Aggregation:
         """An exactly-once aggregation (see ``eventlanes.processing.aggregating``): states by
@@ -160,14 +168,25 @@ class App(Operations):
         ``on``, folded inside SQLite where exact unless ``pushdown=False``; ``publish``: an
         :class:`eventlanes.kafka.KafkaSink` each written state is published to first. The
         other options are :class:`~eventlanes.processing.options.AggregationOptions`: it
-        routes by its key (no ``policy``) and its guarantee is ``"aggregation"``."""
+        routes by its key (no ``policy``) and its guarantee is ``"aggregation"``.
+
+        ``window=el.tumbling("1m")`` (or ``el.hopping(size, every=)``) folds each key's
+        inputs per time window: ``time`` (``el.event_time(prop)``; ``recorded_at`` by
+        default), ``lateness`` (how far behind the clock an input may still be folded),
+        ``max_future`` (times past ``recorded_at`` by more are clamped; default the
+        lateness), ``clock`` (``"store"``: the log's, the same for any segment count;
+        ``"key"``: each key's), ``late`` (``"park"``: kept and listed; ``"amend"``: folded
+        into the closed window as a new revision; ``"count"``), ``retain`` (how long closed
+        windows are kept). See the windows how-to."""
         refuse_unknown("App.aggregation()", options, AggregationOptions)
         rt = self.runtime
         return self.registry.add(
             Aggregation(
                 name, key=key, initial=initial, persist_every=persist_every, fields=fields,
                 on=on, pushdown=pushdown, publish=publish, states=lambda: rt.states,
-                prefix=rt.prefix, upcasters=rt.upcasters, **options,
+                prefix=rt.prefix, upcasters=rt.upcasters, windows=lambda: rt.windows,
+                windowing=windowing(name, window, time, lateness, max_future, clock, late,
+                                    retain), **options,
             )
         )  # fmt: skip
 

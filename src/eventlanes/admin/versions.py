@@ -231,6 +231,7 @@ def retire(rt: Runtime, name: str, procs: list[Processor], keep_tables: bool = F
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
             for aggregation in aggregations:
                 rt.states.delete_all(conn, aggregation)
+                rt.windows.delete_all(conn, aggregation)  # windowed or not: none left
                 conn.execute(
                     db.sql(f"DELETE FROM {db.table('spark_batches')} WHERE aggregation = ?"),
                     (aggregation,),

@@ -26,6 +26,7 @@ from ..upcasting import Upcasters
 from .segment import Progress
 from .tables.dead_letters import DeadLetterStore
 from .tables.states import StateTable
+from .tables.windows import WindowTable
 
 log = logging.getLogger("eventlanes.processing")
 
@@ -94,6 +95,11 @@ class Runtime:
     @cached_property
     def states(self) -> StateTable:
         return StateTable(self.db)
+
+    @cached_property
+    def windows(self) -> WindowTable:
+        """Windowed aggregations' rows (schema version 5)."""
+        return WindowTable(self.db)
 
     def migrate(self) -> list[Migrated]:
         """Create or upgrade the schema of the store, and of the token store when that is

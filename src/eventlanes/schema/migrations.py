@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
-from . import v1_initial, v2_kafka, v3_versions, v4_dropped_by
+from . import v1_initial, v2_kafka, v3_versions, v4_dropped_by, v5_windows
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "kafka", v2_kafka.apply),
     Migration(3, "versions", v3_versions.apply),
     Migration(4, "dropped_by", v4_dropped_by.apply),
+    Migration(5, "windows", v5_windows.apply),
 )
 
 
@@ -55,6 +56,11 @@ PARTS: dict[str, tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]] 
     "aggregates": (("table", "aggregates", DML, ("SELECT",)),),
     "spark_batches": (("table", "spark_batches", DML, ("SELECT",)),),
     "kafka": (("table", "kafka_partitions", DML, ("SELECT",)),),
+    "windows": (
+        ("table", "window_states", DML, ("SELECT",)),
+        ("table", "window_late", DML, ("SELECT",)),
+        ("table", "window_clocks", DML, ("SELECT",)),
+    ),
 }
 
 #: Tables of the releases before schema versions: finding one without the migrations table

@@ -111,6 +111,7 @@ def replay(
     (:mod:`eventlanes.lakehouse.delta`). With tracing on, the replay is one span (``replay
     NAME``, child of the caller's), never one per event."""
     tracer = spans.tracer()
+    refuse_windows(app.get(name))
     target = _delta_target(app.get(name), delta, delta_options)
     args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives,
             remote, target)  # fmt: skip
@@ -182,6 +183,16 @@ def _replay(
         beat.stop()
         release_all(app.tokens, proc.name, owner, records)
     return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
+
+
+def refuse_windows(proc: Any) -> None:
+    """A windowed aggregation runs on the local engine only, for now: Spark would fold it as a
+    plain one, into states that are not its windows."""
+    if isinstance(proc, Aggregation) and proc.windowing is not None:
+        raise InvalidInputError(
+            f"aggregation {proc.name!r} is windowed: windows run on the local engine only "
+            "for now (eventlanes run --engine local)"
+        )
 
 
 def _delta_target(proc: Any, uri: str | None, options: Mapping[str, str] | None) -> Any:

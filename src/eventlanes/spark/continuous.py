@@ -40,7 +40,14 @@ from ..signals import run_until_signal
 from ..tokens import Token
 from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
 from ..tracing import spans
-from .bulk_replay import collect_states, fold_aggregation, fold_stages, functions_of, save_states
+from .bulk_replay import (
+    collect_states,
+    fold_aggregation,
+    fold_stages,
+    functions_of,
+    refuse_windows,
+    save_states,
+)
 from .fold import spec_of
 from .input import check_read, upcasters_of
 from .session import get_session, master_of, partitions_of
@@ -86,6 +93,7 @@ class ContinuousAggregation:
         agg = app.get(name)
         if not isinstance(agg, Aggregation):
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
+        refuse_windows(agg)
         #: the Delta table kept current (written by a replay first), or None
         self.delta = DeltaStates(delta, agg.name, agg.declaration, delta_options) if delta else None
         self.app, self.agg = app, agg

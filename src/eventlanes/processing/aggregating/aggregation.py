@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Unpack
 
 from ...callables import check
@@ -28,10 +29,12 @@ from ...names import validate_base_name, validate_processor_name, versioned_name
 from ...policies import FieldPolicy, SequencingPolicy, key_argument
 from ...tokens.base import check_seconds
 from ...upcasting import Upcasters
+from ...windows.spec import LateEvent, Windowing, WindowResult, instant
 from ..handlers import FunctionsByType
 from ..options import AggregationOptions
 from ..processor import Processor
 from ..tables.states import StateTable
+from ..tables.windows import WindowTable
 from .declarative import Declaration, Op
 from .folds import check_fresh_state
 from .publish import sink_of
@@ -63,6 +66,23 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
     what = f"aggregation {name!r}"
     check(key, f"{what}: key", ("event",), why_sync="the key routes the event before it is read")
     check(initial, f"{what}: initial", (), why_sync="it makes a fresh state when one is needed")
+
+
+def _windowed_pushdown(
+    name: str, windowing: Windowing | None, publish: Any, options: Any, pushdown: bool
+) -> bool:
+    """``pushdown``, or False for a windowed aggregation (folded by rows: each input's windows
+    and clock); what a windowed one cannot do yet, refused."""
+    if windowing is None:
+        return pushdown
+    if publish is not None:
+        raise InvalidInputError(
+            f"aggregation {name!r}: a windowed aggregation does not publish its states yet "
+            "(read them with windows(key))"
+        )
+    if options.get("sources"):
+        raise InvalidInputError(f"aggregation {name!r}: windows read one source")
+    return False
 
 
 class Stage:
@@ -104,6 +124,7 @@ class Aggregation(Processor):
     #: status; folds do not depend on them) take only what every part of the old one passed
     routes_as_versions = False
 
+    # long: every option checked where it is taken, against the ones it depends on
     def __init__(
         self,
         name: str,
@@ -118,8 +139,13 @@ class Aggregation(Processor):
         states: Callable[[], StateTable],
         prefix: str,
         upcasters: Upcasters,
+        windowing: Windowing | None = None,
+        windows: Callable[[], WindowTable] | None = None,
         **options: Unpack[AggregationOptions],
     ) -> None:
+        #: window=...: each key's inputs folded per time window (eventlanes.windows)
+        self.windowing, self._windows = windowing, windows
+        pushdown = _windowed_pushdown(name, windowing, publish, options, pushdown)
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
@@ -217,6 +243,10 @@ class Aggregation(Processor):
         """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
         KafkaSink its states are published to before they are written."""
         self._python_only("downstream()")
+        if self.windowing is not None:
+            raise InvalidInputError(
+                f"aggregation {self.name!r}: a windowed aggregation has no downstream stages yet"
+            )
         # A version's stages keep states of their own, as it does (``stage@vN``).
         name = versioned_name(validate_base_name(name), self.version)
         stage = Stage(self, name, key, initial, publish)
@@ -240,7 +270,41 @@ class Aggregation(Processor):
 
     def get(self, key: str) -> Any:
         """The persisted state of ``key`` (a string; None if nothing was folded for it yet)."""
+        if self.windowing is not None:
+            raise InvalidInputError(
+                f"aggregation {self.name!r} is windowed: read its windows with windows(key)"
+            )
         return self.states.get(self.name, key_argument(key, f"aggregation {self.name!r}"))
+
+    def _window_rows(self) -> WindowTable:
+        if self.windowing is None or self._windows is None:
+            raise InvalidInputError(f"aggregation {self.name!r} has no windows (window=...)")
+        return self._windows()
+
+    def windows(
+        self, key: str, since: datetime | int | None = None, until: datetime | int | None = None
+    ) -> list[WindowResult]:
+        """The windows of ``key`` written so far (open ones as last written, closed ones
+        kept for ``retain``), in time order; ``since``/``until`` (aware datetimes or
+        microseconds since the epoch): those ending after ``since`` and starting before
+        ``until``."""
+        what = f"aggregation {self.name!r}"
+        return self._window_rows().windows(
+            self.name, key_argument(key, what), instant(since, f"{what}: since"),
+            instant(until, f"{what}: until"),
+        )  # fmt: skip
+
+    def late_events(self, key: str | None = None) -> list[LateEvent]:
+        """The late inputs kept (``late="park"`` or ``"amend"``), in log order."""
+        what = f"aggregation {self.name!r}"
+        return self._window_rows().late(self.name, None if key is None else key_argument(key, what))
+
+    def window_counts(self) -> dict[str, int]:
+        """Inputs folded, late (for at least one of their windows), duplicate (dropped by
+        their source chain) and clamped (time past ``recorded_at`` + ``max_future``): every
+        input read is folded, late or a duplicate."""
+        counts = self._window_rows().counts(self.name)
+        return {**counts, "duplicate": self.dropped()}
 
     def dropped(self) -> int:
         """Inputs dropped because they were already folded in (duplicates)."""

@@ -74,6 +74,8 @@ class AggregationExecutor(Executor):
         self.caches: dict[int, StateCache] = {}  # the entries' estimated bytes
         self.budget = agg.state_cache_bytes
         self.fresh_chars: int | None = None  # the JSON text of initial(), measured once
+        #: a key's fresh state (a windowed aggregation's executor keeps its windows apart)
+        self.fresh_state: Callable[[], Any] = agg.initial_state
         self.holder: dict[int, tuple[SegmentState, Segment]] = {}
         self.holding = threading.Lock()  # segments' threads change holders, and drop others'
         self.flushed_at: dict[int, float] = {}
@@ -95,19 +97,19 @@ class AggregationExecutor(Executor):
     def trace_attributes(self, events: Any) -> dict[str, Any] | None:
         return {spans.PUSHDOWN: isinstance(events, Folded | Pending)}
 
-    def _entries(self, st: SegmentState) -> dict[str, Entry]:
+    def entries_of(self, st: SegmentState) -> dict[str, Entry]:
         seg = st.segment.id
         with self.holding:
             if self.holder.get(seg) != (st, st.segment):  # another claim, or split: from the table
-                self._discard(seg)
+                self.discard(seg)
                 for other, (_, held) in list(self.holder.items()):
                     if held.overlaps(st.segment):  # split or merged: let go before this claim
-                        self._discard(other)
+                        self.discard(other)
                 self.holder[seg] = (st, st.segment)
                 self.caches[seg] = StateCache()
             return self.entries.setdefault(seg, {})
 
-    def _keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
+    def keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
         """The events folded, their keys (each computed once) and, for a declared aggregation,
         their decoded data."""
         decl = self.agg.declaration
@@ -135,7 +137,7 @@ class AggregationExecutor(Executor):
         the segment's token to ``upto`` in memory; states and token are written together
         every ``persist_every`` seconds."""
         seg = st.segment.id
-        entries = self._entries(st)
+        entries = self.entries_of(st)
         self.flushed_at.setdefault(seg, time.monotonic())
         parts: Iterable[Any] = (events,)
         if isinstance(events, Pending) or (
@@ -147,7 +149,7 @@ class AggregationExecutor(Executor):
             placed = self._in_place(st, events)
             if placed is not None:
                 return placed
-            entries = self._entries(st)
+            entries = self.entries_of(st)
             if isinstance(events, Pending):  # merged in memory after all (or by rows)
                 parts = events.folds()  # a part at a time
         started = time.perf_counter()
@@ -158,7 +160,7 @@ class AggregationExecutor(Executor):
                     handled += self._fold_range(st, entries, part)
                 else:
                     handled += len(part)
-                    self._fold_events(st, entries, part)
+                    self.fold_events(st, entries, part)
                 # A long range, memory bounded: states written before the token (a replay
                 # drops them by their offsets).
                 full = part is not events and self._full(seg)
@@ -186,7 +188,7 @@ class AggregationExecutor(Executor):
         since = self.flushed_at.get(st.segment.id, st.persisted_at)
         return st.dirty and time.monotonic() - since >= self.persist_every
 
-    def _load(self, seg: int, entries: dict[str, Entry], keys: Iterable[str]) -> Marks:
+    def load_keys(self, seg: int, entries: dict[str, Entry], keys: Iterable[str]) -> Marks:
         """Every key of ``keys`` in ``entries`` (read from the table, or fresh); the segment's
         marks, raised to cover the offsets read."""
         marks = self.marks.setdefault(seg, Marks())
@@ -202,7 +204,7 @@ class AggregationExecutor(Executor):
             entries.update(loaded)
             cache = self.caches[seg]
             cache.add(list(loaded), chars)
-            initial = self.agg.initial_state
+            initial = self.fresh_state
             fresh = [key for key in missing if key not in entries]
             for key in fresh:
                 entries[key] = Entry(initial())
@@ -214,12 +216,12 @@ class AggregationExecutor(Executor):
         """The length of ``initial()``'s JSON text (0 if it is not JSON: a fold makes it so)."""
         if self.fresh_chars is None:
             try:
-                self.fresh_chars = len(encode_all([self.agg.initial_state()])[0])
+                self.fresh_chars = len(encode_all([self.fresh_state()])[0])
             except (TypeError, ValueError):
                 self.fresh_chars = 0
         return self.fresh_chars
 
-    def _dirtied(self, seg: int, keys: Iterable[str]) -> None:
+    def dirtied(self, seg: int, keys: Iterable[str]) -> None:
         """``keys`` changed: written at the next write, counted as dirty until then."""
         changed = self.changed.setdefault(seg, set())
         new = (keys if isinstance(keys, set) else set(keys)) - changed
@@ -249,14 +251,12 @@ class AggregationExecutor(Executor):
         for last in marks.pending.values() if marks is not None else ():
             deque(map(last.pop, victims, repeat(None)), 0)
 
-    def _fold_events(
-        self, st: SegmentState, entries: dict[str, Entry], events: list[Event]
-    ) -> None:
+    def fold_events(self, st: SegmentState, entries: dict[str, Entry], events: list[Event]) -> None:
         seg = st.segment.id
-        mine, keys, rows = self._keyed(events)
+        mine, keys, rows = self.keyed(events)
         distinct = set(keys)
-        marks = self._load(seg, entries, distinct)
-        self._dirtied(seg, distinct)
+        marks = self.load_keys(seg, entries, distinct)
+        self.dirtied(seg, distinct)
         if mine:  # a batch's folds are bounded by handler_timeout (watched per batch: cheap)
             st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
         try:
@@ -320,7 +320,7 @@ class AggregationExecutor(Executor):
         self.agg.placed += events
         self.observer.batch_handled(self.name, str(st.segment), events, seconds)
         st.token = token
-        self._written(st, seconds)
+        self.written(st, seconds)
         return Outcome.OK
 
     def _flushed(self, st: SegmentState) -> Outcome | None:
@@ -336,21 +336,21 @@ class AggregationExecutor(Executor):
         state holds an own position at or above its first event), fold it again by rows."""
         seg = st.segment.id
         keys = [g[0] for g in folded]
-        marks = self._load(seg, entries, keys)
+        marks = self.load_keys(seg, entries, keys)
         pushdown = folded.reader.pushdown
         if (
             pushdown is not None
             and folded.exact
             and pushdown.merge(folded, entries, marks, self.source)
         ):
-            self._dirtied(seg, keys)
+            self.dirtied(seg, keys)
             self.agg.pushed_down += folded.events
             return folded.events
         if pushdown is not None:  # reads take the row path until past the states' offsets
             pushdown.rows_until = max(pushdown.rows_until, marks.high.get(self.source, 0))
         handled = 0
         for events in folded.rows(st, self.agg.batch_size):
-            self._fold_events(st, entries, events)
+            self.fold_events(st, entries, events)
             handled += len(events)
         return handled
 
@@ -425,7 +425,7 @@ class AggregationExecutor(Executor):
             return
         seconds = time.perf_counter() - started
         for st in group:
-            self._written(st, seconds)
+            self.written(st, seconds)
 
     def persist_idle(self, st: SegmentState) -> None:
         """Caught up: write only when ``persist_every`` has passed (the coordinator's rounds
@@ -443,9 +443,9 @@ class AggregationExecutor(Executor):
         seg = st.segment.id
         with self.holding:
             if self.holder.get(seg) == (st, st.segment):
-                self._discard(seg)
+                self.discard(seg)
 
-    def _discard(self, seg: int) -> None:
+    def discard(self, seg: int) -> None:
         kept = (self.entries, self.marks, self.outputs, self.changed, self.holder, self.caches)
         for held in kept:
             held.pop(seg, None)
@@ -467,9 +467,9 @@ class AggregationExecutor(Executor):
             self._let_go(st)
             self.back_off(st, exc)
             return
-        self._written(st, time.perf_counter() - started)
+        self.written(st, time.perf_counter() - started)
 
-    def _written(self, st: SegmentState, seconds: float) -> None:
+    def written(self, st: SegmentState, seconds: float) -> None:
         """The segment's states and token are stored: it is clean."""
         seg = st.segment.id
         self.observer.committed(self.name, str(st.segment), seconds)
@@ -503,8 +503,13 @@ class AggregationExecutor(Executor):
             with self.runtime.db.transaction() as conn:
                 for st, entries, changed, measured in rows:
                     self.table.save(conn, self.name, entries, changed, measured)
+                    self.write_more(conn, st)
                     # Not commit_token: the commit span is this whole write, states and token.
                     self.tokens.store(self.name, st.segment.id, st.token, self.owner, conn=conn)
+
+    def write_more(self, conn: Any, st: SegmentState) -> None:
+        """What else a write of ``st`` stores in its transaction, before its token (a
+        windowed aggregation's windows and clock)."""
 
     def _measuring(
         self, seg: int, offsets: Callable[[list[str], list[Entry]], list[str]] | None

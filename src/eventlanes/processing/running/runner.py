@@ -33,6 +33,7 @@ from ..processor import Processor
 from ..republisher import Republisher
 from ..runtime import Runtime
 from ..segment import SegmentState
+from ..windowing.executor import WindowExecutor
 from .coordinator import Coordinator
 from .loops import PooledLoop, TrackingLoop
 from .reader import BatchReader
@@ -171,6 +172,8 @@ class ProcessorRunner:
 
 def executor_for(runtime: Runtime, proc: Processor, owner: str) -> Executor:
     """The executor of ``proc``'s guarantee."""
+    if isinstance(proc, Aggregation) and proc.windowing is not None:
+        return WindowExecutor(runtime, proc, owner)
     if isinstance(proc, Aggregation):
         return AggregationExecutor(runtime, proc, owner)
     if isinstance(proc, Republisher):

@@ -1,0 +1,213 @@
+"""The rows of windowed aggregations (schema version 5, :mod:`eventlanes.schema.v5_windows`):
+window states, late events and each segment's clock checkpoint with its counts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ...db import Database
+from ...schema import require
+from ...segments import Segment
+from ...windows.spec import LateEvent, WindowResult
+from .states import decode, encode
+
+#: closed windows past their retention deleted per write: bounded, so a write after a long
+#: pause does not hold its transaction for a sweep of the whole table
+EXPIRE_BATCH = 10_000
+
+
+@dataclass(slots=True)
+class Win:
+    """A window of a key held by a worker: its end, value, revision and, once closed, the
+    position whose clock closed it."""
+
+    end: int
+    value: Any
+    revision: int = 0
+    closed_at: int | None = None
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A segment's clock row: the position, the largest event time read up to it (None before
+    any), the counts, and the definition the segment ran with."""
+
+    position: int
+    latest: int | None
+    definition: str
+    folded: int = 0
+    late: int = 0
+    clamped: int = 0
+
+
+class WindowTable:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        require(db, "windows")
+        self.states = db.table("window_states")
+        self.late_table = db.table("window_late")
+        self.clocks = db.table("window_clocks")
+        q, s = db.sql, self.states
+        self._upsert = q(
+            f"""INSERT INTO {s} (aggregation, key, start_us, end_us, routing_hash, value,
+                closed_at, revision, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {db.now_ms})
+                ON CONFLICT (aggregation, key, start_us) DO UPDATE SET value = excluded.value,
+                closed_at = excluded.closed_at, revision = excluded.revision,
+                updated_at = excluded.updated_at"""
+        )
+        self._open = q(
+            f"""SELECT key, start_us, end_us, value, revision FROM {s} WHERE aggregation = ?
+                AND closed_at IS NULL AND (routing_hash & ?) = ?"""
+        )
+        self._closed = q(
+            f"""SELECT end_us, value, revision, closed_at FROM {s} WHERE aggregation = ?
+                AND key = ? AND start_us = ? AND closed_at IS NOT NULL"""
+        )
+        # a segment's own windows only: another segment may be behind, and amend one of its
+        # own that this segment's clock would call past its retention
+        self._expire = q(
+            f"""DELETE FROM {s} WHERE aggregation = ? AND (key, start_us) IN (SELECT key,
+                start_us FROM {s} WHERE aggregation = ? AND closed_at IS NOT NULL AND
+                end_us < ? AND (routing_hash & ?) = ? LIMIT ?)"""
+        )
+        self._expire_key = q(
+            f"""DELETE FROM {s} WHERE aggregation = ? AND key = ? AND closed_at IS NOT NULL
+                AND end_us < ?"""
+        )
+        self._add_late = q(
+            f"""INSERT INTO {self.late_table} (aggregation, position, key, t_us, windows,
+                amended, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (aggregation, position) DO NOTHING"""
+        )
+        c = self.clocks
+        self._save_clock = q(
+            f"""INSERT INTO {c} (aggregation, segment_id, position, latest, definition, folded,
+                late, clamped, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {db.now_ms})
+                ON CONFLICT (aggregation, segment_id) DO UPDATE SET position =
+                excluded.position, latest = excluded.latest, definition = excluded.definition,
+                folded = excluded.folded, late = excluded.late, clamped = excluded.clamped,
+                updated_at = excluded.updated_at"""
+        )
+
+    # -- what a worker reads and writes, in its transactions ---------------------------------
+    def load_open(self, conn: Any, name: str, segment: Segment) -> list[tuple[Any, ...]]:
+        """The open windows of ``segment``'s keys: (key, start, end, value, revision)."""
+        rows = conn.execute(self._open, (name, segment.mask, segment.id)).fetchall()
+        return [(k, s, e, decode(v), r) for k, s, e, v, r in rows]
+
+    def load_closed(self, conn: Any, name: str, key: str, start: int) -> Win | None:
+        row = conn.execute(self._closed, (name, key, start)).fetchone()
+        return None if row is None else Win(row[0], decode(row[1]), row[2], row[3])
+
+    def save(self, conn: Any, name: str, rows: Iterable[tuple[str, int, int, Win]]) -> None:
+        """Upsert windows: (key, start, routing hash, window)."""
+        params = [
+            (name, key, start, w.end, routing, encode(w.value), w.closed_at, w.revision)
+            for key, start, routing, w in rows
+        ]
+        if params:
+            cur = conn.cursor()
+            try:
+                cur.executemany(self._upsert, params)
+            finally:
+                cur.close()
+
+    def expire(
+        self, conn: Any, name: str, before: int, segment: Segment, limit: int = EXPIRE_BATCH
+    ) -> int:
+        """Delete up to ``limit`` closed windows of ``segment`` that ended before ``before``
+        (the rest at the next writes); how many."""
+        params = (name, name, before, segment.mask, segment.id, limit)
+        return max(0, conn.execute(self._expire, params).rowcount or 0)
+
+    def expire_key(self, conn: Any, name: str, key: str, before: int) -> None:
+        """Delete the closed windows of ``key`` that ended before ``before`` (a key's clock:
+        a few per key, written with it)."""
+        conn.execute(self._expire_key, (name, key, before))
+
+    def add_late(self, conn: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+        """(position, key, t, windows, amended, recorded_at) of late inputs."""
+        params = [(name, p, k, t, json.dumps(ws), int(a), r) for p, k, t, ws, a, r in rows]
+        if params:
+            cur = conn.cursor()
+            try:
+                cur.executemany(self._add_late, params)
+            finally:
+                cur.close()
+
+    def checkpoint(self, conn: Any, name: str, segment_id: int) -> Checkpoint | None:
+        row = conn.execute(
+            self.db.sql(
+                f"""SELECT position, latest, definition, folded, late, clamped FROM
+                    {self.clocks} WHERE aggregation = ? AND segment_id = ?"""
+            ),
+            (name, segment_id),
+        ).fetchone()
+        return None if row is None else Checkpoint(*row)
+
+    def clock_at(self, conn: Any, name: str, position: int) -> tuple[int, int | None]:
+        """A start for the store clock at ``position``: the latest checkpoint of any segment
+        at or below it, else (0, None) (read from the first event)."""
+        row = conn.execute(
+            self.db.sql(
+                f"""SELECT position, latest FROM {self.clocks} WHERE aggregation = ? AND
+                    position <= ? ORDER BY position DESC LIMIT 1"""
+            ),
+            (name, position),
+        ).fetchone()
+        return (0, None) if row is None else (row[0], row[1])
+
+    def save_checkpoint(self, conn: Any, name: str, segment_id: int, cp: Checkpoint) -> None:
+        conn.execute(
+            self._save_clock,
+            (name, segment_id, cp.position, cp.latest, cp.definition, cp.folded, cp.late,
+             cp.clamped),
+        )  # fmt: skip
+
+    def delete_all(self, conn: Any, name: str) -> None:
+        for table in (self.states, self.late_table, self.clocks):
+            conn.execute(self.db.sql(f"DELETE FROM {table} WHERE aggregation = ?"), (name,))
+
+    # -- what users read -------------------------------------------------------------------
+    def definitions(self, name: str) -> set[str]:
+        sql = self.db.sql(f"SELECT DISTINCT definition FROM {self.clocks} WHERE aggregation = ?")
+        return {d for (d,) in self.db.query(sql, (name,))}
+
+    def counts(self, name: str) -> dict[str, int]:
+        """Inputs folded, late and clamped, over every segment."""
+        sql = self.db.sql(
+            f"""SELECT coalesce(sum(folded), 0), coalesce(sum(late), 0),
+                coalesce(sum(clamped), 0) FROM {self.clocks} WHERE aggregation = ?"""
+        )
+        folded, late, clamped = self.db.query(sql, (name,))[0]
+        return {"folded": int(folded), "late": int(late), "clamped": int(clamped)}
+
+    def windows(
+        self, name: str, key: str, since: int | None, until: int | None
+    ) -> list[WindowResult]:
+        """The windows of ``key`` kept, in time order; ``since``/``until``: those ending
+        after ``since`` and starting before ``until`` (microseconds)."""
+        sql = f"""SELECT start_us, end_us, value, closed_at, revision FROM {self.states}
+                  WHERE aggregation = ? AND key = ?"""
+        params: list[Any] = [name, key]
+        if since is not None:
+            sql, params = sql + " AND end_us > ?", [*params, since]
+        if until is not None:
+            sql, params = sql + " AND start_us < ?", [*params, until]
+        rows = self.db.query(self.db.sql(sql + " ORDER BY start_us"), params)
+        return [WindowResult(key, s, e, decode(v), c is not None, r) for s, e, v, c, r in rows]
+
+    def late(self, name: str, key: str | None = None) -> list[LateEvent]:
+        sql = f"""SELECT position, key, t_us, windows, amended FROM {self.late_table}
+                  WHERE aggregation = ?"""
+        params: list[Any] = [name]
+        if key is not None:
+            sql, params = sql + " AND key = ?", [*params, key]
+        rows = self.db.query(self.db.sql(sql + " ORDER BY position"), params)
+        return [
+            LateEvent(p, k, t, [(s, e) for s, e in json.loads(ws)], bool(a))
+            for p, k, t, ws, a in rows
+        ]

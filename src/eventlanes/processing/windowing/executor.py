@@ -1,0 +1,267 @@
+"""The windowed aggregation executor: each input is folded into the time windows it falls in
+that its clock has not closed; late inputs are kept, folded as revisions or counted
+(``late=``); windows close as the clock passes their end plus the lateness; windows, late
+inputs, the clock and the counts are written in the transaction of the segment's token.
+
+A key's row in the states table keeps what dedupes its inputs (their source chains) and, with
+``clock="key"``, the largest time of its inputs; its windows are rows of their own
+(:mod:`eventlanes.processing.tables.windows`). A held segment keeps its open windows in
+memory (loaded when it is claimed); closed ones stay until they are written.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InvalidInputError
+from ...events import Event
+from ...hashing import stable_hash
+from ...windows.time import clamped
+from ..aggregating.aggregation import Aggregation
+from ..aggregating.dedupe import dedupe
+from ..aggregating.executor import AggregationExecutor
+from ..aggregating.folds import returned_value
+from ..segment import Outcome, SegmentState
+from ..tables.states import Entry
+from ..tables.windows import Checkpoint, Win
+from .clock import StoreClock, recorded_us
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+
+class WindowExecutor(AggregationExecutor):
+    def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:
+        super().__init__(runtime, agg, owner)
+        spec = agg.windowing
+        assert spec is not None
+        self.spec = spec
+        self.windows = runtime.windows
+        self.definition = spec.definition()
+        ran = self.windows.definitions(agg.name) - {self.definition}
+        if ran:
+            raise InvalidInputError(
+                f"aggregation {agg.name!r} has windows of another definition in the store "
+                f"({sorted(ran)[0]}), not {self.definition}: a changed window, time, lateness, "
+                f"clock or late mode is a new version (version={agg.version + 1})"
+            )
+        self.fresh_state = dict  # a key's row: its clock (clock="key") besides its offsets
+        self.window_initial = agg.initial_state
+        self.clock = None
+        if spec.clock == "store":
+            self.clock = StoreClock(runtime.store, agg.handled_types(), spec, self._clock_start)
+        # per held segment id: open (and closed, not yet written) windows by key and start,
+        # the open windows by end (the store clock closes the earliest first), the windows
+        # changed since the last write, late inputs to write, and the clock row
+        self.open: dict[int, dict[str, dict[int, Win]]] = {}
+        self.ends: dict[int, list[tuple[int, str, int]]] = {}
+        self.touched: dict[int, set[tuple[str, int]]] = {}
+        self.late_rows: dict[int, list[tuple[Any, ...]]] = {}
+        self.checkpoints: dict[int, Checkpoint] = {}
+
+    def _clock_start(self, position: int) -> tuple[int, int | None]:
+        with self.runtime.db.connection() as conn:
+            return self.windows.clock_at(conn, self.name, position)
+
+    # -- holding a segment -------------------------------------------------------------------
+    def entries_of(self, st: SegmentState) -> dict[str, Entry]:
+        entries = super().entries_of(st)
+        seg = st.segment.id
+        if seg not in self.open:  # a new claim (or a split, a merge): its windows from the table
+            with self.runtime.db.connection() as conn:
+                rows = self.windows.load_open(conn, self.name, st.segment)
+                cp = self.windows.checkpoint(conn, self.name, seg)
+            by_key: dict[str, dict[int, Win]] = {}
+            ends = []
+            for key, start, end, value, revision in rows:
+                by_key.setdefault(key, {})[start] = Win(end, value, revision)
+                ends.append((end, key, start))
+            heapq.heapify(ends)
+            self.open[seg], self.ends[seg] = by_key, ends
+            self.touched[seg], self.late_rows[seg] = set(), []
+            self.checkpoints[seg] = cp or Checkpoint(st.token.position, None, self.definition)
+        return entries
+
+    def discard(self, seg: int) -> None:
+        super().discard(seg)
+        for held in (self.open, self.ends, self.touched, self.late_rows, self.checkpoints):
+            held.pop(seg, None)
+
+    # -- folding -----------------------------------------------------------------------------
+    def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
+        end = self._upto(upto)
+        if self.clock is not None:
+            self.clock.cover(st.token.position, end)
+        outcome = super().process(st, events, upto)
+        if outcome is Outcome.OK:
+            self._close(st, end)
+        return outcome
+
+    def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
+        if self.clock is not None and st.segment.id in self.open:
+            end = self._upto(upto)
+            self.clock.cover(st.token.position, end)
+            self._close(st, end)
+        super().idle(st, upto)
+
+    def _upto(self, upto: int | dict[str, int]) -> int:
+        if not isinstance(upto, int):
+            raise InvalidInputError(f"aggregation {self.name!r}: windows read one source")
+        return upto
+
+    def fold_events(self, st: SegmentState, entries: dict[str, Entry], events: list[Event]) -> None:
+        seg = st.segment.id
+        mine, keys, _ = self.keyed(events)
+        if not mine:
+            return
+        distinct = set(keys)
+        marks = self.load_keys(seg, entries, distinct)
+        self.dirtied(seg, distinct)
+        accepted = dedupe(mine, keys, entries, self.source, marks)
+        st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
+        try:
+            picked = [mine[i] for i in accepted], [keys[i] for i in accepted]
+            self._fold_windows(st, entries, *picked)
+        finally:
+            st.idle_now()
+
+    # long: one pass per input, its windows, lateness and clock side by side
+    def _fold_windows(
+        self, st: SegmentState, entries: dict[str, Entry], events: list[Event], keys: list[str]
+    ) -> None:
+        spec, seg = self.spec, st.segment.id
+        window, lateness = spec.window, spec.lateness
+        open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
+        cp = self.checkpoints[seg]
+        store = self.clock
+        before = store.before([e.position for e in events]) if store is not None else None
+        for i, (event, key) in enumerate(zip(events, keys, strict=True)):
+            recorded = recorded_us(event)
+            t, was = clamped(spec.time.of(event), recorded, spec.max_future)
+            cp.clamped += was
+            book = entries[key].value
+            latest = before[i] if before is not None else book.get("t")
+            mark = None if latest is None else latest - lateness
+            mine = open_.setdefault(key, {})
+            missed = []
+            for start, end in window.windows(t):
+                if mark is not None and end <= mark:
+                    missed.append((start, end))
+                    continue
+                w = mine.get(start)
+                if w is None:
+                    w = mine[start] = Win(end, self.window_initial())
+                    if store is not None:
+                        heapq.heappush(ends, (end, key, start))
+                self._fold_one(w.value, event, key)
+                touched.add((key, start))
+            if missed:
+                cp.late += 1
+                amended = spec.late == "amend" and self._amend(seg, key, event, missed, mark)
+                if spec.late != "count":
+                    self.late_rows[seg].append((event.position, key, t, missed, amended, recorded))
+            else:
+                cp.folded += 1
+            if store is None and (latest is None or t > latest):  # the key's own clock
+                book["t"] = t
+                for start, w in mine.items():
+                    if w.closed_at is None and w.end <= t - lateness:
+                        w.closed_at = event.position
+                        touched.add((key, start))
+
+    def _fold_one(self, value: Any, event: Event, key: str) -> None:
+        for fold in self.agg.folds.for_type(event.type):
+            if (produced := fold(value, event)) is not None and produced is not value:
+                returned_value(self.name, key, event, fold, produced)
+
+    def _amend(
+        self, seg: int, key: str, event: Event, missed: list[tuple[int, int]], mark: int | None
+    ) -> bool:
+        """Fold a late input into the closed windows it missed, each a new revision; False
+        when they are past ``retain`` (then it is only kept in the late table)."""
+        if mark is None or any(end < mark - self.spec.retain for _, end in missed):
+            return False
+        mine = self.open[seg].setdefault(key, {})
+        for start, end in missed:
+            w = mine.get(start)
+            if w is None:
+                with self.runtime.db.connection() as conn:
+                    w = self.windows.load_closed(conn, self.name, key, start)
+                if w is None:  # closed with nothing in it: it opens as revision 0, closed
+                    w = Win(end, self.window_initial(), -1, event.position)
+                mine[start] = w
+            self._fold_one(w.value, event, key)
+            w.revision += 1
+            self.touched[seg].add((key, start))
+        return True
+
+    def _close(self, st: SegmentState, upto: int) -> None:
+        """Close the open windows the store clock passed at ``upto``, each at the position
+        where it did."""
+        seg = st.segment.id
+        if self.clock is None or seg not in self.open:
+            return
+        latest = self.clock.at(upto)
+        if latest is None:
+            return
+        mark = latest - self.spec.lateness
+        open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
+        closed = False
+        while ends and ends[0][0] <= mark:
+            end, key, start = heapq.heappop(ends)
+            w = open_.get(key, {}).get(start)
+            if w is None or w.closed_at is not None:
+                continue
+            w.closed_at = self.clock.reached(end + self.spec.lateness)
+            touched.add((key, start))
+            closed = True
+        if closed:
+            st.dirty = True
+        with self.holding:
+            held = [s.token.position for s, _ in self.holder.values()]
+        self.clock.trim(min(held, default=upto))
+
+    # -- writing -----------------------------------------------------------------------------
+    def write_more(self, conn: Any, st: SegmentState) -> None:
+        seg = st.segment.id
+        if seg not in self.open:
+            return
+        open_, spec = self.open[seg], self.spec
+        rows = [
+            (key, start, stable_hash(key), open_[key][start])
+            for key, start in sorted(self.touched[seg])
+        ]
+        self.windows.save(conn, self.name, rows)
+        self.windows.add_late(conn, self.name, self.late_rows[seg])
+        cp = self.checkpoints[seg]
+        cp.position = st.token.position
+        if self.clock is not None:
+            self.clock.cover(st.token.position, st.token.position)
+            cp.latest = self.clock.at(st.token.position)
+            if cp.latest is not None:
+                before = cp.latest - spec.lateness - spec.retain
+                self.windows.expire(conn, self.name, before, st.segment)
+        else:
+            keys = {key for key, _ in self.touched[seg]}
+            entries = self.entries.get(seg, {})
+            for key in sorted(keys):
+                t = entries[key].value.get("t") if key in entries else None
+                if t is not None:
+                    before = t - spec.lateness - spec.retain
+                    self.windows.expire_key(conn, self.name, key, before)
+        self.windows.save_checkpoint(conn, self.name, seg, cp)
+
+    def written(self, st: SegmentState, seconds: float) -> None:
+        seg = st.segment.id
+        if seg in self.open:
+            open_ = self.open[seg]
+            for key, start in self.touched[seg]:  # closed and written: read from the table
+                mine = open_.get(key)
+                if mine is not None and start in mine and mine[start].closed_at is not None:
+                    del mine[start]
+                    if not mine:
+                        del open_[key]
+            self.touched[seg] = set()
+            self.late_rows[seg] = []
+        super().written(st, seconds)

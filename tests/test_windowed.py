@@ -1,0 +1,330 @@
+"""Windowed aggregations on the local engine (issue 33): each input folded into the windows
+of its time, late ones decided by the log's clock (the same for any segment count, split,
+merge or kill), kept, amended or counted, and every input accounted for."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+import eventlanes as el
+from eventlanes.processing.windowing.clock import recorded_us
+from eventlanes.windows.kinds import Tumbling
+from eventlanes.windows.reference import count_windows
+from tests.apps.windows_app import define
+from tests.processing_helpers import kill_again_and_again, run_until_caught_up, wait_for
+
+E = el.NewEvent
+BASE_MS = 1_700_000_000_000
+MINUTE = Tumbling(60_000_000)
+LATENESS = 30_000_000
+
+
+def attempts(n: int, seed: int, robots: int = 6, jitter_ms: int = 120_000) -> list[E]:
+    """A second apart, each robot's clock off by up to two minutes behind: many late."""
+    rng = random.Random(seed)
+    return [
+        E("ScrewAttempted", {"robot": f"r{rng.randrange(robots)}", "ok": rng.random() < 0.8,
+                             "ts": BASE_MS + i * 1000 - rng.randrange(jitter_ms)})
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def append(store: el.EventStore, events: list[E], per: int = 50) -> None:
+    for i in range(0, len(events), per):
+        store.append(f"cell-{i // per % 4}", events[i : i + per])
+
+
+def inputs(app: el.App) -> list[tuple[int, str, int, int]]:
+    return [
+        (e.position, e.data["robot"], e.data["ts"] * 1000, recorded_us(e))
+        for e in app.store.iter_events(types=["ScrewAttempted"])
+    ]
+
+
+def expected(app: el.App):
+    """The reference loop's windows (ok/failed) and late inputs over the store."""
+    events = {e.position: e for e in app.store.iter_events(types=["ScrewAttempted"])}
+    ref = count_windows(inputs(app), MINUTE, LATENESS, LATENESS)
+    late_positions = {p for p, *_ in ref.late}
+    want: dict[tuple[str, int, int], dict[str, int]] = {}
+    for p, e in events.items():
+        if p in late_positions:
+            continue
+        (start, end), key = MINUTE.windows(e.data["ts"] * 1000)[0], e.data["robot"]
+        w = want.setdefault((key, start, end), {"ok": 0, "failed": 0})
+        w["ok" if e.data["ok"] else "failed"] += 1
+    return ref, want
+
+
+def got(agg: el.Aggregation, keys: set[str]) -> dict[tuple[str, int, int], dict[str, int]]:
+    return {(k, w.start_us, w.end_us): w.value for k in keys for w in agg.windows(k)}
+
+
+def finals(agg: el.Aggregation, keys: set[str]) -> set[tuple[str, int, int]]:
+    return {(k, w.start_us, w.end_us) for k in keys for w in agg.windows(k) if w.final}
+
+
+def test_windows_equal_the_reference_for_1_3_and_6_segments(store_url: str) -> None:
+    app = el.App(store_url)
+    aggs = {n: define(app, f"screws{n}", n) for n in (1, 3, 6)}
+    append(app.store, attempts(1500, seed=1))
+    run_until_caught_up(app)
+    ref, want = expected(app)
+    keys = {k for k, _, _ in want}
+    late = sorted({p for p, *_ in ref.late})
+    assert late and want  # the data has both, or the comparison proves little
+    closed = {(k, s, e) for _, k, s, e in ref.closes}
+    for n, agg in aggs.items():
+        assert got(agg, keys) == want, n
+        assert [x.position for x in agg.late_events()] == late, n
+        assert finals(agg, keys) == closed, n  # closed exactly where the clock passed them
+        counts = agg.window_counts()
+        assert counts == {"folded": 1500 - len(late), "late": len(late), "clamped": 0,
+                          "duplicate": 0}, n  # fmt: skip
+
+
+def test_split_and_merge_mid_run_change_nothing(store_url: str) -> None:
+    app = el.App(store_url)
+    agg = define(app, "screws", 2)
+    plain = define(app, "plain", 1)
+    events = attempts(1600, seed=2)
+    app.start()
+    try:
+        for round_ in range(4):
+            append(app.store, events[round_ * 400 : round_ * 400 + 200])
+            seg = app.status("screws").segments[round_ % 2].segment
+            app.split("screws", seg.id)
+            append(app.store, events[round_ * 400 + 200 : round_ * 400 + 400])
+            app.merge("screws", seg.id)
+        app.wait_until_caught_up(60)
+    finally:
+        app.stop()
+    ref, want = expected(app)
+    keys = {k for k, _, _ in want}
+    assert got(agg, keys) == got(plain, keys) == want
+    assert [x.position for x in agg.late_events()] == sorted({p for p, *_ in ref.late})
+
+
+def test_sigkilled_workers_leave_the_same_windows(store_url: str, tmp_path: Path) -> None:
+    """Workers are SIGKILLed again and again while events arrive: every window, late input
+    and count ends as the reference says (each written once, with its token)."""
+    import os
+    import threading
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "EVENTLANES_TEST_APP_URL": store_url}
+    log = tmp_path / "workers.log"
+    app = el.App(store_url, claim_timeout=1.5)
+    agg = define(app, "screws", 3)
+    app.migrate()
+
+    def worker() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.windows_app:app",
+             "--no-progress"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+            stderr=log.open("a"),
+        )  # fmt: skip
+
+    events = attempts(3000, seed=3)
+
+    def load() -> None:  # over about 10 s: kills land while workers fold
+        for i in range(0, len(events), 30):
+            append(app.store, events[i : i + 30])
+            threading.Event().wait(0.1)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    workers = [worker(), worker()]
+    try:
+        kills = kill_again_and_again(workers, worker, loader.is_alive, 6, (0.8, 1.6), seed=7)
+        loader.join()
+        try:
+            app.wait_until_caught_up(120)
+        except (AssertionError, TimeoutError):
+            print("\n".join(log.read_text().splitlines()[-60:]))
+            raise
+    finally:
+        for p in workers:
+            p.send_signal(signal.SIGTERM)
+        for p in workers:
+            p.wait(60)
+    assert kills >= 6
+    ref, want = expected(app)
+    keys = {k for k, _, _ in want}
+    assert got(agg, keys) == want
+    late = sorted({p for p, *_ in ref.late})
+    assert [x.position for x in agg.late_events()] == late
+    assert agg.window_counts()["folded"] + agg.window_counts()["late"] == 3000
+
+
+def chain(offset: int) -> dict:
+    return {"source_chain": [{"source": "robots", "partition": 0, "offset": offset}]}
+
+
+@pytest.mark.parametrize("mode", ["park", "amend", "count"])
+def test_every_input_is_folded_late_or_a_duplicate(store_url: str, mode: str) -> None:
+    app = el.App(store_url)
+    agg = define(app, "screws", 2, late=mode)
+    events = attempts(400, seed=4)
+    for i, e in enumerate(events):  # each from a Kafka record, some delivered twice
+        e.metadata.update(chain(i))
+    append(app.store, events)
+    append(app.store, [events[i] for i in range(0, 400, 7)])  # re-delivered: dropped
+    run_until_caught_up(app)
+    ref = count_windows(inputs(app)[:400], MINUTE, LATENESS, LATENESS)
+    late = sorted({p for p, *_ in ref.late})
+    counts = agg.window_counts()
+    assert counts["duplicate"] == len(range(0, 400, 7))
+    assert counts["late"] == len(late) > 0
+    assert counts["folded"] + counts["late"] + counts["duplicate"] == 400 + counts["duplicate"]
+    listed = agg.late_events()
+    keys = {e.data["robot"] for e in events}
+    windows = {(k, w.start_us): w for k in keys for w in agg.windows(k)}
+    if mode == "count":
+        assert listed == []
+    else:
+        assert [x.position for x in listed] == late
+        assert all(x.amended == (mode == "amend") for x in listed)
+        first = listed[0]
+        assert first.windows and first.t_us == ref.late[0][2] or first.windows
+    folded = sum(w.value["ok"] + w.value["failed"] for w in windows.values())
+    if mode == "amend":  # every input is in its window, late ones as revisions
+        assert folded == 400
+        revisions = {}
+        for _, k, s, _ in ref.late:
+            revisions[(k, s)] = revisions.get((k, s), 0) + 1
+        for (k, s), n in revisions.items():
+            opened = any(key == k and start == s for key, start, _ in ref.counts)
+            assert windows[(k, s)].revision == (n if opened else n - 1)
+    else:
+        assert folded == 400 - len(late)
+
+
+def test_one_future_stamped_event_does_not_make_honest_ones_late(store_url: str) -> None:
+    app = el.App(store_url)
+    agg = app.aggregation(
+        "seen", key="robot", fields={"n": el.count()}, on="Seen", window=el.tumbling("1m"),
+        time=el.event_time("at"), lateness="2m", max_future="30s", persist_every=0.05,
+    )  # fmt: skip
+    now = datetime.now(UTC).replace(microsecond=0)
+    stamp = lambda dt: dt.isoformat()  # noqa: E731
+    from datetime import timedelta
+
+    app.store.append("a", [E("Seen", {"robot": "bad", "at": stamp(now + timedelta(days=1))})])
+    app.store.append("b", [E("Seen", {"robot": "r", "at": stamp(now - timedelta(seconds=5 - i))})
+                           for i in range(10)])  # fmt: skip
+    run_until_caught_up(app)
+    assert agg.window_counts() == {"folded": 11, "late": 0, "clamped": 1, "duplicate": 0}
+    assert sum(w.value["n"] for w in agg.windows("r")) == 10
+    (bad,) = agg.windows("bad")  # clamped to recorded_at + 30 s: its window is that one
+    assert bad.start <= now + timedelta(minutes=1)
+
+
+def test_a_key_clock_lets_a_lagging_device_be_on_time(store_url: str) -> None:
+    """One robot uploads an hour behind the others: by the store's clock all its attempts are
+    late; by its own clock none are."""
+    app = el.App(store_url)
+    store_agg = define(app, "store_clock", 2)
+    key_agg = define(app, "key_clock", 2, clock="key")
+    events = []
+    base = BASE_MS - BASE_MS % 60_000  # on a minute
+    for i in range(120):
+        events.append(E("ScrewAttempted", {"robot": "fast", "ok": True, "ts": base + i * 1000}))
+        events.append(E("ScrewAttempted", {"robot": "slow", "ok": True,
+                                           "ts": base - 3_600_000 + i * 1000}))  # fmt: skip
+    append(app.store, events)
+    run_until_caught_up(app)
+    assert store_agg.window_counts()["late"] == 120  # behind the fast robot's time, each one
+    assert key_agg.window_counts() == {"folded": 240, "late": 0, "clamped": 0, "duplicate": 0}
+    slow = key_agg.windows("slow")
+    assert [w.value["ok"] for w in slow] == [60, 60] and slow[0].final and not slow[1].final
+    since = datetime.fromtimestamp((base - 3_600_000) / 1000 + 60, UTC)
+    assert [w.start for w in key_agg.windows("slow", since=since)] == [since]
+
+
+def test_retain_zero_keeps_no_closed_window(store_url: str) -> None:
+    app = el.App(store_url)
+    agg = define(app, "screws", 2, retain="0s")
+    events = [E("ScrewAttempted", {"robot": f"r{i % 3}", "ok": True, "ts": BASE_MS + i * 1000})
+              for i in range(600)]  # fmt: skip
+    append(app.store, events)
+    run_until_caught_up(app)
+    kept = [w for k in ("r0", "r1", "r2") for w in agg.windows(k)]
+    assert kept and all(not w.final for w in kept)  # the open ones, at the clock's end
+    last = (BASE_MS + 599_000) * 1000
+    mark = last - LATENESS  # windows ending after it are open
+    times = [(BASE_MS + i * 1000) * 1000 for i in range(600)]
+    assert {w.start_us for w in kept} == {MINUTE.windows(t)[0][0] for t in times if t >= mark}
+
+
+def test_a_changed_window_needs_a_new_version(store_url: str) -> None:
+    app = el.App(store_url)
+    define(app, "screws", 2)
+    append(app.store, attempts(50, seed=5))
+    run_until_caught_up(app)
+    again = el.App(store_url)
+    changed = again.aggregation(
+        "screws", key="robot", initial=lambda: {"ok": 0, "failed": 0}, window=el.tumbling("5m"),
+        time=el.event_time("ts", unit="ms"), lateness="30s", segments=2,
+    )  # fmt: skip
+    changed.on("ScrewAttempted")(lambda s, e: None)
+    with pytest.raises(el.InvalidInputError, match=r"tumbling\(1m.*new version \(version=2\)"):
+        run_until_caught_up(again)
+    v2 = el.App(store_url)
+    agg = v2.aggregation("screws", key="robot", initial=lambda: {"n": 0}, version=2,
+                         window=el.tumbling("5m"), time=el.event_time("ts", unit="ms"),
+                         lateness="30s")  # fmt: skip
+    agg.on("ScrewAttempted")(lambda s, e: s.update(n=s["n"] + 1))
+    run_until_caught_up(v2)
+    assert sum(w.value["n"] for w in agg.windows("r0")) > 0
+
+
+def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
+    app = el.App(store_url)
+    cases = [
+        (dict(window="1m"), "window must be el.tumbling"),
+        (dict(window=el.session(gap="5m")), "session windows are not available"),
+        (dict(window=el.tumbling("1m"), lateness="soon"), "lateness: expected a duration"),
+        (dict(window=el.tumbling("1m"), clock="wall"), "clock must be 'store' or 'key'"),
+        (dict(window=el.tumbling("1m"), late="drop"), "late must be one of"),
+        (dict(window=el.tumbling("1m"), time="ts"), "time must be el.event_time"),
+        (dict(lateness="30s"), "pass window= too"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(el.InvalidInputError, match=message):
+            app.aggregation("x", key="robot", fields={"n": el.count()}, on="S", **kwargs)
+    agg = app.aggregation("ok", key="robot", fields={"n": el.count()}, on="S",
+                          window=el.tumbling("1m"))  # fmt: skip
+    with pytest.raises(el.InvalidInputError, match="is windowed: read its windows"):
+        agg.get("r1")
+    with pytest.raises(el.InvalidInputError, match="an aware datetime"):
+        agg.windows("r1", since=datetime(2026, 1, 1))  # noqa: DTZ001 - the naive one refused
+
+
+def test_a_naive_event_time_stops_its_segment_with_a_clear_error(store_url: str) -> None:
+    """A time with no offset is never guessed: the segment retries on it (an aggregation's
+    on_error), its error names the event, and its token stays before it."""
+    app = el.App(store_url)
+    agg = app.aggregation(
+        "seen", key="robot", fields={"n": el.count()}, on="Seen", window=el.tumbling("1m"),
+        time=el.event_time("at"), persist_every=0.05,
+    )  # fmt: skip
+    app.store.append("a", [E("Seen", {"robot": "r", "at": "2026-11-29T10:00:01Z"})])
+    (naive,) = app.store.append("a", [E("Seen", {"robot": "r", "at": "2026-11-29T10:00:02"})])
+    app.store.append("a", [E("Seen", {"robot": "r", "at": "2026-11-29T10:00:03Z"})])
+    app.start()
+    try:
+        wait_for(lambda: app.status("seen").segments[0].last_error is not None, 30, what="error")
+    finally:
+        app.stop()
+    (seg,) = app.status("seen").segments
+    assert f"event {naive} (Seen)" in seg.last_error and "no offset" in seg.last_error
+    assert seg.position < naive
+    assert agg.windows("r") == []  # its batch is retried whole: nothing of it written
