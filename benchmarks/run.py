@@ -33,6 +33,7 @@ BENCHMARKS = {
     "scale": "benchmarks.bench_scale",
     "segments": "benchmarks.bench_segments",
     "spark-keys": "benchmarks.bench_spark_keys",
+    "windows": "benchmarks.bench_windows",
 }
 
 

@@ -73,7 +73,8 @@ def finals(agg: el.Aggregation, keys: set[str]) -> set[tuple[str, int, int]]:
 
 def test_windows_equal_the_reference_for_1_3_and_6_segments(store_url: str) -> None:
     app = el.App(store_url)
-    aggs = {n: define(app, f"screws{n}", n) for n in (1, 3, 6)}
+    aggs: dict[object, el.Aggregation] = {n: define(app, f"screws{n}", n) for n in (1, 3, 6)}
+    aggs["3, tracking"] = define(app, "tracking", 3, mode="tracking")  # a reader per segment
     append(app.store, attempts(1500, seed=1))
     run_until_caught_up(app)
     ref, want = expected(app)

@@ -266,3 +266,27 @@ def test_every_input_is_counted_or_late_and_each_window_closes_once(
             assert sum(got.counts.values()) + len(got.late) == len(inputs)
         closed = {(k, s, e) for _, k, s, e in got.closes}
         assert closed <= set(got.counts)  # only windows that were opened close
+
+
+def test_a_batch_of_times_equals_each_time_read_alone() -> None:
+    """``EventTime.times`` (the clock's batch path) gives what ``of`` gives event by event,
+    and None where ``of`` refuses (that event's own segment fails on it, not the clock)."""
+    from eventlanes.windows.time import event_time, recorded_time
+
+    def event(position: int, data: object) -> el.Event:
+        return el.Event(position, "s", position, "T", data, {}, 1_700_000_000_000_000 + position, 0)
+
+    values = [1_700_000_000_123, 5, -7, 1.5, "2026-01-01T00:00:00Z", "2026-01-01T00:00:00",
+              None, True, 2**62]  # fmt: skip
+    events = [event(i + 1, {"ts": v}) for i, v in enumerate(values)] + [event(99, {})]
+    for how in (event_time("ts", unit="ms"), event_time("ts", unit="s"), event_time("ts"),
+                recorded_time()):  # fmt: skip
+        want = []
+        for e in events:
+            try:
+                want.append(how.of(e))
+            except el.InvalidInputError:
+                want.append(None)
+        assert how.times(events) == want, how
+    whole = [event(i + 1, {"ts": 1000 * i}) for i in range(5)]  # the fast path: all whole
+    assert event_time("ts", unit="ms").times(whole) == [1_000_000 * i for i in range(5)]

@@ -127,6 +127,7 @@ def _append_params(
 
 class PostgresEventStore(EventStore):
     columns_sql = _COLUMNS
+    times_sql = "position, type, data::text, recorded_at + interval '946684800 seconds'"
 
     def __init__(self, db: PostgresDatabase) -> None:
         super().__init__(db)

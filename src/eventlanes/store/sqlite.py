@@ -83,6 +83,7 @@ def _repair(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 class SQLiteEventStore(EventStore):
     columns_sql = _COLUMNS
+    times_sql = "position, type, data, recorded_at"
 
     def __init__(self, db: SQLiteDatabase) -> None:
         super().__init__(db)

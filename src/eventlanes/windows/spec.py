@@ -125,10 +125,12 @@ class WindowResult:
 
     @property
     def start(self) -> datetime:
+        """The first instant in the window, an aware datetime in UTC."""
         return as_datetime(self.start_us)
 
     @property
     def end(self) -> datetime:
+        """The first instant after the window, an aware datetime in UTC."""
         return as_datetime(self.end_us)
 
 

@@ -9,13 +9,14 @@ must not move the clock ahead and make honest records late.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ..errors import InvalidInputError
-from ..events import Event, recorded_raw
+from ..errors import EventlanesError, InvalidInputError
+from ..events import Event, datas, recorded_raw
 from .durations import LIMIT, UNITS
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -42,7 +43,43 @@ class EventTime:
         if self.prop is None:
             raw = recorded_raw(event)
             return raw if isinstance(raw, int) else datetime_micros(raw)
-        data = event.data
+        return self.in_data(event.data, event)
+
+    def times(self, events: Sequence[Event]) -> list[int | None]:
+        """Each event's time, None where it has none that is valid (its own segment fails on
+        it, naming why): a batch decoded in one pass, whole numbers scaled at C speed."""
+        if self.prop is None:
+            raws = list(map(recorded_raw, events))
+            if list(map(type, raws)).count(int) == len(raws):
+                return raws
+            return [r if isinstance(r, int) else datetime_micros(r) for r in raws]
+        try:
+            rows = datas(events)
+        except EventlanesError:  # a corrupt one: event by event, that one None
+            return [self._or_none(e) for e in events]
+        prop = self.prop
+        values: list[Any] = [d.get(prop) for d in rows]
+        if self.unit is not None and list(map(type, values)).count(int) == len(values):
+            scale = UNITS[self.unit]
+            scaled: list[int | None] = [v * scale for v in values]
+            if not values or (min(values) * scale >= -LIMIT and max(values) * scale <= LIMIT):
+                return scaled
+        return [self._parsed_or_none(v) for v in values]
+
+    def _or_none(self, event: Event) -> int | None:
+        try:
+            return self.of(event)
+        except EventlanesError:
+            return None
+
+    def _parsed_or_none(self, value: Any) -> int | None:
+        try:
+            return self.parse(value)
+        except InvalidInputError:
+            return None
+
+    def in_data(self, data: Any, event: Event | None = None) -> int:
+        """The time in an event's decoded ``data`` (a data property's time only)."""
         if not isinstance(data, dict) or self.prop not in data:
             raise self._refused(event, "is missing")
         return self.parse(data[self.prop], event)

@@ -124,6 +124,11 @@ class Executor:
         return Outcome.LOST
 
     # -- between batches -----------------------------------------------------------------------
+    def read(self, events: Any, after: int, upto: int | dict[str, int]) -> None:
+        """The reader read ``events``, every event of the handled types after ``after`` and
+        up to ``upto``, before they are shared out (nothing here; a windowed aggregation's
+        clock takes them, instead of reading them again)."""
+
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         """A read moved past ``upto`` without events for this segment: its token moves in
         memory (stored by :meth:`persist`)."""

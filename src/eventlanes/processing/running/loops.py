@@ -130,6 +130,7 @@ class PooledLoop:
             self.wakeup.wait(seen)
             return
         shares, upto, carry = self.reader.cut(self.reader.share(states, events), events, upto)
+        executor.read(events, min(st.token.position for st in states), upto)
         # Where every held segment will be once this batch committed (taken before a worker
         # can change a token).
         tokens = tuple(advanced(st.token, upto) for st in states)
@@ -303,6 +304,7 @@ class TrackingLoop:
         while not self.stopping.is_set() and not st.stop and not st.lost:
             seen = self.wakeup.generation
             events, upto, moved = self.reader.read([st])
+            executor.read(events, st.token.position, upto)
             mine = self.reader.share([st], events)[st] if events else []
             if mine:
                 if executor.handle(st, mine, upto) is not Outcome.OK:

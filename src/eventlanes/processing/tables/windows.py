@@ -4,15 +4,15 @@ window states, late events and each segment's clock checkpoint with its counts."
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ...db import Database
+from ...hashing import stable_hashes
 from ...schema import require
 from ...segments import Segment
 from ...windows.spec import LateEvent, WindowResult
-from .states import decode, encode
+from .states import CHUNK, decode, encode_states
 
 #: closed windows past their retention deleted per write: bounded, so a write after a long
 #: pause does not hold its transaction for a sweep of the whole table
@@ -102,12 +102,22 @@ class WindowTable:
         row = conn.execute(self._closed, (name, key, start)).fetchone()
         return None if row is None else Win(row[0], decode(row[1]), row[2], row[3])
 
-    def save(self, conn: Any, name: str, rows: Iterable[tuple[str, int, int, Win]]) -> None:
-        """Upsert windows: (key, start, routing hash, window)."""
-        params = [
-            (name, key, start, w.end, routing, encode(w.value), w.closed_at, w.revision)
-            for key, start, routing, w in rows
-        ]
+    def save(self, conn: Any, name: str, rows: list[tuple[str, int, Win]]) -> None:
+        """Upsert windows: (key, start, window); values encoded a chunk at a time, each
+        checked to read back equal (as states are)."""
+        for i in range(0, len(rows), CHUNK):
+            chunk = rows[i : i + CHUNK]
+            keys = [key for key, _, _ in chunk]
+            texts = encode_states(name, keys, [w.value for _, _, w in chunk])
+            params = [
+                (name, key, start, w.end, routing, text, w.closed_at, w.revision)
+                for (key, start, w), routing, text in zip(
+                    chunk, stable_hashes(keys), texts, strict=True
+                )
+            ]
+            self._upsert_all(conn, params)
+
+    def _upsert_all(self, conn: Any, params: list[tuple[Any, ...]]) -> None:
         if params:
             cur = conn.cursor()
             try:

@@ -14,15 +14,25 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
+from operator import attrgetter
+from typing import Any
 
 from ...errors import InvalidInputError
-from ...events import Event, recorded_raw
+from ...events import Event, decode_object, recorded_raw
 from ...store.base import EventStore
 from ...windows.spec import Windowing
-from ...windows.time import clamped, datetime_micros
+from ...windows.time import datetime_micros
 
-#: events read at a time by the clock
+#: rows read at a time by the clock
 CLOCK_BATCH = 5000
+_POSITION = attrgetter("position")
+
+
+def _time_in(spec: Windowing, data: Any) -> int | None:
+    try:
+        return spec.time.in_data(decode_object(data))
+    except (InvalidInputError, ValueError):  # its segment fails on it
+        return None
 
 
 def recorded_us(event: Event) -> int:
@@ -47,6 +57,9 @@ class StoreClock:
         self.positions: list[int] = []  # where the largest time grew, in order
         self.latest: list[int] = []  # the largest time from there on (increasing)
         self.scanned = 0  # the clock is known up to here
+        #: position -> (clamped time, clamped?) of the inputs read above ``base``: the folds
+        #: take them instead of reading each time again
+        self.times: dict[int, tuple[int, bool]] = {}
 
     def cover(self, after: int, upto: int) -> None:
         """Know the clock at every position in ``(after, upto]`` (``upto`` a position the
@@ -54,26 +67,66 @@ class StoreClock:
         with self.lock:
             if self.base is None or after < self.base:
                 self.base, self.base_latest = self.start(after)
-                self.positions, self.latest = [], []
+                self.positions, self.latest, self.times = [], [], {}
                 self.scanned = self.base
             if upto > self.scanned:
                 self._scan(self.scanned, upto)
                 self.scanned = upto
 
     def _scan(self, after: int, upto: int) -> None:
-        spec = self.spec
+        spec, wanted = self.spec, self.types
+        prop = spec.time.prop is not None
+        # by position, a range of the table, the other types passed over here (a filter by
+        # type walks the type index and reads each row apart); only the columns a time needs
+        for rows in self.store.scan_times(after, upto, data=prop, chunk=CLOCK_BATCH):
+            mine = [r for r in rows if wanted is None or r[1] in wanted]
+            times: list[int | None] = [r[3] for r in mine]
+            if prop:
+                times = [_time_in(spec, r[2]) for r in mine]
+            self._add([r[0] for r in mine], times, [r[3] for r in mine])
+
+    def feed(self, events: list[Event], after: int, upto: int) -> None:
+        """``events``: every input after ``after`` up to ``upto`` (as the processor's reader
+        read them, in order): the clock moves on to ``upto`` without reading them again, when
+        it is known up to ``after`` at least (else the next :meth:`cover` reads)."""
+        with self.lock:
+            if self.base is None or not after <= self.scanned < upto:
+                return
+            scanned, wanted = self.scanned, self.types
+            inputs = [
+                e for e in events
+                if scanned < e.position <= upto and (wanted is None or e.type in wanted)
+            ]  # fmt: skip
+            recorded = list(map(recorded_us, inputs))
+            self._add(list(map(_POSITION, inputs)), self.spec.time.times(inputs), recorded)
+            self.scanned = upto
+
+    def _add(self, positions: list[int], times: list[int | None], recorded: list[int]) -> None:
+        """Inputs read, in order: their clamped times kept, the clock moved on (an input
+        with no valid time moves nothing: its segment fails on it)."""
+        future, kept = self.spec.max_future, self.times
         running = self.latest[-1] if self.latest else self.base_latest
-        types = sorted(self.types) if self.types is not None else None
-        for event in self.store.iter_events(after, CLOCK_BATCH, until=upto, types=types):
-            try:
-                t = spec.time.of(event)
-            except InvalidInputError:  # its own segment fails on it (retried or parked)
+        for position, t, at in zip(positions, times, recorded, strict=True):
+            if t is None:
                 continue
-            t, _ = clamped(t, recorded_us(event), spec.max_future)
+            bound = at + future
+            was = t > bound
+            if was:
+                t = bound
+            kept[position] = (t, was)
             if running is None or t > running:
                 running = t
-                self.positions.append(event.position)
+                self.positions.append(position)
                 self.latest.append(t)
+
+    def times_of(self, positions: list[int]) -> list[tuple[int, bool] | None]:
+        """:meth:`time_of` of each position."""
+        return list(map(self.times.get, positions))
+
+    def time_of(self, position: int) -> tuple[int, bool] | None:
+        """The clamped time of the input at ``position`` and whether it was clamped, as the
+        clock read it (None: not read, or its time is not valid)."""
+        return self.times.get(position)
 
     def _at(self, i: int) -> int | None:
         return self.latest[i - 1] if i else self.base_latest
@@ -101,6 +154,9 @@ class StoreClock:
         with self.lock:
             if self.base is None or lowest <= self.base:
                 return
+            times = self.times
+            for position in [p for p in times if p <= lowest]:
+                del times[position]
             i = bisect_right(self.positions, lowest)
             if i:
                 self.base_latest = self.latest[i - 1]

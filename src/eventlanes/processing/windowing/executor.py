@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
 from ...events import Event
-from ...hashing import stable_hash
 from ...windows.time import clamped
 from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
@@ -45,6 +44,11 @@ class WindowExecutor(AggregationExecutor):
                 f"aggregation {agg.name!r} has windows of another definition in the store "
                 f"({sorted(ran)[0]}), not {self.definition}: a changed window, time, lateness, "
                 f"clock or late mode is a new version (version={agg.version + 1})"
+            )
+        if agg.upcasters.into(agg.handled_types()) is not None:
+            raise InvalidInputError(
+                f"aggregation {agg.name!r}: windows do not read upcast events yet (an "
+                "upcaster turns older types into the types it folds)"
             )
         self.fresh_state = dict  # a key's row: its clock (clock="key") besides its offsets
         self.window_initial = agg.initial_state
@@ -98,6 +102,10 @@ class WindowExecutor(AggregationExecutor):
             self._close(st, end)
         return outcome
 
+    def read(self, events: Any, after: int, upto: int | dict[str, int]) -> None:
+        if self.clock is not None and isinstance(events, list) and isinstance(upto, int):
+            self.clock.feed(events, after, upto)
+
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         if self.clock is not None and st.segment.id in self.open:
             end = self._upto(upto)
@@ -126,41 +134,63 @@ class WindowExecutor(AggregationExecutor):
         finally:
             st.idle_now()
 
+    def _times(self, events: list[Event]) -> list[tuple[int, bool]]:
+        """Each input's clamped time and whether it was clamped: as the clock read it, or read
+        here (an invalid one raises, naming the event: the segment fails on it)."""
+        spec, store = self.spec, self.clock
+        known = store.times_of([e.position for e in events]) if store is not None else None
+        if known is not None and None not in known:
+            return known  # type: ignore[return-value]
+        return [
+            k or clamped(spec.time.of(e), recorded_us(e), spec.max_future)
+            for e, k in zip(events, known or [None] * len(events), strict=True)
+        ]
+
     # long: one pass per input, its windows, lateness and clock side by side
     def _fold_windows(
         self, st: SegmentState, entries: dict[str, Entry], events: list[Event], keys: list[str]
     ) -> None:
         spec, seg = self.spec, st.segment.id
-        window, lateness = spec.window, spec.lateness
+        windows_of, lateness, late_mode = spec.window.windows, spec.lateness, spec.late
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
-        cp = self.checkpoints[seg]
-        store = self.clock
+        cp, initial, store = self.checkpoints[seg], self.window_initial, self.clock
+        timed = self._times(events)
         before = store.before([e.position for e in events]) if store is not None else None
+        folds: dict[str, list[Any]] = {}
         for i, (event, key) in enumerate(zip(events, keys, strict=True)):
-            recorded = recorded_us(event)
-            t, was = clamped(spec.time.of(event), recorded, spec.max_future)
-            cp.clamped += was
+            t, was = timed[i]
+            if was:
+                cp.clamped += 1
             book = entries[key].value
             latest = before[i] if before is not None else book.get("t")
             mark = None if latest is None else latest - lateness
-            mine = open_.setdefault(key, {})
-            missed = []
-            for start, end in window.windows(t):
+            mine = open_.get(key)
+            if mine is None:
+                mine = open_[key] = {}
+            fs = folds.get(event.type)
+            if fs is None:
+                fs = folds[event.type] = self.agg.folds.for_type(event.type)
+            missed = None
+            for start, end in windows_of(t):
                 if mark is not None and end <= mark:
-                    missed.append((start, end))
+                    missed = [*(missed or ()), (start, end)]
                     continue
                 w = mine.get(start)
                 if w is None:
-                    w = mine[start] = Win(end, self.window_initial())
+                    w = mine[start] = Win(end, initial())
                     if store is not None:
                         heapq.heappush(ends, (end, key, start))
-                self._fold_one(w.value, event, key)
+                value = w.value
+                for fold in fs:
+                    if (produced := fold(value, event)) is not None and produced is not value:
+                        returned_value(self.name, key, event, fold, produced)
                 touched.add((key, start))
             if missed:
                 cp.late += 1
-                amended = spec.late == "amend" and self._amend(seg, key, event, missed, mark)
-                if spec.late != "count":
-                    self.late_rows[seg].append((event.position, key, t, missed, amended, recorded))
+                amended = late_mode == "amend" and self._amend(seg, key, event, missed, mark)
+                if late_mode != "count":
+                    row = (event.position, key, t, missed, amended, recorded_us(event))
+                    self.late_rows[seg].append(row)
             else:
                 cp.folded += 1
             if store is None and (latest is None or t > latest):  # the key's own clock
@@ -228,10 +258,7 @@ class WindowExecutor(AggregationExecutor):
         if seg not in self.open:
             return
         open_, spec = self.open[seg], self.spec
-        rows = [
-            (key, start, stable_hash(key), open_[key][start])
-            for key, start in sorted(self.touched[seg])
-        ]
+        rows = [(key, start, open_[key][start]) for key, start in sorted(self.touched[seg])]
         self.windows.save(conn, self.name, rows)
         self.windows.add_late(conn, self.name, self.late_rows[seg])
         cp = self.checkpoints[seg]
