@@ -329,3 +329,55 @@ def test_a_naive_event_time_stops_its_segment_with_a_clear_error(store_url: str)
     assert f"event {naive} (Seen)" in seg.last_error and "no offset" in seg.last_error
     assert seg.position < naive
     assert agg.windows("r") == []  # its batch is retried whole: nothing of it written
+
+
+def test_the_clock_answers_every_segment_exactly_while_others_trim_and_rebase(
+    tmp_path: Path,
+) -> None:
+    """Segments on threads of their own (the tracking mode) ask the shared clock about their
+    batches while others move on, trim what is below them all, and start again from below
+    (a claim taken at an older token): every answer equals the largest time of the log's
+    prefix, never what another segment's trim left."""
+    import threading
+
+    from eventlanes.processing.windowing.clock import StoreClock
+    from eventlanes.windows.spec import windowing
+
+    app = el.App(f"sqlite:///{tmp_path}/clock.db")
+    rng = random.Random(8)
+    app.store.append("s", [E("T", {"ts": BASE_MS + rng.randrange(600_000)}) for _ in range(2000)])
+    times = {e.position: e.data["ts"] * 1000 for e in app.store.iter_events()}
+    prefix, running = {0: None}, None
+    for p in sorted(times):
+        running = times[p] if running is None else max(running, times[p])
+        prefix[p] = running
+    spec = windowing("w", el.tumbling("1m"), el.event_time("ts", unit="ms"), max_future="1000d")
+    clock = StoreClock(app.store, frozenset({"T"}), spec, lambda position: (0, None))
+    wrong: list[str] = []
+
+    def segment(seg: int) -> None:
+        r = random.Random(seg)
+        for _ in range(4):
+            after = r.randrange(0, 1500)  # a claim: from some token, maybe below the others
+            while after < 2000:
+                upto = min(2000, after + r.randrange(1, 120))
+                positions = list(range(after + 1, upto + 1))
+                got = clock.before(seg, after, upto, positions)
+                want = [prefix[p - 1] for p in positions]
+                if got != want:
+                    wrong.append(f"segment {seg} at {after}: {got[:3]} != {want[:3]}")
+                    return
+                latest, _ = clock.closing(upto, [])
+                if latest != prefix[upto]:
+                    wrong.append(f"segment {seg}: clock at {upto} is {latest}")
+                    return
+                after = upto
+                clock.trim()
+            clock.forget(seg)
+
+    threads = [threading.Thread(target=segment, args=(seg,)) for seg in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

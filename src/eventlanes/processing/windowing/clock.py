@@ -60,18 +60,32 @@ class StoreClock:
         #: position -> (clamped time, clamped?) of the inputs read above ``base``: the folds
         #: take them instead of reading each time again
         self.times: dict[int, tuple[int, bool]] = {}
+        #: per segment using the clock, the lowest position it may still ask about (its token
+        #: when it last asked): what is below all of them is forgotten (:meth:`trim`)
+        self.floors: dict[int, int] = {}
 
-    def cover(self, after: int, upto: int) -> None:
+    def cover(self, segment: int, after: int, upto: int) -> None:
         """Know the clock at every position in ``(after, upto]`` (``upto`` a position the
-        readers reached: nothing can still be committed below it)."""
+        readers reached: nothing can still be committed below it), for ``segment`` at
+        ``after``."""
         with self.lock:
-            if self.base is None or after < self.base:
-                self.base, self.base_latest = self.start(after)
-                self.positions, self.latest, self.times = [], [], {}
-                self.scanned = self.base
-            if upto > self.scanned:
-                self._scan(self.scanned, upto)
-                self.scanned = upto
+            self.floors[segment] = after
+            self._cover(after, upto)
+
+    def forget(self, segment: int) -> None:
+        """``segment`` is let go: it asks nothing more."""
+        with self.lock:
+            self.floors.pop(segment, None)
+
+    def _cover(self, after: int, upto: int) -> None:
+        """:meth:`cover`, the lock held."""
+        if self.base is None or after < self.base:
+            self.base, self.base_latest = self.start(after)
+            self.positions, self.latest, self.times = [], [], {}
+            self.scanned = self.base
+        if upto > self.scanned:
+            self._scan(self.scanned, upto)
+            self.scanned = upto
 
     def _scan(self, after: int, upto: int) -> None:
         spec, wanted = self.spec, self.types
@@ -131,28 +145,45 @@ class StoreClock:
     def _at(self, i: int) -> int | None:
         return self.latest[i - 1] if i else self.base_latest
 
-    def before(self, positions: list[int]) -> list[int | None]:
-        """The largest time before each of ``positions`` (None: no time yet)."""
+    def before(self, segment: int, after: int, upto: int, positions: list[int]) -> list[int | None]:
+        """The largest time before each of ``positions`` (in ``(after, upto]``; None: no time
+        yet), for ``segment`` at ``after``: covered and read under one lock, so no other
+        segment's cover or trim comes between."""
         with self.lock:
+            self.floors[segment] = after
+            self._cover(after, upto)
             return [self._at(bisect_left(self.positions, p)) for p in positions]
 
-    def at(self, position: int) -> int | None:
-        """The largest time up to ``position`` (covered)."""
+    def closing(self, upto: int, ends: list[int]) -> tuple[int | None, list[int]]:
+        """The largest time up to ``upto`` (a position a segment reached), and for each of
+        ``ends`` (times it has reached), the first position where it did."""
         with self.lock:
+            self._cover(upto if self.base is None else min(upto, self.base), upto)
+            latest = self._at(bisect_right(self.positions, upto))
+            found = []
+            below = self.base_latest
+            for time in ends:
+                i = bisect_left(self.latest, time)
+                if i == len(self.positions) or (below is not None and below >= time):
+                    # reached below what is kept, or not at all: a caller's error, never a
+                    # guess (a wrong closing position would differ between runs)
+                    raise RuntimeError(f"the clock cannot place time {time} above {self.base}")
+                found.append(self.positions[i])
+            return latest, found
+
+    def at(self, position: int) -> int | None:
+        """The largest time up to ``position`` (covered here if it is not)."""
+        with self.lock:
+            self._cover(position if self.base is None else min(position, self.base), position)
             return self._at(bisect_right(self.positions, position))
 
-    def reached(self, time: int) -> int:
-        """The first position where the largest time reached ``time`` (it has)."""
+    def trim(self) -> None:
+        """Forget what is below every segment's floor: no segment asks there."""
         with self.lock:
-            if self.base is not None and self.base_latest is not None and self.base_latest >= time:
-                return self.base
-            i = bisect_left(self.latest, time)
-            return self.positions[i] if i < len(self.positions) else self.scanned
-
-    def trim(self, lowest: int) -> None:
-        """Forget the changes at or below ``lowest``: no segment held asks there."""
-        with self.lock:
-            if self.base is None or lowest <= self.base:
+            if self.base is None or not self.floors:
+                return
+            lowest = min(min(self.floors.values()), self.scanned)
+            if lowest <= self.base:
                 return
             times = self.times
             for position in [p for p in times if p <= lowest]:
@@ -161,4 +192,4 @@ class StoreClock:
             if i:
                 self.base_latest = self.latest[i - 1]
                 del self.positions[:i], self.latest[:i]
-            self.base = min(lowest, self.scanned)
+            self.base = lowest

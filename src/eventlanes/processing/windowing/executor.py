@@ -63,6 +63,9 @@ class WindowExecutor(AggregationExecutor):
         self.touched: dict[int, set[tuple[str, int]]] = {}
         self.late_rows: dict[int, list[tuple[Any, ...]]] = {}
         self.checkpoints: dict[int, Checkpoint] = {}
+        #: how far the batch each segment folds is complete (kept when a segment is let go:
+        #: set before its batch, which may start by letting go of an older claim)
+        self.uptos: dict[int, int] = {}
 
     def _clock_start(self, position: int) -> tuple[int, int | None]:
         with self.runtime.db.connection() as conn:
@@ -89,14 +92,14 @@ class WindowExecutor(AggregationExecutor):
 
     def discard(self, seg: int) -> None:
         super().discard(seg)
+        if self.clock is not None:
+            self.clock.forget(seg)
         for held in (self.open, self.ends, self.touched, self.late_rows, self.checkpoints):
             held.pop(seg, None)
 
     # -- folding -----------------------------------------------------------------------------
     def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
-        end = self._upto(upto)
-        if self.clock is not None:
-            self.clock.cover(st.token.position, end)
+        end = self.uptos[st.segment.id] = self._upto(upto)
         outcome = super().process(st, events, upto)
         if outcome is Outcome.OK:
             self._close(st, end)
@@ -109,7 +112,7 @@ class WindowExecutor(AggregationExecutor):
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         if self.clock is not None and st.segment.id in self.open:
             end = self._upto(upto)
-            self.clock.cover(st.token.position, end)
+            self.clock.cover(st.segment.id, st.token.position, end)
             self._close(st, end)
         super().idle(st, upto)
 
@@ -155,7 +158,10 @@ class WindowExecutor(AggregationExecutor):
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
         cp, initial, store = self.checkpoints[seg], self.window_initial, self.clock
         timed = self._times(events)
-        before = store.before([e.position for e in events]) if store is not None else None
+        before = None
+        if store is not None:
+            after, upto = st.token.position, self.uptos[seg]
+            before = store.before(seg, after, upto, [e.position for e in events])
         folds: dict[str, list[Any]] = {}
         for i, (event, key) in enumerate(zip(events, keys, strict=True)):
             t, was = timed[i]
@@ -232,25 +238,24 @@ class WindowExecutor(AggregationExecutor):
         seg = st.segment.id
         if self.clock is None or seg not in self.open:
             return
-        latest = self.clock.at(upto)
+        lateness = self.spec.lateness
+        latest, _ = self.clock.closing(upto, [])
         if latest is None:
             return
-        mark = latest - self.spec.lateness
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
-        closed = False
-        while ends and ends[0][0] <= mark:
+        closed: list[tuple[str, int, Win]] = []
+        while ends and ends[0][0] <= latest - lateness:
             end, key, start = heapq.heappop(ends)
             w = open_.get(key, {}).get(start)
-            if w is None or w.closed_at is not None:
-                continue
-            w.closed_at = self.clock.reached(end + self.spec.lateness)
-            touched.add((key, start))
-            closed = True
-        if closed:
+            if w is not None and w.closed_at is None:
+                closed.append((key, start, w))
+        if closed:  # each at the first position where the clock passed its end
+            _, points = self.clock.closing(upto, [w.end + lateness for _, _, w in closed])
+            for (key, start, w), point in zip(closed, points, strict=True):
+                w.closed_at = point
+                touched.add((key, start))
             st.dirty = True
-        with self.holding:
-            held = [s.token.position for s, _ in self.holder.values()]
-        self.clock.trim(min(held, default=upto))
+        self.clock.trim()
 
     # -- writing -----------------------------------------------------------------------------
     def write_more(self, conn: Any, st: SegmentState) -> None:
@@ -264,7 +269,6 @@ class WindowExecutor(AggregationExecutor):
         cp = self.checkpoints[seg]
         cp.position = st.token.position
         if self.clock is not None:
-            self.clock.cover(st.token.position, st.token.position)
             cp.latest = self.clock.at(st.token.position)
             if cp.latest is not None:
                 before = cp.latest - spec.lateness - spec.retain
