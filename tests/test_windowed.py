@@ -381,3 +381,46 @@ def test_the_clock_answers_every_segment_exactly_while_others_trim_and_rebase(
     for t in threads:
         t.join()
     assert wrong == []
+
+
+@pytest.mark.parametrize("late", ["park", "amend"])
+def test_declared_fields_fold_into_windows_as_a_python_fold_does(store_url: str, late: str) -> None:
+    """Declared fields fold a column at a time (amendments after what came before them in
+    the batch): every field, first and last included, equals a Python fold's, for 1 and 3
+    segments."""
+    app = el.App(store_url)
+    fields = {"n": el.count(), "ok": el.count(where={"ok": True}), "sum": el.sum("ts"),
+              "min": el.min("ts"), "max": el.max("ts"), "first": el.first("robot"),
+              "last": el.last("ts", int)}  # fmt: skip
+    declared = {
+        n: app.aggregation(f"declared{n}", key="robot", on="ScrewAttempted", fields=fields,
+                           window=el.hopping("2m", every="1m"), time=el.event_time("ts", "ms"),
+                           lateness="30s", late=late, segments=n, persist_every=0.05)
+        for n in (1, 3)
+    }  # fmt: skip
+    python = app.aggregation(
+        "python", key="robot", window=el.hopping("2m", every="1m"), lateness="30s", late=late,
+        time=el.event_time("ts", "ms"), persist_every=0.05,
+        initial=lambda: {"n": 0, "ok": 0, "sum": 0, "min": None, "max": None, "first": None,
+                         "last": None},
+    )  # fmt: skip
+
+    @python.on("ScrewAttempted")
+    def add(s: dict, e: el.Event) -> None:
+        ts = e.data["ts"]
+        s["n"] += 1
+        s["ok"] += e.data["ok"] is True
+        s["sum"] += ts
+        s["min"] = ts if s["min"] is None else min(s["min"], ts)
+        s["max"] = ts if s["max"] is None else max(s["max"], ts)
+        s["first"] = e.data["robot"] if s["first"] is None else s["first"]
+        s["last"] = ts
+
+    append(app.store, attempts(800, seed=9))
+    run_until_caught_up(app)
+    keys = {f"r{i}" for i in range(6)}
+    want = {(k, w.start_us): (w.value, w.revision) for k in keys for w in python.windows(k)}
+    assert want and any(rev for _, rev in want.values()) == (late == "amend")
+    for n, agg in declared.items():
+        assert {(k, w.start_us): (w.value, w.revision) for k in keys
+                for w in agg.windows(k)} == want, n  # fmt: skip

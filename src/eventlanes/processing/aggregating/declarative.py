@@ -300,7 +300,6 @@ class Declaration:
         ``marks``: the worker's (see :func:`~.chains.dedupe`); ``rows``: the events' data if
         already decoded."""
         n = len(events)
-        kf = self.key
         if rows is None:
             rows = datas(events)
         accepted = dedupe(events, keys, entries, source, marks)
@@ -308,11 +307,23 @@ class Declaration:
             events = [events[i] for i in accepted]
             rows = [rows[i] for i in accepted]
             keys = [keys[i] for i in accepted]
-        if not events:
-            return 0
+        if events:
+            self.fold_into(events, rows, keys, [entries[k].value for k in keys])
+        return len(accepted)
+
+    def fold_into(
+        self,
+        events: list[Event],
+        rows: list[dict[str, Any]],
+        keys: list[str],
+        states: list[dict[str, Any]],
+    ) -> None:
+        """Fold each of ``events`` (data ``rows``, keyed ``keys``) into the state beside it in
+        ``states`` (one state may stand beside several: they fold in order), a column at a
+        time: a windowed aggregation's inputs into their windows."""
+        kf = self.key
         columns = {p: self._column(p, t, rows, events) for p, t in self.columns.items() if p != kf}
         columns[kf] = keys
-        states = [entries[k].value for k in keys]
         for out, op in self.fields.items():
             chosen = states
             col: list[Any] | None = columns[op.field] if op.field is not None else None
@@ -332,7 +343,6 @@ class Declaration:
                 chosen = [chosen[i] for i in kept]
                 col = [col[i] for i in kept]
             _APPLY[op.kind](out, chosen, col)
-        return len(accepted)
 
     def _column(
         self, prop: str, type_: type, rows: list[dict[str, Any]], events: list[Event]

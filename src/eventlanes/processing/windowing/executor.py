@@ -15,7 +15,7 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
-from ...events import Event
+from ...events import Event, datas
 from ...windows.time import clamped
 from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
@@ -163,6 +163,10 @@ class WindowExecutor(AggregationExecutor):
             after, upto = st.token.position, self.uptos[seg]
             before = store.before(seg, after, upto, [e.position for e in events])
         folds: dict[str, list[Any]] = {}
+        decl = self.agg.declaration
+        # a declared aggregation folds a column at a time: (input, window state) pairs, in
+        # order, folded at the end (or before an amendment, which must come after them)
+        pending: list[tuple[int, Any]] | None = [] if decl is not None else None
         for i, (event, key) in enumerate(zip(events, keys, strict=True)):
             t, was = timed[i]
             if was:
@@ -173,7 +177,7 @@ class WindowExecutor(AggregationExecutor):
             mine = open_.get(key)
             if mine is None:
                 mine = open_[key] = {}
-            fs = folds.get(event.type)
+            fs = folds.get(event.type) if pending is None else ()
             if fs is None:
                 fs = folds[event.type] = self.agg.folds.for_type(event.type)
             missed = None
@@ -187,12 +191,16 @@ class WindowExecutor(AggregationExecutor):
                     if store is not None:
                         heapq.heappush(ends, (end, key, start))
                 value = w.value
+                if pending is not None:
+                    pending.append((i, value))
                 for fold in fs:
                     if (produced := fold(value, event)) is not None and produced is not value:
                         returned_value(self.name, key, event, fold, produced)
                 touched.add((key, start))
             if missed:
                 cp.late += 1
+                if late_mode == "amend" and pending:
+                    self._fold_declared(events, keys, pending)
                 amended = late_mode == "amend" and self._amend(seg, key, event, missed, mark)
                 if late_mode != "count":
                     row = (event.position, key, t, missed, amended, recorded_us(event))
@@ -205,6 +213,20 @@ class WindowExecutor(AggregationExecutor):
                     if w.closed_at is None and w.end <= t - lateness:
                         w.closed_at = event.position
                         touched.add((key, start))
+        if pending:
+            self._fold_declared(events, keys, pending)
+
+    def _fold_declared(
+        self, events: list[Event], keys: list[str], pending: list[tuple[int, Any]]
+    ) -> None:
+        """Fold the ``pending`` (input index, window state) pairs a column at a time, then
+        forget them."""
+        assert self.agg.declaration is not None
+        picked = [events[i] for i, _ in pending]
+        self.agg.declaration.fold_into(
+            picked, datas(picked), [keys[i] for i, _ in pending], [v for _, v in pending]
+        )
+        pending.clear()
 
     def _fold_one(self, value: Any, event: Event, key: str) -> None:
         for fold in self.agg.folds.for_type(event.type):
