@@ -17,6 +17,7 @@ import eventlanes as el
 from eventlanes.processing.windowing.clock import recorded_us
 from eventlanes.windows.kinds import Tumbling
 from eventlanes.windows.reference import count_windows
+from eventlanes.windows.spec import as_datetime
 from tests.apps.windows_app import define
 from tests.processing_helpers import kill_again_and_again, run_until_caught_up, wait_for
 
@@ -424,3 +425,39 @@ def test_declared_fields_fold_into_windows_as_a_python_fold_does(store_url: str,
     for n, agg in declared.items():
         assert {(k, w.start_us): (w.value, w.revision) for k in keys
                 for w in agg.windows(k)} == want, n  # fmt: skip
+
+
+def test_status_counts_every_input_and_names_the_wait_for_time(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Caught up with windows open (no later input came), status says what would close them;
+    its counts add up to every input read."""
+    import json
+
+    from click.testing import CliRunner
+
+    from eventlanes.cli import main
+
+    monkeypatch.setenv("EVENTLANES_TEST_APP_URL", store_url)
+    monkeypatch.delitem(sys.modules, "tests.apps.windows_app", raising=False)
+    app = el.App(store_url)
+    agg = define(app, "screws", 3)
+    events = attempts(300, seed=10)
+    for i, e in enumerate(events):
+        e.metadata.update(chain(i))
+    append(app.store, events)
+    append(app.store, events[:20])  # delivered twice
+    run_until_caught_up(app)
+    result = CliRunner().invoke(main, ["status", "tests.apps.windows_app:app", "screws", "--json"])
+    assert result.exit_code == 0, result.output
+    (doc,) = json.loads(result.stdout)["processors"]
+    w = doc["windows"]
+    assert {k: w[k] for k in ("folded", "late", "duplicate", "clamped")} == {**agg.window_counts()}
+    assert w["folded"] + w["late"] + w["duplicate"] == 320 and w["duplicate"] == 20
+    open_ = [x for k in {e.data["robot"] for e in events} for x in agg.windows(k) if not x.final]
+    assert w["open"] == len(open_) > 0 and w["oldest_end_us"] == min(x.end_us for x in open_)
+    assert w["clock_us"] == max(e.data["ts"] for e in events) * 1000
+    (waiting,) = [n for n in doc["notes"] if n.startswith("waiting for time")]
+    needed = as_datetime(w["oldest_end_us"] + LATENESS).isoformat()
+    assert f"{len(open_)} window(s) open" in waiting and needed in waiting
+    assert any(n.startswith(f"windows: {w['folded']:,} input(s) folded") for n in doc["notes"])

@@ -26,6 +26,7 @@ from ..errors import InvalidInputError
 from ..names import split_version
 from ..store.base import READ_WAIT_WARNING, recorded_after
 from ..tokens.base import RETIRED_NOTE
+from ..windows.spec import as_datetime
 from .views import ProcessorView, SegmentView
 
 SCHEMA = "eventlanes.status/1"
@@ -136,6 +137,8 @@ def processor_document(
         sources = dropped_sources(view.dropped, view.dropped_by)
         notes.append(f"{view.dropped:,} duplicate(s) dropped (inputs already folded in, by "
                      f"their source chain): {sources}")  # fmt: skip
+    if view.windows is not None:
+        notes += window_notes(view.windows, view.caught_up)
     return {
         "name": view.name,
         "healthy": not problems,
@@ -156,9 +159,29 @@ def processor_document(
         "dropped_duplicates_by_source": (
             None if view.dropped_by is None else dict(view.dropped_by)
         ),
+        "windows": None if view.windows is None else dict(view.windows),
         **version_fields(view),
         "segments": segments,
     }
+
+
+def window_notes(windows: Mapping[str, Any], caught_up: bool) -> list[str]:
+    """A windowed aggregation's counts (every input read is folded, late or a duplicate),
+    and, caught up with windows open, that they wait for time: no clock moves without
+    inputs, so a window closes only when a later one comes."""
+    w = windows
+    notes = [f"windows: {w['folded']:,} input(s) folded, {w['late']:,} late, "
+             f"{w['duplicate']:,} duplicate(s), {w['clamped']:,} clamped"]  # fmt: skip
+    if caught_up and w["open"] and w["oldest_end_us"] is not None:
+        oldest = as_datetime(w["oldest_end_us"]).isoformat()
+        needed = as_datetime(w["oldest_end_us"] + w["lateness_us"]).isoformat()
+        clock = "no time yet" if w["clock_us"] is None else as_datetime(w["clock_us"]).isoformat()
+        notes.append(
+            f"waiting for time: {w['open']:,} window(s) open, the oldest ending {oldest}; it "
+            f"closes when an input with a time at or after {needed} comes (the clock is at "
+            f"{clock})"
+        )
+    return notes
 
 
 def dropped_sources(total: int, by: Mapping[str, int] | None) -> str:

@@ -47,6 +47,11 @@ def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> Process
     )
     if proc.sources:
         view = replace(view, segments=[with_sources(rt, proc, v) for v in view.segments])
+    spec = getattr(proc, "windowing", None)
+    if spec is not None and started:
+        summary = rt.windows.summary(proc.name)
+        view = replace(view, windows={**summary, "duplicate": view.dropped or 0,
+                                      "lateness_us": spec.lateness})  # fmt: skip
     return replace(view, version=versions.view(rt, proc, view, [proc.version, *defined]))
 
 

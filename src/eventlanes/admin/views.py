@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from ..errors import CorruptTokenError
 from ..names import versioned_name
@@ -59,6 +60,9 @@ class ProcessorView:
     #: of ``dropped``, how many by root source (drops counted before schema version 4 have
     #: none: the sum may be less than ``dropped``)
     dropped_by: Mapping[str, int] | None = None
+    #: a windowed aggregation's counts, clock and open windows (None: not windowed; see
+    #: ``status-json.md``)
+    windows: Mapping[str, Any] | None = None
 
     @property
     def readable_head(self) -> int:

@@ -195,6 +195,23 @@ class WindowTable:
         folded, late, clamped = self.db.query(sql, (name,))[0]
         return {"folded": int(folded), "late": int(late), "clamped": int(clamped)}
 
+    def summary(self, name: str) -> dict[str, Any]:
+        """What status shows of a windowed aggregation: its counts, its clock (the largest
+        event time read, in microseconds; None before any), the windows open and the end of
+        the oldest (None: none open)."""
+        clock = self.db.query(
+            self.db.sql(f"SELECT max(latest) FROM {self.clocks} WHERE aggregation = ?"), (name,)
+        )[0][0]
+        opened, oldest = self.db.query(
+            self.db.sql(
+                f"""SELECT count(*), min(end_us) FROM {self.states} WHERE aggregation = ?
+                    AND closed_at IS NULL"""
+            ),
+            (name,),
+        )[0]
+        counts = self.counts(name)
+        return {**counts, "clock_us": clock, "open": int(opened), "oldest_end_us": oldest}
+
     def windows(
         self, name: str, key: str, since: int | None, until: int | None
     ) -> list[WindowResult]:
