@@ -286,6 +286,14 @@ def test_a_changed_window_needs_a_new_version(store_url: str) -> None:
     agg.on("ScrewAttempted")(lambda s, e: s.update(n=s["n"] + 1))
     run_until_caught_up(v2)
     assert sum(w.value["n"] for w in agg.windows("r0")) > 0
+    # Retiring version 1 drops its windows, late inputs and clocks with its states.
+    old = define(v2, "screws", 2)
+    assert old.windows("r0") and old.late_events()
+    v2.promote("screws@v2")
+    v2.retire("screws")
+    assert old.windows("r0") == [] and old.late_events() == []
+    assert old.window_counts() == {"folded": 0, "late": 0, "clamped": 0, "duplicate": 0}
+    assert agg.windows("r0")  # the new version's stay
 
 
 def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
