@@ -159,7 +159,7 @@ def _options(typed: Any) -> set[str]:
 
 
 # the App passes these to the constructors, from its runtime; a user passes none of them
-FROM_THE_APP = {"prefix", "upcasters", "states", "stores"}
+FROM_THE_APP = {"prefix", "upcasters", "states", "stores", "windows"}
 PROCESSOR = _options(ProcessorOptions)
 
 

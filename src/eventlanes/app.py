@@ -45,7 +45,7 @@ from .signals import Stopping, run_until_signal
 from .store import EventStore
 from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
 from .upcasting import Upcasters
-from .windows.spec import DEFAULT_RETAIN, windowing
+from .windows.spec import DEFAULT_RETAIN
 
 log = logging.getLogger("eventlanes.app")
 
@@ -184,9 +184,9 @@ class App(Operations):
             Aggregation(
                 name, key=key, initial=initial, persist_every=persist_every, fields=fields,
                 on=on, pushdown=pushdown, publish=publish, states=lambda: rt.states,
-                prefix=rt.prefix, upcasters=rt.upcasters, windows=lambda: rt.windows,
-                windowing=windowing(name, window, time, lateness, max_future, clock, late,
-                                    retain), **options,
+                prefix=rt.prefix, upcasters=rt.upcasters, window=window, time=time,
+                lateness=lateness, max_future=max_future, clock=clock, late=late,
+                retain=retain, windows=lambda: rt.windows, **options,
             )
         )  # fmt: skip
 

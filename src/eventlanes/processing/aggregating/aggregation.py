@@ -29,7 +29,14 @@ from ...names import validate_base_name, validate_processor_name, versioned_name
 from ...policies import FieldPolicy, SequencingPolicy, key_argument
 from ...tokens.base import check_seconds
 from ...upcasting import Upcasters
-from ...windows.spec import LateEvent, Windowing, WindowResult, instant
+from ...windows.spec import (
+    DEFAULT_RETAIN,
+    LateEvent,
+    Windowing,
+    WindowResult,
+    instant,
+    windowing,
+)
 from ..handlers import FunctionsByType
 from ..options import AggregationOptions
 from ..processor import Processor
@@ -139,13 +146,20 @@ class Aggregation(Processor):
         states: Callable[[], StateTable],
         prefix: str,
         upcasters: Upcasters,
-        windowing: Windowing | None = None,
+        window: Any = None,
+        time: Any = None,
+        lateness: Any = "0s",
+        max_future: Any = None,
+        clock: str = "store",
+        late: str = "park",
+        retain: Any = DEFAULT_RETAIN,
         windows: Callable[[], WindowTable] | None = None,
         **options: Unpack[AggregationOptions],
     ) -> None:
         #: window=...: each key's inputs folded per time window (eventlanes.windows)
-        self.windowing, self._windows = windowing, windows
-        pushdown = _windowed_pushdown(name, windowing, publish, options, pushdown)
+        self.windowing = windowing(name, window, time, lateness, max_future, clock, late, retain)
+        self._windows = windows
+        pushdown = _windowed_pushdown(name, self.windowing, publish, options, pushdown)
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
