@@ -341,6 +341,13 @@ class EventStore(ABC):
             f"SELECT {self.columns_sql} FROM {self.events_table} "
             f"WHERE position > {p} AND position <= {p}{cond} ORDER BY position LIMIT {p}"
         )
+        return self._chunks(sql, after, until, params, chunk)
+
+    def _chunks(
+        self, sql: str, after: int, until: int, params: Sequence[Any], chunk: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of ``sql`` (position first; parameters after, until, ``params``, the
+        limit) a chunk at a time, each read after the last position of the one before."""
         while True:
             with self.db.guard(f"scan after position {after}"), self.db.connection() as conn:
                 rows = self._raw_rows(conn, sql, (after, until, *params, chunk))
@@ -366,14 +373,7 @@ class EventStore(ABC):
             f"SELECT {columns} FROM {self.events_table} WHERE position > {p} AND "
             f"position <= {p} ORDER BY position LIMIT {p}"
         )
-        while True:
-            with self.db.guard(f"scan after position {after}"), self.db.connection() as conn:
-                rows = self._raw_rows(conn, sql, (after, until, chunk))
-            if rows:
-                yield rows
-            if len(rows) < chunk:
-                return
-            after = rows[-1][0]
+        return self._chunks(sql, after, until, (), chunk)
 
     def _raw_rows(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Rows for :meth:`scan`; CorruptEventError where a row cannot even be read."""

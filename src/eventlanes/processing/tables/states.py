@@ -382,11 +382,7 @@ class StateTable:
     def _upsert_all(
         self, conn: Any, params: Iterable[tuple[Any, ...]], statement: str | None = None
     ) -> None:
-        cur = conn.cursor()
-        try:
-            cur.executemany(self._upsert if statement is None else statement, params)
-        finally:
-            cur.close()
+        execute_many(conn, self._upsert if statement is None else statement, params)
 
     def delete_all(self, conn: Any, name: str) -> None:
         conn.execute(self.db.sql(f"DELETE FROM {self.table} WHERE aggregation = ?"), (name,))
@@ -406,6 +402,15 @@ class StateTable:
         """Inputs aggregation ``name`` dropped as duplicates, by root source (those counted
         before schema version 4 have none: the total may be more than the sum)."""
         return dropped_by_source(self.db, self.table, name)
+
+
+def execute_many(conn: Any, statement: str, params: Iterable[tuple[Any, ...]]) -> None:
+    """``statement`` once per row of ``params``, on a cursor closed after."""
+    cur = conn.cursor()
+    try:
+        cur.executemany(statement, params)
+    finally:
+        cur.close()
 
 
 def dropped_by_source(db: Database, table: str, name: str) -> dict[str, int]:

@@ -12,7 +12,7 @@ from ...hashing import stable_hashes
 from ...schema import require
 from ...segments import Segment
 from ...windows.spec import LateEvent, WindowResult
-from .states import CHUNK, decode, encode_states
+from .states import CHUNK, decode, encode_states, execute_many
 
 #: closed windows past their retention deleted per write: bounded, so a write after a long
 #: pause does not hold its transaction for a sweep of the whole table
@@ -115,15 +115,7 @@ class WindowTable:
                     chunk, stable_hashes(keys), texts, strict=True
                 )
             ]
-            self._upsert_all(conn, params)
-
-    def _upsert_all(self, conn: Any, params: list[tuple[Any, ...]]) -> None:
-        if params:
-            cur = conn.cursor()
-            try:
-                cur.executemany(self._upsert, params)
-            finally:
-                cur.close()
+            execute_many(conn, self._upsert, params)
 
     def expire(
         self, conn: Any, name: str, before: int, segment: Segment, limit: int = EXPIRE_BATCH
@@ -141,12 +133,7 @@ class WindowTable:
     def add_late(self, conn: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
         """(position, key, t, windows, amended, recorded_at) of late inputs."""
         params = [(name, p, k, t, json.dumps(ws), int(a), r) for p, k, t, ws, a, r in rows]
-        if params:
-            cur = conn.cursor()
-            try:
-                cur.executemany(self._add_late, params)
-            finally:
-                cur.close()
+        execute_many(conn, self._add_late, params)
 
     def checkpoint(self, conn: Any, name: str, segment_id: int) -> Checkpoint | None:
         row = conn.execute(

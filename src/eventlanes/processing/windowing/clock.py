@@ -94,10 +94,9 @@ class StoreClock:
         # type walks the type index and reads each row apart); only the columns a time needs
         for rows in self.store.scan_times(after, upto, data=prop, chunk=CLOCK_BATCH):
             mine = [r for r in rows if wanted is None or r[1] in wanted]
-            times: list[int | None] = [r[3] for r in mine]
-            if prop:
-                times = [_time_in(spec, r[2]) for r in mine]
-            self._add([r[0] for r in mine], times, [r[3] for r in mine])
+            recorded = [r[3] for r in mine]
+            times = [_time_in(spec, r[2]) for r in mine] if prop else list(recorded)
+            self._add([r[0] for r in mine], times, recorded)
 
     def feed(self, events: list[Event], after: int, upto: int) -> None:
         """``events``: every input after ``after`` up to ``upto`` (as the processor's reader
@@ -134,13 +133,9 @@ class StoreClock:
                 self.latest.append(t)
 
     def times_of(self, positions: list[int]) -> list[tuple[int, bool] | None]:
-        """:meth:`time_of` of each position."""
-        return list(map(self.times.get, positions))
-
-    def time_of(self, position: int) -> tuple[int, bool] | None:
-        """The clamped time of the input at ``position`` and whether it was clamped, as the
+        """The clamped time of the input at each position and whether it was clamped, as the
         clock read it (None: not read, or its time is not valid)."""
-        return self.times.get(position)
+        return list(map(self.times.get, positions))
 
     def _at(self, i: int) -> int | None:
         return self.latest[i - 1] if i else self.base_latest
@@ -154,28 +149,31 @@ class StoreClock:
             self._cover(after, upto)
             return [self._at(bisect_left(self.positions, p)) for p in positions]
 
-    def closing(self, upto: int, ends: list[int]) -> tuple[int | None, list[int]]:
-        """The largest time up to ``upto`` (a position a segment reached), and for each of
-        ``ends`` (times it has reached), the first position where it did."""
+    def _known_to(self, position: int) -> None:
+        """Cover up to ``position`` from what is kept (or from a checkpoint), the lock held."""
+        self._cover(position if self.base is None else min(position, self.base), position)
+
+    def at(self, position: int) -> int | None:
+        """The largest time up to ``position`` (covered here if it is not)."""
         with self.lock:
-            self._cover(upto if self.base is None else min(upto, self.base), upto)
-            latest = self._at(bisect_right(self.positions, upto))
+            self._known_to(position)
+            return self._at(bisect_right(self.positions, position))
+
+    def reached(self, upto: int, times: list[int]) -> list[int]:
+        """For each of ``times`` (reached by ``upto``, a position a segment reached), the
+        first position where the clock reached it."""
+        with self.lock:
+            self._known_to(upto)
             found = []
             below = self.base_latest
-            for time in ends:
+            for time in times:
                 i = bisect_left(self.latest, time)
                 if i == len(self.positions) or (below is not None and below >= time):
                     # reached below what is kept, or not at all: a caller's error, never a
                     # guess (a wrong closing position would differ between runs)
                     raise RuntimeError(f"the clock cannot place time {time} above {self.base}")
                 found.append(self.positions[i])
-            return latest, found
-
-    def at(self, position: int) -> int | None:
-        """The largest time up to ``position`` (covered here if it is not)."""
-        with self.lock:
-            self._cover(position if self.base is None else min(position, self.base), position)
-            return self._at(bisect_right(self.positions, position))
+            return found
 
     def trim(self) -> None:
         """Forget what is below every segment's floor: no segment asks there."""

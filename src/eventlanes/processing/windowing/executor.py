@@ -261,7 +261,7 @@ class WindowExecutor(AggregationExecutor):
         if self.clock is None or seg not in self.open:
             return
         lateness = self.spec.lateness
-        latest, _ = self.clock.closing(upto, [])
+        latest = self.clock.at(upto)
         if latest is None:
             return
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
@@ -272,7 +272,7 @@ class WindowExecutor(AggregationExecutor):
             if w is not None and w.closed_at is None:
                 closed.append((key, start, w))
         if closed:  # each at the first position where the clock passed its end
-            _, points = self.clock.closing(upto, [w.end + lateness for _, _, w in closed])
+            points = self.clock.reached(upto, [w.end + lateness for _, _, w in closed])
             for (key, start, w), point in zip(closed, points, strict=True):
                 w.closed_at = point
                 touched.add((key, start))
