@@ -306,6 +306,10 @@ def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
         (dict(window=el.tumbling("1m"), late="drop"), "late must be one of"),
         (dict(window=el.tumbling("1m"), time="ts"), "time must be el.event_time"),
         (dict(lateness="30s"), "pass window= too"),
+        (dict(window=el.tumbling("1m"), max_future="later"), "max_future: expected a duration"),
+        (dict(window=el.tumbling("1m"), retain="-1h"), "retain: expected a duration"),
+        (dict(window=el.tumbling("1m"), publish="a sink"), "does not publish its states yet"),
+        (dict(window=el.tumbling("1m"), sources={"other": store_url}), "windows read one source"),
     ]
     for kwargs, message in cases:
         with pytest.raises(el.InvalidInputError, match=message):
@@ -316,6 +320,25 @@ def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
         agg.get("r1")
     with pytest.raises(el.InvalidInputError, match="an aware datetime"):
         agg.windows("r1", since=datetime(2026, 1, 1))  # noqa: DTZ001 - the naive one refused
+    folded = app.aggregation("folded", key="robot", initial=dict, window=el.tumbling("1m"))
+    with pytest.raises(el.InvalidInputError, match="has no downstream stages yet"):
+        folded.downstream("totals", key=lambda e: e.data["k"], initial=dict)
+    # Spark would fold it as a plain aggregation: refused before any session starts.
+    from eventlanes import spark
+
+    with pytest.raises(el.InvalidInputError, match="windows run on the local engine only"):
+        spark.replay(app, "ok")
+
+
+def test_windows_over_upcast_events_are_refused_when_the_app_starts(store_url: str) -> None:
+    """The clock reads types as stored: upcast events would be folded but not timed."""
+    app = el.App(store_url)
+    app.upcaster("Sighted", to="Seen")(lambda e: e.data)  # a legacy type, renamed
+    app.aggregation("seen", key="robot", fields={"n": el.count()}, on="Seen",
+                    window=el.tumbling("1m"))  # fmt: skip
+    with pytest.raises(el.InvalidInputError, match="windows do not read upcast events yet"):
+        app.start()
+    app.stop()
 
 
 def test_a_naive_event_time_stops_its_segment_with_a_clear_error(store_url: str) -> None:
