@@ -96,14 +96,14 @@ def test_split_and_merge_mid_run_change_nothing(store_url: str) -> None:
     app = el.App(store_url)
     agg = define(app, "screws", 2)
     plain = define(app, "plain", 1)
-    events = attempts(1600, seed=2)
+    events = attempts(800, seed=2)
     app.start()
     try:
         for round_ in range(4):
-            append(app.store, events[round_ * 400 : round_ * 400 + 200])
+            append(app.store, events[round_ * 200 : round_ * 200 + 100])
             seg = app.status("screws").segments[round_ % 2].segment
             app.split("screws", seg.id)
-            append(app.store, events[round_ * 400 + 200 : round_ * 400 + 400])
+            append(app.store, events[round_ * 200 + 100 : round_ * 200 + 200])
             app.merge("screws", seg.id)
         app.wait_until_caught_up(60)
     finally:
@@ -114,6 +114,9 @@ def test_split_and_merge_mid_run_change_nothing(store_url: str) -> None:
     assert [x.position for x in agg.late_events()] == sorted({p for p, *_ in ref.late})
 
 
+# PostgreSQL only: its segments write side by side (SQLite's one at a time); the crash path
+# (windows, late rows and the clock row written with the token) is the same code on both
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_sigkilled_workers_leave_the_same_windows(store_url: str, tmp_path: Path) -> None:
     """Workers are SIGKILLed again and again while events arrive: every window, late input
     and count ends as the reference says (each written once, with its token)."""
