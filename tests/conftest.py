@@ -58,24 +58,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [*first["spark"], *first["kafka"], *rest]
 
 
-#: The Spark group is the run's longest path: one worker runs it from the start while the
-#: others share out the rest, which waits (on processes, servers, clocks) more than it
-#: computes. Those others run at a lower CPU priority (and the servers they start, which
-#: inherit it), so the JVMs get the cores when both want them and the rest fills the gaps.
-#: Only under pytest-xdist: a run of a few tests is never slowed.
-NICE = 5
-_niced: list[bool] = []
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _niced or not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    if item.get_closest_marker("xdist_group") is None:
-        _niced.append(True)
-        os.nice(NICE)
-
-
 UNGROUPED = pytest.StashKey[str]()
 
 

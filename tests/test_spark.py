@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 import eventlanes as el
-from tests.processing_helpers import Logged, assert_exactly_once_in_order, wait_for
+from tests.processing_helpers import assert_exactly_once_in_order, wait_for
 
 E = el.NewEvent
 
@@ -182,69 +181,6 @@ def test_a_continuous_micro_batch_keeps_a_resets_replay_end(spark, tmp_path) -> 
     assert {s.position for s in segments} == {100}
     assert all(s.replaying and s.token.replay_until == 400 for s in segments)
     assert {s.token.replay_context for s in segments} == {"rebuild"}
-
-
-@pytest.mark.xdist_group("spark")  # a JVM of its own: in the Spark group, not beside it
-def test_continuous_query_killed_and_restarted_from_its_tokens(tmp_path) -> None:
-    """`eventlanes run --engine spark` is SIGKILLed mid-run and restarted from its tokens:
-    the final states are exact."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.processing_helpers import wait_for
-
-    url = f"sqlite:///{tmp_path}/stream.db"
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "EVENTLANES_TEST_APP_URL": url}
-    app = el.App(url, claim_timeout=3)
-    app.aggregation("screws", key=lambda e: e.data["robot"], initial=dict, segments=2)
-    want: dict[str, dict[str, int]] = {}
-    rng = random.Random(11)
-
-    def append(n: int) -> None:
-        for _ in range(n):
-            robot, ok = f"r{rng.randrange(30)}", rng.randrange(9)
-            app.store.append(f"cell-{robot}", [E("ScrewsFastened", {"robot": robot, "ok": ok})])
-            w = want.setdefault(robot, {"ok": 0, "n": 0})
-            w["ok"] += ok
-            w["n"] += 1
-
-    starts = iter(range(2))
-
-    def start() -> subprocess.Popen:
-        return Logged(
-            [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.spark_app:app",
-             "--engine", "spark", "--trigger", "0.5"],
-            tmp_path, f"runner-{next(starts)}", cwd=root, env=env,
-        ).process  # fmt: skip
-
-    def position() -> int:
-        return min(s.position for s in app.status("screws").segments)
-
-    append(2000)
-    query = start()
-    try:
-        wait_for(lambda: position() > 0, timeout=180, what="the first micro-batch")
-        append(1000)
-        query.send_signal(signal.SIGKILL)  # mid-run: batches planned, maybe half written
-        query.wait()
-        append(1000)
-        query = start()
-        wait_for(lambda: position() == app.store.head(), timeout=180, what="the backlog")
-        time.sleep(1)  # one more trigger: nothing new may be added
-    finally:
-        query.send_signal(signal.SIGTERM)
-        query.wait(60)
-    assert states(app, "screws") == {k: json_dump(v) for k, v in want.items()}
-
-
-def json_dump(value: object) -> str:
-    import json
-
-    return json.dumps(value, separators=(",", ":"))  # states are stored compact
 
 
 def test_a_replayed_fold_returning_the_new_state_fails_and_writes_nothing(spark, tmp_path) -> None:

@@ -142,9 +142,13 @@ def test_docs_spark_submit_recipe_replays_a_file_uri_export(spark_cluster, tmp_p
     assert {p for _, p in tokens(app, "by_function")} == {10_000}
 
 
-def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) -> None:
+def test_continuous_runner_on_the_cluster_with_appends_and_a_sigkill(
+    spark_cluster, tmp_path
+) -> None:
     """`run --engine spark` with the executors' Python from a packed environment
-    (--archives, PYSPARK_PYTHON=./environment/bin/python: not a path on the driver)."""
+    (--archives, PYSPARK_PYTHON=./environment/bin/python: not a path on the driver), events
+    appended while it runs; SIGKILLed mid-run (batches planned, maybe half written) and
+    started again: it resumes from its tokens and the states are exact."""
     from tests.spark_cluster import pack_environment
 
     url = f"sqlite:///{tmp_path}/events.db"
@@ -154,33 +158,41 @@ def test_continuous_runner_on_the_cluster_with_appends(spark_cluster, tmp_path) 
     env = spark_cluster.driver_env(
         EVENTLANES_TEST_APP_URL=url, PYSPARK_PYTHON="./environment/bin/python"
     )
-    logged = Logged(
-        [sys.executable, "-m", "eventlanes.cli", "run", APP, "--engine", "spark",
-         "--master", spark_cluster.master, *spark_cluster.cli_conf(),
-         "--archives", f"{archive}#environment", "--trigger", "0.5"],
-        tmp_path, "runner", cwd=ROOT, env=env,
-    )  # fmt: skip
-    run = logged.process
+    starts = iter(range(2))
+
+    def start() -> Logged:
+        return Logged(
+            [sys.executable, "-m", "eventlanes.cli", "run", APP, "--engine", "spark",
+             "--master", spark_cluster.master, *spark_cluster.cli_conf(),
+             "--archives", f"{archive}#environment", "--trigger", "0.5"],
+            tmp_path, f"runner-{next(starts)}", cwd=ROOT, env=env,
+        )  # fmt: skip
+
+    def position(name: str = "totals") -> int:
+        if logged.process.poll() is not None:
+            raise AssertionError(f"the runner exited: {logged.out()}{logged.err()[-3000:]}")
+        return min((p for _, p in tokens(app, name)), default=0)
+
+    logged = start()
     try:
-
-        def position() -> int:
-            if run.poll() is not None:
-                raise AssertionError(f"the runner exited: {logged.out()}{logged.err()[-3000:]}")
-            return min((p for _, p in tokens(app, "totals")), default=0)
-
         try:
             logged.wait_working(lambda: position() > 0, "the first micro-batch")
             for seed in range(3, 6):  # appended while the query runs
                 fill(url, 1_000, seed=seed)
                 time.sleep(0.3)
-            logged.wait_working(lambda: position() == 8_000, "the appended events")
-            logged.wait_working(lambda: min(p for _, p in tokens(app, "by_function")) == 8_000,
+            logged.wait_working(lambda: position() > 5_000, "a micro-batch of the appended")
+            logged.process.send_signal(signal.SIGKILL)  # mid-run
+            logged.process.wait()
+            fill(url, 1_000, seed=6)
+            logged = start()
+            logged.wait_working(lambda: position() == 9_000, "the rest, after the restart")
+            logged.wait_working(lambda: position("by_function") == 9_000,
                                 "the second aggregation")  # fmt: skip
         except AssertionError as exc:  # a wait that timed out: what the driver said meanwhile
             raise AssertionError(f"{exc}\nthe runner's log:\n{logged.err()[-6000:]}") from None
     finally:
-        run.send_signal(signal.SIGTERM)
-        run.wait(60)
+        logged.process.send_signal(signal.SIGTERM)
+        logged.process.wait(60)
     out, err = logged.out(), logged.err()
     assert "spark: running totals, by_function; not running recorder" in out, out + err[-3000:]
     assert states(app, "totals") == states(app, "by_function") == plain_fold(url)
