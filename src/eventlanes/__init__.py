@@ -71,11 +71,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported a
     )
     from .windows.kinds import hopping, session, tumbling
     from .windows.spec import LateEvent, WindowResult
+    from .windows.ticks import TICK
     from .windows.time import event_time, recorded_time
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "TICK",
     "tumbling",
     "hopping",
     "session",
@@ -220,6 +222,7 @@ _HOMES = {
     "tumbling": ".windows.kinds",
     "LateEvent": ".windows.spec",
     "WindowResult": ".windows.spec",
+    "TICK": ".windows.ticks",
     "event_time": ".windows.time",
     "recorded_time": ".windows.time",
 }

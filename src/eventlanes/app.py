@@ -159,6 +159,8 @@ class App(Operations):
         clock: str = "store",
         late: str = "park",
         retain: Any = DEFAULT_RETAIN,
+        idle_close: Any = None,
+        tick_lag: Any = "0s",
         **options: Unpack[AggregationOptions],
     ) -> Aggregation:
         """An exactly-once aggregation (see ``eventlanes.processing.aggregating``): states by
@@ -177,7 +179,9 @@ class App(Operations):
         lateness), ``clock`` (``"store"``: the log's, the same for any segment count;
         ``"key"``: each key's), ``late`` (``"park"``: kept and listed; ``"amend"``: folded
         into the closed window as a new revision; ``"count"``), ``retain`` (how long closed
-        windows are kept). See the windows how-to."""
+        windows are kept), ``idle_close`` (append a tick once no input came for that long, so
+        windows close when data stops; a tick's time is its ``recorded_at`` less
+        ``tick_lag``). See the windows how-to."""
         refuse_unknown("App.aggregation()", options, AggregationOptions)
         rt = self.runtime
         return self.registry.add(
@@ -186,7 +190,8 @@ class App(Operations):
                 on=on, pushdown=pushdown, publish=publish, states=lambda: rt.states,
                 prefix=rt.prefix, upcasters=rt.upcasters, window=window, time=time,
                 lateness=lateness, max_future=max_future, clock=clock, late=late,
-                retain=retain, windows=lambda: rt.windows, **options,
+                retain=retain, idle_close=idle_close, tick_lag=tick_lag,
+                windows=lambda: rt.windows, **options,
             )
         )  # fmt: skip
 

@@ -26,6 +26,7 @@ from ..errors import InvalidInputError
 from ..names import split_version
 from ..store.base import READ_WAIT_WARNING, recorded_after
 from ..tokens.base import RETIRED_NOTE
+from ..windows.durations import shown
 from ..windows.spec import as_datetime
 from .views import ProcessorView, SegmentView
 
@@ -176,10 +177,15 @@ def window_notes(windows: Mapping[str, Any], caught_up: bool) -> list[str]:
         oldest = as_datetime(w["oldest_end_us"]).isoformat()
         needed = as_datetime(w["oldest_end_us"] + w["lateness_us"]).isoformat()
         clock = "no time yet" if w["clock_us"] is None else as_datetime(w["clock_us"]).isoformat()
+        idle = w.get("idle_close_us")
+        what, ticks = (
+            ("an input", "no ticks: idle_close is not set") if idle is None
+            else ("an input or a tick", f"a tick is appended after {shown(idle)} with no input")
+        )  # fmt: skip
         notes.append(
             f"waiting for time: {w['open']:,} window(s) open, the oldest ending {oldest}; it "
-            f"closes when an input with a time at or after {needed} comes (the clock is at "
-            f"{clock})"
+            f"closes when {what} with a time at or after {needed} comes (the clock is at "
+            f"{clock}; {ticks})"
         )
     return notes
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..callables import check
 from ..errors import InvalidInputError
+from ..windows.ticks import TICK
 
 Handler = Callable[[Any, Any], Any]
 ResetHandler = Callable[[Any], Any]
@@ -40,6 +41,28 @@ def runs_on_replay(handler: Handler) -> bool:
     return not getattr(handler, _NO_REPLAY, False)
 
 
+def takes(types: frozenset[str] | None, event_type: str) -> bool:
+    """Whether a handler of ``types`` (None: every type) takes an event of ``event_type``:
+    one of every type is never given a tick (:mod:`eventlanes.windows.ticks`)."""
+    return event_type in types if types is not None else event_type != TICK
+
+
+def functions_for(
+    by_type: dict[str, list[Function]], every: list[Function], event_type: str
+) -> list[Function]:
+    """The functions of ``event_type``: its own, then those of every type (never for a
+    tick); the local engine's folds and Spark's alike."""
+    named = by_type.get(event_type, [])
+    return named if event_type == TICK else named + every
+
+
+def has_functions(
+    by_type: dict[str, list[Function]], every: list[Function], event_type: str
+) -> bool:
+    """Whether :func:`functions_for` finds any (without building the list)."""
+    return event_type in by_type or (bool(every) and event_type != TICK)
+
+
 class HandlerSet:
     """Handlers in registration order; the list for an event type is computed once.
 
@@ -65,7 +88,7 @@ class HandlerSet:
     def for_type(self, event_type: str) -> tuple[Handler, ...]:
         found = self._cache.get(event_type)
         if found is None:
-            found = tuple(h for types, h in self._entries if types is None or event_type in types)
+            found = tuple(h for types, h in self._entries if takes(types, event_type))
             self._cache[event_type] = found
         return found
 
@@ -141,10 +164,10 @@ class FunctionsByType:
         return register
 
     def for_type(self, event_type: str) -> list[Function]:
-        return self.by_type.get(event_type, []) + self.any
+        return functions_for(self.by_type, self.any, event_type)
 
     def handles(self, event_type: str) -> bool:
-        return bool(self.any) or event_type in self.by_type
+        return has_functions(self.by_type, self.any, event_type)
 
     def types(self) -> frozenset[str] | None:
         """The event types with a function; None when one takes every event."""

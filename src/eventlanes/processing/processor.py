@@ -113,8 +113,12 @@ class Processor:
         return handler
 
     def handled_types(self) -> frozenset[str] | None:
-        """The event types this processor reads (None: all); the others are passed over."""
+        """The event types this processor handles (None: all); the others are passed over."""
         return self.handlers.types()
+
+    def read_types(self) -> frozenset[str] | None:
+        """The event types its reader reads (None: all): the handled ones here."""
+        return self.handled_types()
 
     @property
     def handler_threads(self) -> int:

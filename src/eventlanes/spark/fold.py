@@ -23,6 +23,7 @@ from ..processing.aggregating.folds import (
     output_event,
     returned_value,
 )
+from ..processing.handlers import functions_for, has_functions
 from ..processing.tables.states import (  # the local engine's: same stored text
     Entry,
     encode,
@@ -59,10 +60,10 @@ class FoldSpec:
     key_field: str | None = None  # a data property: Spark extracts the key without Python
 
     def handles(self, event_type: str) -> bool:
-        return bool(self.any) or event_type in self.by_type
+        return has_functions(self.by_type, self.any, event_type)
 
     def folds(self, event_type: str) -> list[Callable[..., Any]]:
-        return self.by_type.get(event_type, []) + self.any
+        return functions_for(self.by_type, self.any, event_type)
 
 
 def spec_of(agg: Aggregation, source: str) -> FoldSpec:

@@ -2,7 +2,9 @@
 produce from the same events, whatever its segments, batches or crashes. Tests hold the
 engines to it; it is kept small on purpose, so that it can be read as the specification.
 
-Inputs are ``(position, key, time, recorded)`` in position order (times in microseconds).
+Inputs are ``(position, key, time, recorded)`` in position order (times in microseconds); a
+key of None is a tick (:mod:`.ticks`: its time is its ``recorded_at`` less ``tick_lag``), which
+moves the store's clock and closes what it passes, and is counted into nothing.
 For each input: its time is clamped to ``recorded + max_future``; it is late for each of its
 windows that the clock has closed (:mod:`.clock`) and counted into the others; then the clock
 advances and every open window it now closes is closed at that position, in (key, start)
@@ -34,7 +36,7 @@ class Result:
 
 
 def count_windows(
-    inputs: Iterable[tuple[int, str, int, int]],
+    inputs: Iterable[tuple[int, str | None, int, int]],
     window: Window,
     lateness: int,
     max_future: int,
@@ -47,29 +49,37 @@ def count_windows(
         t, was = clamped(time, recorded, max_future)
         if was:
             result.clamped.append(position)
-        c = store if clock == "store" else keys.of(key)
-        mine = open_.setdefault(key, [])
-        if isinstance(window, Session):
-            before = window.overlapping(mine, t)
-            if not before and c.closed(t + window.gap):  # alone, in a session already closed
-                result.late.append((position, key, t, t + window.gap))
-            else:  # joins (and may bridge) open sessions; open ones end past the watermark
-                mine[:], joined = window.joined(mine, t)
-                count = 1 + sum(result.counts.pop((key, *w)) for w in before)
-                result.counts[(key, *joined)] = count
-        else:
-            for start, end in window.windows(t):
-                if c.closed(end):
-                    result.late.append((position, key, start, end))
-                    continue
-                if (start, end) not in mine:
-                    mine.append((start, end))
-                    mine.sort()
-                result.counts[(key, start, end)] = result.counts.get((key, start, end), 0) + 1
+        c = store if clock == "store" or key is None else keys.of(key)
+        if key is not None:  # an input (a tick only moves the clock)
+            _count(result, window, c, open_.setdefault(key, []), position, key, t)
         c.advance(t)
-        scope = open_ if clock == "store" else {key: mine}
+        scope = open_ if clock == "store" or key is None else {key: open_[key]}
         for k in sorted(scope):
             for start, end in [w for w in scope[k] if c.closed(w[1])]:
                 scope[k].remove((start, end))
                 result.closes.append((position, k, start, end))
     return result
+
+
+def _count(
+    result: Result, window: Window, c: Clock, mine: list[tuple[int, int]], position: int,
+    key: str, t: int,
+) -> None:  # fmt: skip
+    """Count the input into its open windows (``mine``: its key's), or record it late."""
+    if isinstance(window, Session):
+        before = window.overlapping(mine, t)
+        if not before and c.closed(t + window.gap):  # alone, in a session already closed
+            result.late.append((position, key, t, t + window.gap))
+        else:  # joins (and may bridge) open sessions; open ones end past the watermark
+            mine[:], joined = window.joined(mine, t)
+            count = 1 + sum(result.counts.pop((key, *w)) for w in before)
+            result.counts[(key, *joined)] = count
+        return
+    for start, end in window.windows(t):
+        if c.closed(end):
+            result.late.append((position, key, start, end))
+            continue
+        if (start, end) not in mine:
+            mine.append((start, end))
+            mine.sort()
+        result.counts[(key, start, end)] = result.counts.get((key, start, end), 0) + 1

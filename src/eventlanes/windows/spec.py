@@ -32,14 +32,20 @@ class Windowing:
     clock: str
     late: str
     retain: int
+    #: append a tick once no input nor tick came for this long (None: no ticks are read)
+    idle_close: int | None = None
+    #: what a tick's time is behind its ``recorded_at`` (devices whose clocks run behind)
+    tick_lag: int = 0
 
     def definition(self) -> str:
         """What the folded windows depend on: a change is a new version of the aggregation
-        (``retain`` only says how long closed ones are kept, so it is not part of it)."""
+        (``retain`` only says how long closed ones are kept, and ``idle_close`` only when
+        ticks are appended, so they are not part of it; whether ticks are read is)."""
+        ticks = "" if self.idle_close is None else f"; ticks lag={shown(self.tick_lag)}"
         return (
             f"{self.window.describe()}; time={self.time.describe()}; "
             f"lateness={shown(self.lateness)}; max_future={shown(self.max_future)}; "
-            f"clock={self.clock}; late={self.late}"
+            f"clock={self.clock}; late={self.late}{ticks}"
         )
 
 
@@ -52,6 +58,8 @@ def windowing(
     clock: str = "store",
     late: str = "park",
     retain: Any = DEFAULT_RETAIN,
+    idle_close: Any = None,
+    tick_lag: Any = "0s",
 ) -> Windowing | None:
     """The checked windowing of aggregation ``name`` (None without ``window``; the other
     arguments then refused unless left as they are): InvalidInputError naming what is
@@ -61,11 +69,13 @@ def windowing(
         if (
             time is not None
             or max_future is not None
-            or (lateness, clock, late, retain) != ("0s", "store", "park", DEFAULT_RETAIN)
+            or idle_close is not None
+            or (lateness, clock, late, retain, tick_lag)
+            != ("0s", "store", "park", DEFAULT_RETAIN, "0s")
         ):
             raise InvalidInputError(
-                f"{what}: time, lateness, max_future, clock, late and retain belong to a "
-                "windowed aggregation: pass window= too"
+                f"{what}: time, lateness, max_future, clock, late, retain, idle_close and "
+                "tick_lag belong to a windowed aggregation: pass window= too"
             )
         return None
     if isinstance(window, Session):
@@ -90,9 +100,17 @@ def windowing(
         raise InvalidInputError(
             f"{what}: late must be one of {', '.join(map(repr, LATE_MODES))}, got {late!r}"
         )
-    return Windowing(
-        window, time, late_us, future, clock, late, micros(retain, f"{what}: retain", True)
-    )
+    idle = None if idle_close is None else micros(idle_close, f"{what}: idle_close")
+    lag = micros(tick_lag, f"{what}: tick_lag", zero=True)
+    if idle is None and lag:
+        raise InvalidInputError(f"{what}: tick_lag says how ticks are read: pass idle_close too")
+    if idle is not None and clock == "key":
+        raise InvalidInputError(
+            f"{what}: ticks move the store's clock; with clock='key' each key's clock moves "
+            "only with its own inputs (idle_close is not available there yet)"
+        )
+    retained = micros(retain, f"{what}: retain", True)
+    return Windowing(window, time, late_us, future, clock, late, retained, idle, lag)
 
 
 def instant(value: Any, what: str) -> int | None:

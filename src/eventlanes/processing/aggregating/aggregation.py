@@ -37,6 +37,7 @@ from ...windows.spec import (
     instant,
     windowing,
 )
+from ...windows.ticks import TICK
 from ..handlers import FunctionsByType
 from ..options import AggregationOptions
 from ..processor import Processor
@@ -153,11 +154,15 @@ class Aggregation(Processor):
         clock: str = "store",
         late: str = "park",
         retain: Any = DEFAULT_RETAIN,
+        idle_close: Any = None,
+        tick_lag: Any = "0s",
         windows: Callable[[], WindowTable] | None = None,
         **options: Unpack[AggregationOptions],
     ) -> None:
         #: window=...: each key's inputs folded per time window (eventlanes.windows)
-        self.windowing = windowing(name, window, time, lateness, max_future, clock, late, retain)
+        self.windowing = windowing(
+            name, window, time, lateness, max_future, clock, late, retain, idle_close, tick_lag
+        )
         self._windows = windows
         pushdown = _windowed_pushdown(name, self.windowing, publish, options, pushdown)
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
@@ -269,6 +274,14 @@ class Aggregation(Processor):
 
     def handled_types(self) -> frozenset[str] | None:
         return self.folds.types()
+
+    def read_types(self) -> frozenset[str] | None:
+        """The folded types, and the ticks that move a windowed aggregation's clock when its
+        inputs stop (``idle_close=``)."""
+        types = self.handled_types()
+        if types is None or self.windowing is None or self.windowing.idle_close is None:
+            return types
+        return types | {TICK}
 
     @property
     def handler_threads(self) -> int:

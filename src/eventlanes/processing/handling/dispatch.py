@@ -25,7 +25,7 @@ from ...events import Event
 from ...policies import SequencingPolicy
 from ...tokens import Token
 from ...tracing import spans
-from ..handlers import Handler, HandlerSet, runs_on_replay
+from ..handlers import Handler, HandlerSet, runs_on_replay, takes
 from .failures import BatchHandlerFailed, HandlerFailed, note_origin
 
 WAITING = "waiting behind an earlier failed event of the same key"
@@ -269,13 +269,11 @@ class Dispatch:
         traced = spans.current()
         for types, handler in self.handlers.batch_handlers:
             if live:
-                chosen = list(handled) if types is None else [e for e in handled if e.type in types]
+                chosen = [e for e in handled if takes(types, e.type)]
             else:
                 replay_ok = runs_on_replay(handler)
                 chosen = [
-                    e
-                    for e in handled
-                    if (types is None or e.type in types) and (replay_ok or not replayed(e))
+                    e for e in handled if takes(types, e.type) and (replay_ok or not replayed(e))
                 ]
             if not chosen:
                 continue

@@ -13,6 +13,7 @@ from ...events import Event, set_source
 from ...store import EventStore
 from ...tokens import Token
 from ...upcasting import Upcasters
+from ...windows.ticks import TICK
 from ..aggregating.pushdown import build as build_pushdown
 from ..aggregating.pushdown.base import Folded, Pending
 from ..options import OrderKey
@@ -36,7 +37,14 @@ class BatchReader:
         self.routing_hash = proc.policy.routing_hash
         # Only the types some handler takes are read (filtered in SQL); tokens still move past
         # the others, so a processor at the head never looks behind.
-        self.types = proc.handled_types()
+        self.types = proc.read_types()
+        #: ticks read for the windows' clock (fed the whole batch), shared to no segment
+        handled = proc.handled_types()
+        self.ticks_only_read = (
+            self.types is not None
+            and TICK in self.types
+            and (handled is None or TICK not in handled)
+        )
         #: the upcasters into those types: their old types are read too, and every event is
         #: in its current shape before anything routes or handles it (eventlanes.upcasting)
         self.upcasters = proc.upcasters.into(self.types)
@@ -102,6 +110,8 @@ class BatchReader:
             return {st: unfolded for st in states}
         if isinstance(events, Folded) and self.pushdown is not None:
             return self.pushdown.share(events, list(states))
+        if self.ticks_only_read:
+            events = [e for e in events if e.type != TICK]
         return self._share_events(states, events)
 
     def _share_events(

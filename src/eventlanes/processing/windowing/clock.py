@@ -21,6 +21,7 @@ from ...errors import InvalidInputError
 from ...events import Event, decode_object, recorded_raw
 from ...store.base import EventStore
 from ...windows.spec import Windowing
+from ...windows.ticks import TICK
 from ...windows.time import datetime_micros
 
 #: rows read at a time by the clock
@@ -96,7 +97,7 @@ class StoreClock:
             mine = [r for r in rows if wanted is None or r[1] in wanted]
             recorded = [r[3] for r in mine]
             times = [_time_in(spec, r[2]) for r in mine] if prop else list(recorded)
-            self._add([r[0] for r in mine], times, recorded)
+            self._add([r[0] for r in mine], self._ticked(times, mine, recorded), recorded)
 
     def feed(self, events: list[Event], after: int, upto: int) -> None:
         """``events``: every input after ``after`` up to ``upto`` (as the processor's reader
@@ -111,8 +112,22 @@ class StoreClock:
                 if scanned < e.position <= upto and (wanted is None or e.type in wanted)
             ]  # fmt: skip
             recorded = list(map(recorded_us, inputs))
-            self._add(list(map(_POSITION, inputs)), self.spec.time.times(inputs), recorded)
+            times = self._ticked(self.spec.time.times(inputs), inputs, recorded)
+            self._add(list(map(_POSITION, inputs)), times, recorded)
             self.scanned = upto
+
+    def _ticked(
+        self, times: list[int | None], rows: list[Any], recorded: list[int]
+    ) -> list[int | None]:
+        """``times`` with each tick's own (its ``recorded_at`` less ``tick_lag``): rows are
+        events or scanned rows, their type read the same way."""
+        if self.spec.idle_close is None:
+            return times
+        lag = self.spec.tick_lag
+        for i, row in enumerate(rows):
+            if (row.type if isinstance(row, Event) else row[1]) == TICK:
+                times[i] = recorded[i] - lag
+        return times
 
     def _add(self, positions: list[int], times: list[int | None], recorded: list[int]) -> None:
         """Inputs read, in order: their clamped times kept, the clock moved on (an input

@@ -25,6 +25,7 @@ from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
 from .clock import StoreClock, recorded_us
+from .ticker import Ticker
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -54,7 +55,10 @@ class WindowExecutor(AggregationExecutor):
         self.window_initial = agg.initial_state
         self.clock = None
         if spec.clock == "store":
-            self.clock = StoreClock(runtime.store, agg.handled_types(), spec, self._clock_start)
+            self.clock = StoreClock(runtime.store, agg.read_types(), spec, self._clock_start)
+        self.ticker = None
+        if spec.idle_close is not None:
+            self.ticker = Ticker(runtime.store, spec.idle_close, agg.name)
         # per held segment id: open (and closed, not yet written) windows by key and start,
         # the open windows by end (the store clock closes the earliest first), the windows
         # changed since the last write, late inputs to write, and the clock row
@@ -106,15 +110,25 @@ class WindowExecutor(AggregationExecutor):
         return outcome
 
     def read(self, events: Any, after: int, upto: int | dict[str, int]) -> None:
+        if self.ticker is not None and events:
+            self.ticker.heard()
         if self.clock is not None and isinstance(events, list) and isinstance(upto, int):
             self.clock.feed(events, after, upto)
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
-        if self.clock is not None and st.segment.id in self.open:
+        if self.clock is not None:
+            self.entries_of(st)  # its open windows, loaded if this claim has read nothing yet
             end = self._upto(upto)
             self.clock.cover(st.segment.id, st.token.position, end)
             self._close(st, end)
         super().idle(st, upto)
+        if self.ticker is not None:
+            self.ticker.check()
+
+    def persist_idle(self, st: SegmentState) -> None:
+        super().persist_idle(st)
+        if self.ticker is not None:
+            self.ticker.check()
 
     def _upto(self, upto: int | dict[str, int]) -> int:
         if not isinstance(upto, int):
