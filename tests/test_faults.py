@@ -51,7 +51,7 @@ def _workers(url: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.recorder:app",
          "--processes", "2", "--no-progress", "--grace", "10"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
@@ -99,10 +99,14 @@ def _where(app: el.App, workers: subprocess.Popen) -> str:
 
 
 def _stop(workers: subprocess.Popen) -> str:
-    assert workers.poll() is None, f"the workers exited: {workers.stderr.read()}"  # type: ignore[union-attr]
+    if workers.poll() is not None:
+        out, err = workers.communicate()
+        raise AssertionError(f"the workers exited: {out}{err}")
     workers.send_signal(signal.SIGTERM)
-    _, err = workers.communicate(timeout=60)
-    assert workers.returncode == 0, err
+    out, err = workers.communicate(timeout=60)
+    # stdout too: a worker's `error:` line is written there (a worker that exited 2 once, with
+    # nothing on stderr to say why)
+    assert workers.returncode == 0, f"{out}\n{err}"
     return err
 
 

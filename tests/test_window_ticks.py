@@ -54,6 +54,12 @@ def test_windows_close_when_inputs_stop_and_a_later_build_closes_them_alike(
             lambda: ticked.windows("a") and all(w.final for w in ticked.windows("a")),
             timeout=30, what="the windows closed by a tick",
         )  # fmt: skip
+        wait_for(lambda: ticked.windows("b") and all(w.final for w in ticked.windows("b")),
+                 timeout=30, what="every window closed")  # fmt: skip
+        threading.Event().wait(1.0)
+        count = app.store.stream_version("$clock")
+        threading.Event().wait(1.5)  # five idle_close: nothing left to close, no tick
+        assert app.store.stream_version("$clock") == count
     finally:
         app.stop()
     ticks = [e for e in app.store.iter_events() if e.type == el.TICK]

@@ -311,7 +311,7 @@ def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
         (dict(lateness="30s"), "pass window= too"),
         (dict(window=el.tumbling("1m"), max_future="later"), "max_future: expected a duration"),
         (dict(window=el.tumbling("1m"), retain="-1h"), "retain: expected a duration"),
-        (dict(window=el.tumbling("1m"), publish="a sink"), "does not publish its states yet"),
+        (dict(window=el.tumbling("1m"), publish="a sink"), "publish= takes an el.KafkaSink"),
         (dict(window=el.tumbling("1m"), sources={"other": store_url}), "windows read one source"),
     ]
     for kwargs, message in cases:

@@ -168,9 +168,10 @@ class App(Operations):
         and updated by the folds of ``@agg.on(type)``, written every ``persist_every``
         seconds; or declared: ``fields={"n": el.count(), ...}`` over the events of types
         ``on``, folded inside SQLite where exact unless ``pushdown=False``; ``publish``: an
-        :class:`eventlanes.kafka.KafkaSink` each written state is published to first. The
-        other options are :class:`~eventlanes.processing.options.AggregationOptions`: it
-        routes by its key (no ``policy``) and its guarantee is ``"aggregation"``.
+        :class:`eventlanes.kafka.KafkaSink` each written state (a windowed one: each closed
+        window) is published to first. The other options are
+        :class:`~eventlanes.processing.options.AggregationOptions`: it routes by its key (no
+        ``policy``) and its guarantee is ``"aggregation"``.
 
         ``window=el.tumbling("1m")`` (or ``el.hopping(size, every=)``) folds each key's
         inputs per time window: ``time`` (``el.event_time(prop)``; ``recorded_at`` by

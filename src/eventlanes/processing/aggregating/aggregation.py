@@ -77,17 +77,12 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
 
 
 def _windowed_pushdown(
-    name: str, windowing: Windowing | None, publish: Any, options: Any, pushdown: bool
+    name: str, windowing: Windowing | None, options: Any, pushdown: bool
 ) -> bool:
     """``pushdown``, or False for a windowed aggregation (folded by rows: each input's windows
     and clock); what a windowed one cannot do yet, refused."""
     if windowing is None:
         return pushdown
-    if publish is not None:
-        raise InvalidInputError(
-            f"aggregation {name!r}: a windowed aggregation does not publish its states yet "
-            "(read them with windows(key))"
-        )
     if options.get("sources"):
         raise InvalidInputError(f"aggregation {name!r}: windows read one source")
     return False
@@ -164,7 +159,9 @@ class Aggregation(Processor):
             name, window, time, lateness, max_future, clock, late, retain, idle_close, tick_lag
         )
         self._windows = windows
-        pushdown = _windowed_pushdown(name, self.windowing, publish, options, pushdown)
+        #: on_close() functions: called with each window closed or amended
+        self.closers: list[Callable[[WindowResult], Any]] = []
+        pushdown = _windowed_pushdown(name, self.windowing, options, pushdown)
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
         self.key_field = key if isinstance(key, str) and key else None
@@ -244,6 +241,28 @@ class Aggregation(Processor):
     def on_any(self, fold: Fold) -> Fold:
         self._python_only("on_any()")
         return self.folds.add_any(fold)
+
+    def on_close(self, fn: Callable[[WindowResult], Any]) -> Callable[[WindowResult], Any]:
+        """Decorator (a windowed aggregation, declared or not): ``fn(window)`` is called with
+        each window as it closes and with each amendment of it, a :class:`WindowResult`; the
+        ``NewEvent``s it returns (or None) are appended to the store, to stream
+        ``"<name>:<key>"``, in the transaction that writes the window: exactly once. Not on a
+        version from 2 on (its warm-up would close all of history again)."""
+        if self.windowing is None:
+            raise InvalidInputError(
+                f"aggregation {self.name!r}: on_close() belongs to a windowed aggregation "
+                "(window=...)"
+            )
+        if self.version != 1:
+            raise InvalidInputError(
+                f"aggregation {self.name!r}: on_close() on version {self.version} would run for "
+                "every window of its warm-up (all of history closed again); use it from "
+                "version 1 only, or on an aggregation of another name"
+            )
+        check(fn, f"aggregation {self.name!r}: on_close", ("window",),
+              why_sync="its events are appended in the write that closes the window")  # fmt: skip
+        self.closers.append(fn)
+        return fn
 
     def _python_only(self, what: str) -> None:
         if self.declaration is not None:

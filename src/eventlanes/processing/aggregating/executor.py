@@ -28,7 +28,7 @@ from .aggregation import Aggregation, Fold, Stage
 from .cache import StateCache
 from .dedupe import Marks, dedupe
 from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
-from .publish import publish_states
+from .publish import Offsets, publish_states
 from .pushdown import base as ranges
 from .pushdown.base import Folded, Pending
 
@@ -497,8 +497,7 @@ class AggregationExecutor(Executor):
                 offsets = marks.encode_offsets if marks is not None else None
                 changed = self.changed.get(seg, ())
                 self._flush_downstream(seg)
-                if self.agg.publish is not None:
-                    publish_states(self.agg.publish, self.name, entries, changed, offsets)
+                self.publish(st, entries, changed, offsets)
                 rows.append((st, entries, changed, self._measuring(seg, offsets)))
             with self.runtime.db.transaction() as conn:
                 for st, entries, changed, measured in rows:
@@ -506,6 +505,14 @@ class AggregationExecutor(Executor):
                     self.write_more(conn, st)
                     # Not commit_token: the commit span is this whole write, states and token.
                     self.tokens.store(self.name, st.segment.id, st.token, self.owner, conn=conn)
+
+    def publish(
+        self, st: SegmentState, entries: dict[str, Entry], changed: Any, offsets: Offsets | None
+    ) -> None:
+        """Publish what a write of ``st`` stores (its changed states here), acknowledged
+        before it commits."""
+        if self.agg.publish is not None:
+            publish_states(self.agg.publish, self.name, entries, changed, offsets)
 
     def write_more(self, conn: Any, st: SegmentState) -> None:
         """What else a write of ``st`` stores in its transaction, before its token (a

@@ -21,13 +21,14 @@ EXPIRE_BATCH = 10_000
 
 @dataclass(slots=True)
 class Win:
-    """A window of a key held by a worker: its end, value, revision and, once closed, the
-    position whose clock closed it."""
+    """A window of a key held by a worker: its end, value, revision, once closed the position
+    whose clock closed it, and the position of its latest amendment (None: none)."""
 
     end: int
     value: Any
     revision: int = 0
     closed_at: int | None = None
+    amended_at: int | None = None
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
 from .clock import StoreClock, recorded_us
+from .publish import closed_windows, on_close, window_records
 from .ticker import Ticker
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class WindowExecutor(AggregationExecutor):
         #: how far the batch each segment folds is complete (kept when a segment is let go:
         #: set before its batch, which may start by letting go of an older claim)
         self.uptos: dict[int, int] = {}
+        #: per segment, the on_close events of the write under way, by stream
+        self.closing: dict[int, list[tuple[str, list[Any]]]] = {}
 
     def _clock_start(self, position: int) -> tuple[int, int | None]:
         with self.runtime.db.connection() as conn:
@@ -98,7 +101,8 @@ class WindowExecutor(AggregationExecutor):
         super().discard(seg)
         if self.clock is not None:
             self.clock.forget(seg)
-        for held in (self.open, self.ends, self.touched, self.late_rows, self.checkpoints):
+        kept = (self.open, self.ends, self.touched, self.late_rows, self.checkpoints, self.closing)
+        for held in kept:
             held.pop(seg, None)
 
     # -- folding -----------------------------------------------------------------------------
@@ -122,12 +126,19 @@ class WindowExecutor(AggregationExecutor):
             self.clock.cover(st.segment.id, st.token.position, end)
             self._close(st, end)
         super().idle(st, upto)
-        if self.ticker is not None:
-            self.ticker.check()
+        self._tick(st)
 
     def persist_idle(self, st: SegmentState) -> None:
         super().persist_idle(st)
-        if self.ticker is not None:
+        self._tick(st)
+
+    def _tick(self, st: SegmentState) -> None:
+        """A tick if the inputs have been quiet for ``idle_close`` and a window of a held
+        segment is open (a store with nothing to close gets no ticks)."""
+        if self.ticker is None or st.lost:
+            return
+        self.entries_of(st)  # its open windows, loaded if this claim has read nothing yet
+        if any(self.ends.values()):
             self.ticker.check()
 
     def _upto(self, upto: int | dict[str, int]) -> int:
@@ -265,6 +276,7 @@ class WindowExecutor(AggregationExecutor):
                 mine[start] = w
             self._fold_one(w.value, event, key)
             w.revision += 1
+            w.amended_at = event.position
             self.touched[seg].add((key, start))
         return True
 
@@ -294,6 +306,22 @@ class WindowExecutor(AggregationExecutor):
         self.clock.trim()
 
     # -- writing -----------------------------------------------------------------------------
+    def publish(self, st: SegmentState, entries: Any, changed: Any, offsets: Any) -> None:
+        """Each window closed or amended since the last write (open ones are not): published
+        (``publish=``) before the write commits, and given to the ``on_close`` functions,
+        whose events the write appends."""
+        seg = st.segment.id
+        agg = self.agg
+        self.closing.pop(seg, None)
+        if seg not in self.open or (agg.publish is None and not agg.closers):
+            return
+        open_ = self.open[seg]
+        done = closed_windows([(k, s, open_[k][s]) for k, s in self.touched[seg]])
+        if agg.publish is not None:
+            agg.publish.publish(window_records(self.name, done))
+        if agg.closers:
+            self.closing[seg] = on_close(self.name, agg.closers, done)
+
     def write_more(self, conn: Any, st: SegmentState) -> None:
         seg = st.segment.id
         if seg not in self.open:
@@ -302,6 +330,8 @@ class WindowExecutor(AggregationExecutor):
         rows = [(key, start, open_[key][start]) for key, start in sorted(self.touched[seg])]
         self.windows.save(conn, self.name, rows)
         self.windows.add_late(conn, self.name, self.late_rows[seg])
+        if runs := self.closing.pop(seg, None):  # on_close's events, with the windows
+            self.runtime.store.append_runs(runs, conn=conn)
         cp = self.checkpoints[seg]
         cp.position = st.token.position
         if self.clock is not None:

@@ -1,6 +1,7 @@
 """The ticker of a windowed aggregation with ``idle_close=``: once this worker has read no input
-and no tick for that long, it appends one tick (:mod:`eventlanes.windows.ticks`), so the clock
-moves and the windows its inputs left open close. Every worker of the aggregation has one;
+and no tick for that long, with windows open, it appends one tick
+(:mod:`eventlanes.windows.ticks`), so the clock moves and the windows its inputs left open
+close. Every worker of the aggregation has one;
 each appends at the tick stream's version it read, so workers that find the store quiet at
 once append one tick between them."""
 
