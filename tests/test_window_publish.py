@@ -178,3 +178,37 @@ def test_on_close_events_are_appended_with_each_closed_window(tmp_path: Path) ->
     stored = {e.data["start_us"] for e in failing.store.iter_events(types=["Failures"])}
     assert stored and all(w.revision == 0 for r in ROBOTS for w in agg.windows(r))
     assert segment.position < failing.store.head()  # the failing write moved nothing
+
+
+def test_windows_of_several_keys_published_out_of_position_order_are_all_kept(
+    tmp_path: Path, kafka_broker: Any
+) -> None:
+    """Two segments write (and publish) in any order: a consumer key fed by windows of
+    several keys must keep a window closed at position 10 that comes after one closed at 20.
+    One chain partition per key makes each key's roots grow on their own."""
+    from eventlanes.processing.tables.windows import Win
+    from eventlanes.processing.windowing.publish import closed_windows, window_records
+
+    b = kafka_broker.bootstrap
+    topic, kafka = create_topic(b, 1), el.Kafka(b)
+    sink = el.KafkaSink(kafka, topic)
+    minute = 60_000_000
+    later = closed_windows([("r2", 0, Win(minute, {"n": 2}, 0, 20))])  # segment B, first
+    earlier = closed_windows([("r1", 0, Win(minute, {"n": 1}, 0, 10))])  # segment A, after
+    sink.publish(window_records("screws", later))
+    sink.publish(window_records("screws", earlier))
+    down = el.App(f"sqlite:///{tmp_path}/down.db", claim_timeout=2)
+    down.ingest("in", kafka, topic=topic, trust_chains=["screws"])
+    fleet = down.aggregation("fleet", key=lambda e: "all", initial=lambda: {"n": 0})
+
+    @fleet.on("WindowResult")
+    def add(state: dict[str, int], event: el.Event) -> None:
+        state["n"] += event.data["value"]["n"]
+
+    down.start()
+    try:
+        wait_for(lambda: down.store.count() == 2, timeout=60, what="ingested")
+        down.wait_until_caught_up(60)
+    finally:
+        down.stop()
+    assert fleet.get("all") == {"n": 3} and fleet.dropped() == 0
