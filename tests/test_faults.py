@@ -43,14 +43,14 @@ def server() -> Iterator[object]:
         pg.stop()
 
 
-def _workers(url: str) -> subprocess.Popen:
+def _workers(url: str, *more: str) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
         {"EVENTLANES_TEST_APP_URL": url, "EVENTLANES_TEST_APP_CLAIM_TIMEOUT": str(CLAIM_TIMEOUT)}
     )
     return subprocess.Popen(
         [sys.executable, "-m", "eventlanes.cli", "run", "tests.apps.recorder:app",
-         "--processes", "2", "--no-progress", "--grace", "10"],
+         "--processes", "2", "--no-progress", "--grace", "10", *more],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -186,6 +186,49 @@ def test_restart_while_idle_and_writers_append(server) -> None:  # type: ignore[
     assert_exactly_once_in_order(app, table)
     print(f"idle + writers: caught up {resumed:.1f} s after the restart")
     app.close()
+
+
+def test_workers_that_start_during_an_outage_are_replaced_and_do_the_work(server) -> None:  # type: ignore[no-untyped-def]
+    """The database goes down right after `run --processes 2` checked it, while its workers
+    start. Before: each worker stopped with exit code 2, as on a user error (a bad module),
+    never replaced, and the supervisor said nothing until it was stopped (a worker of
+    test_restart_while_working was lost so, once). Now they are replaced after a back-off
+    and do the work."""
+    url = f"{server.url}?prefix=starting_&pool_timeout=2"
+    app = el.App(url, claim_timeout=CLAIM_TIMEOUT)
+    app.processor("recorder", segments=4)
+    create_schema(app)
+    append_load(app.store, streams=50, events=2_000, seed=5)
+    workers = _workers(url, "--max-restarts", "20")
+    halted = False
+    try:
+        lines = []
+        assert workers.stderr is not None
+        for line in workers.stderr:  # the supervisor checked the store: its workers start now
+            lines.append(line)
+            if "recorder: starting (" in line:
+                server.halt("immediate")
+                halted = True
+                break
+        # down until a worker failed on it (however slow it starts); stopped if none does
+        guard = threading.Timer(120, workers.terminate)
+        guard.start()
+        for line in workers.stderr:
+            lines.append(line)
+            if "restarting in" in line:
+                break
+        guard.cancel()
+        server.start()
+        halted = False
+        wait_for(lambda: _caught_up(app), timeout=120, what="the work done after the outage")
+    finally:
+        if halted:  # the module's other tests need it
+            server.start()
+        workers.send_signal(signal.SIGTERM)
+        out, err = workers.communicate(timeout=60)
+    log = "".join(lines) + err
+    assert workers.returncode == 0, f"{out}\n{log}"
+    assert "restarting in" in log and "the database is unavailable" in log, log
 
 
 def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(server, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -1,15 +1,16 @@
 """``eventlanes run --processes N``: N worker processes sharing the work through the token store.
 
 Python threads only help I/O-bound handlers (the GIL); CPU parallelism comes from processes.
-Each worker imports the app and runs it. A worker that dies (a crash, SIGKILL, the OOM killer)
-loses its claims when they time out, the others continue from the stored tokens, and the
-supervisor starts a replacement after a back-off (1 s doubling to 30 s), at most
-``max_restarts`` times in all. A worker that stops on a user error (exit code 2: a bad module,
-an unknown processor) is not restarted: the same error would come back. SIGINT/SIGTERM are
-forwarded so every worker finishes its batch, stores its tokens and releases its claims; the
-supervisor logs each worker that is done, and a second signal kills them at once (exit
-``128 + signum``). The workers leave that second signal to it: a Ctrl-C reaches the whole
-process group, so a worker sees it and the supervisor's SIGTERM.
+Each worker imports the app and runs it. A worker that dies (a crash, SIGKILL, the OOM killer,
+the database unavailable while it starts) loses its claims when they time out, the others
+continue from the stored tokens, and the supervisor starts a replacement after a back-off (1 s
+doubling to 30 s), at most ``max_restarts`` times in all. A worker that stops on a user error
+(exit code 2: a bad module, an unknown processor) is not restarted: the same error would come
+back (the supervisor says so when it happens). SIGINT/SIGTERM are forwarded so every worker
+finishes its batch, stores its tokens and releases its claims; the supervisor logs each worker
+that is done, and a second signal kills them at once (exit ``128 + signum``). The workers
+leave that second signal to it: a Ctrl-C reaches the whole process group, so a worker sees it
+and the supervisor's SIGTERM.
 """
 
 from __future__ import annotations
@@ -121,7 +122,12 @@ def _stop_with_parent() -> None:
 def _work(
     spec: str, processors: list[str] | None, grace: float, logs: Any, level: str, balance: bool
 ) -> None:
-    from ..errors import EventlanesError, ProcessorCrashedError, StopTimeoutError
+    from ..errors import (
+        DatabaseUnavailableError,
+        EventlanesError,
+        ProcessorCrashedError,
+        StopTimeoutError,
+    )
     from ..loader import load_app
     from ..tracing import configure_from_env
     from ..tracing import shutdown as shutdown_tracing
@@ -149,6 +155,11 @@ def _work(
     except StopTimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         os._exit(1)  # a hung handler's thread would block a normal exit
+    except DatabaseUnavailableError as exc:
+        # An outage while it started (a running worker weathers one): not a user error, which
+        # would leave it stopped for good while the others run on; replaced after a back-off.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except EventlanesError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(USER_ERROR)
@@ -195,6 +206,7 @@ class Supervisor:
         self._channels: dict[int, Any] = {}  # slot -> the log pipe's end its worker gets
         self.children: list[BaseProcess] = [self._spawn(i) for i in range(processes)]
         self._due: dict[int, float] = {}  # slot -> when its replacement may start
+        self._stopped: set[int] = set()  # slots whose worker stopped on a user error
         self._failed_code: int | None = None
         self._stop = threading.Event()
 
@@ -282,6 +294,11 @@ class Supervisor:
             if code in (0, -signal.SIGTERM):
                 continue  # asked to stop (or done): not a failure
             if code == USER_ERROR:
+                if slot not in self._stopped:  # said once, when it happens
+                    self._stopped.add(slot)
+                    log.error("worker %s (pid %s) stopped on an error (exit code 2, its error: "
+                              "line above): not restarted, the same error would come back",
+                              child.name, child.pid)  # fmt: skip
                 self._failed_code = USER_ERROR
                 continue
             if slot not in self._due:
