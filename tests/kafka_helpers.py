@@ -12,6 +12,9 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import eventlanes as el
+from tests.processing_helpers import wait_for
+
 
 def create_topic(bootstrap: str, partitions: int, name: str | None = None) -> str:
     topic = name or f"t-{uuid.uuid4().hex[:10]}"
@@ -90,3 +93,14 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, in
     fall short: see eventlanes.testing.kafka)."""
     return {p: (recs[-1].offset() + 1 if recs else 0)
             for p, recs in read_all(bootstrap, topic, partitions).items()}  # fmt: skip
+
+
+def run_until_ingested(app: el.App, events: int, timeout: float = 60.0) -> None:
+    """Start ``app``, wait until its ingest has appended ``events`` events in all and its
+    processors have folded them, and stop it, also when a wait fails."""
+    app.start()
+    try:
+        wait_for(lambda: app.store.count() == events, timeout=timeout, what="ingested")
+        app.wait_until_caught_up(timeout)
+    finally:
+        app.stop()

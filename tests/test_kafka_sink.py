@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import eventlanes as el
-from tests.kafka_helpers import create_topic, read_all
+from tests.kafka_helpers import create_topic, read_all, run_until_ingested
 from tests.processing_helpers import wait_for
 
 
@@ -113,12 +113,7 @@ def test_duplicates_from_a_crash_are_dropped_downstream(kafka_broker) -> None:
     def add(state: dict[str, int], event: el.Event) -> None:
         state["n"] += event.data["n"]
 
-    down.start()
-    try:
-        wait_for(lambda: down.store.count() == len(records), timeout=60, what="ingested")
-        down.wait_until_caught_up(60)
-    finally:
-        down.stop()
+    run_until_ingested(down, len(records))
     assert {r: sums.get(r)["n"] for r in expected} == dict(expected)
     assert sums.dropped() == duplicates
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import eventlanes as el
 from eventlanes.processing.windowing.publish import partition
-from tests.kafka_helpers import create_topic, read_all
+from tests.kafka_helpers import create_topic, read_all, run_until_ingested
 from tests.processing_helpers import run_until_caught_up, wait_for
 
 E = el.NewEvent
@@ -104,12 +104,7 @@ def test_closed_windows_are_published_once_and_a_republish_is_dropped_downstream
     def keep(state: dict[str, Any], event: el.Event) -> None:  # the latest revision wins
         state[str(event.data["start_us"])] = [event.data["revision"], event.data["value"]]
 
-    down.start()
-    try:
-        wait_for(lambda: down.store.count() == len(both), timeout=60, what="ingested")
-        down.wait_until_caught_up(60)
-    finally:
-        down.stop()
+    run_until_ingested(down, len(both))
     assert per_robot.dropped() == len(first)  # every repeat
     for robot in ROBOTS:
         want = {str(s): [w.revision, w.value] for (r, s), w in windows.items()
@@ -205,10 +200,5 @@ def test_windows_of_several_keys_published_out_of_position_order_are_all_kept(
     def add(state: dict[str, int], event: el.Event) -> None:
         state["n"] += event.data["value"]["n"]
 
-    down.start()
-    try:
-        wait_for(lambda: down.store.count() == 2, timeout=60, what="ingested")
-        down.wait_until_caught_up(60)
-    finally:
-        down.stop()
+    run_until_ingested(down, 2)
     assert fleet.get("all") == {"n": 3} and fleet.dropped() == 0

@@ -130,15 +130,15 @@ class WindowExecutor(AggregationExecutor):
 
     def persist_idle(self, st: SegmentState) -> None:
         super().persist_idle(st)
+        if self.ticker is not None and not st.lost:
+            self.entries_of(st)  # its open windows, loaded if this claim has read nothing yet
         self._tick(st)
 
     def _tick(self, st: SegmentState) -> None:
         """A tick if the inputs have been quiet for ``idle_close`` and a window of a held
-        segment is open (a store with nothing to close gets no ticks)."""
-        if self.ticker is None or st.lost:
-            return
-        self.entries_of(st)  # its open windows, loaded if this claim has read nothing yet
-        if any(self.ends.values()):
+        segment is open (a store with nothing to close gets no ticks); the segment's windows
+        are loaded (ticks need the store clock, whose ``idle`` loads them)."""
+        if self.ticker is not None and not st.lost and any(self.ends.values()):
             self.ticker.check()
 
     def _upto(self, upto: int | dict[str, int]) -> int:
