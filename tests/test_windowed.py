@@ -303,7 +303,7 @@ def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
     app = el.App(store_url)
     cases = [
         (dict(window="1m"), "window must be el.tumbling"),
-        (dict(window=el.session(gap="5m")), "session windows are not available"),
+        (dict(window=el.session(gap="5m"), late="amend"), "not available for session windows"),
         (dict(window=el.tumbling("1m"), lateness="soon"), "lateness: expected a duration"),
         (dict(window=el.tumbling("1m"), clock="wall"), "clock must be 'store' or 'key'"),
         (dict(window=el.tumbling("1m"), late="drop"), "late must be one of"),

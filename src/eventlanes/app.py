@@ -173,7 +173,8 @@ class App(Operations):
         :class:`~eventlanes.processing.options.AggregationOptions`: it routes by its key (no
         ``policy``) and its guarantee is ``"aggregation"``.
 
-        ``window=el.tumbling("1m")`` (or ``el.hopping(size, every=)``) folds each key's
+        ``window=el.tumbling("1m")`` (or ``el.hopping(size, every=)``, ``el.session(gap=)``:
+        a Python fold then says how two sessions merge with ``@agg.on_merge``) folds each key's
         inputs per time window: ``time`` (``el.event_time(prop)``; ``recorded_at`` by
         default), ``lateness`` (how far behind the clock an input may still be folded),
         ``max_future`` (times past ``recorded_at`` by more are clamped; default the

@@ -25,7 +25,7 @@ DEFAULT_RETAIN = "1h"
 
 @dataclass(frozen=True)
 class Windowing:
-    window: Tumbling | Hopping  # sessions are not in aggregations yet
+    window: Tumbling | Hopping | Session
     time: EventTime
     lateness: int
     max_future: int
@@ -78,14 +78,10 @@ def windowing(
                 "tick_lag belong to a windowed aggregation: pass window= too"
             )
         return None
-    if isinstance(window, Session):
+    if not isinstance(window, Tumbling | Hopping | Session):
         raise InvalidInputError(
-            f"{what}: session windows are not available in aggregations yet (el.session builds "
-            "the kind; use el.tumbling or el.hopping)"
-        )
-    if not isinstance(window, Tumbling | Hopping):
-        raise InvalidInputError(
-            f"{what}: window must be el.tumbling(...) or el.hopping(...), got {window!r}"
+            f"{what}: window must be el.tumbling(...), el.hopping(...) or el.session(...), got "
+            f"{window!r}"
         )
     time = recorded_time() if time is None else time
     if not isinstance(time, EventTime):
@@ -99,6 +95,11 @@ def windowing(
     if late not in LATE_MODES:
         raise InvalidInputError(
             f"{what}: late must be one of {', '.join(map(repr, LATE_MODES))}, got {late!r}"
+        )
+    if late == "amend" and isinstance(window, Session):
+        raise InvalidInputError(
+            f"{what}: late='amend' is not available for session windows (a late input may "
+            "bridge closed sessions, already published as final); use 'park' or 'count'"
         )
     idle = None if idle_close is None else micros(idle_close, f"{what}: idle_close")
     lag = micros(tick_lag, f"{what}: tick_lag", zero=True)

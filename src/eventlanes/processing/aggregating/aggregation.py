@@ -29,6 +29,7 @@ from ...names import validate_base_name, validate_processor_name, versioned_name
 from ...policies import FieldPolicy, SequencingPolicy, key_argument
 from ...tokens.base import check_seconds
 from ...upcasting import Upcasters
+from ...windows.kinds import Session
 from ...windows.spec import (
     DEFAULT_RETAIN,
     LateEvent,
@@ -86,6 +87,20 @@ def _windowed_pushdown(
     if options.get("sources"):
         raise InvalidInputError(f"aggregation {name!r}: windows read one source")
     return False
+
+
+def _refuse_unmergeable(name: str, windowing: Windowing | None, decl: Declaration) -> None:
+    """Session windows merge their states: a declared first or last value cannot be merged
+    (which input came first in the log is not kept), so it is refused."""
+    if windowing is None or not isinstance(windowing.window, Session):
+        return
+    for out, op in decl.fields.items():
+        if op.kind in ("first", "last"):
+            raise InvalidInputError(
+                f"aggregation {name!r}: field {out!r} is el.{op.kind}(): session windows merge "
+                "their states and cannot merge a first or last value; use el.min or el.max "
+                "of a time, or tumbling or hopping windows"
+            )
 
 
 class Stage:
@@ -161,6 +176,8 @@ class Aggregation(Processor):
         self._windows = windows
         #: on_close() functions: called with each window closed or amended
         self.closers: list[Callable[[WindowResult], Any]] = []
+        #: on_merge(): merges two session windows' states (Python folds with el.session)
+        self.merger: Callable[[Any, Any], Any] | None = None
         pushdown = _windowed_pushdown(name, self.windowing, options, pushdown)
         # key="robot" (a data property) is the same as key=lambda e: e.data["robot"], and lets
         # Spark extract it natively instead of calling Python for every event.
@@ -177,6 +194,7 @@ class Aggregation(Processor):
                     "(count and sum 0, the others null): drop initial="
                 )
             decl = self.declaration = Declaration.build(name, key, on, fields)
+            _refuse_unmergeable(name, self.windowing, decl)
             key_fn, initial = decl.key_of, decl.initial
             for t in sorted(decl.types):
                 self.folds.by_type[t] = [decl.fold]  # the per-event path (continuous mode)
@@ -262,6 +280,24 @@ class Aggregation(Processor):
         check(fn, f"aggregation {self.name!r}: on_close", ("window",),
               why_sync="its events are appended in the write that closes the window")  # fmt: skip
         self.closers.append(fn)
+        return fn
+
+    def on_merge(self, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """Decorator (session windows with Python folds): ``fn(into, other)`` merges the state
+        ``other`` into ``into`` in place when an input bridges two sessions of a key (``into``:
+        the session that started first). Declared fields merge by themselves."""
+        what = f"aggregation {self.name!r}"
+        if self.windowing is None or not isinstance(self.windowing.window, Session):
+            raise InvalidInputError(
+                f"{what}: on_merge() belongs to an aggregation with session windows "
+                "(window=el.session(...))"
+            )
+        self._python_only("on_merge()")
+        if self.merger is not None:
+            raise InvalidInputError(f"{what}: it has a merge function already")
+        check(fn, f"{what}: on_merge", ("into", "other"),
+              why_sync="the merged state is folded into at once")  # fmt: skip
+        self.merger = fn
         return fn
 
     def _python_only(self, what: str) -> None:

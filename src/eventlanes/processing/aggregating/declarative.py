@@ -227,6 +227,20 @@ class Declaration:
         (:mod:`eventlanes.columnar.fold`) compute of it."""
         return tuple((op.kind, op.field, op.where) for op in self.fields.values())
 
+    def merge(self, into: dict[str, Any], other: dict[str, Any]) -> None:
+        """``other``'s fields merged into ``into`` (two session windows an input bridged):
+        counts and sums added, the least or greatest kept (first and last are refused with
+        session windows: which input came first is not kept)."""
+        for out, op in self.fields.items():
+            a, b = into[out], other[out]
+            if op.kind in ("count", "sum"):
+                into[out] = a + b
+            elif op.kind in ("min", "max"):
+                if b is not None and (a is None or (b < a if op.kind == "min" else b > a)):
+                    into[out] = b
+            else:
+                raise AssertionError(f"el.{op.kind}() has no merge")
+
     def key_of(self, event: Event) -> str:
         return self._key(event.data, event)
 

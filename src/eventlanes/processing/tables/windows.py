@@ -56,9 +56,10 @@ class WindowTable:
             f"""INSERT INTO {s} (aggregation, key, start_us, end_us, routing_hash, value,
                 closed_at, revision, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {db.now_ms})
                 ON CONFLICT (aggregation, key, start_us) DO UPDATE SET value = excluded.value,
-                closed_at = excluded.closed_at, revision = excluded.revision,
-                updated_at = excluded.updated_at"""
+                end_us = excluded.end_us, closed_at = excluded.closed_at,
+                revision = excluded.revision, updated_at = excluded.updated_at"""
         )
+        self._drop = q(f"DELETE FROM {s} WHERE aggregation = ? AND key = ? AND start_us = ?")
         self._open = q(
             f"""SELECT key, start_us, end_us, value, revision FROM {s} WHERE aggregation = ?
                 AND closed_at IS NULL AND (routing_hash & ?) = ?"""
@@ -117,6 +118,11 @@ class WindowTable:
                 )
             ]
             execute_many(conn, self._upsert, params)
+
+    def drop(self, conn: Any, name: str, rows: list[tuple[str, int]]) -> None:
+        """Delete windows (key, start): session windows merged into another, or whose start
+        moved earlier (a row that was never written is no error)."""
+        execute_many(conn, self._drop, [(name, key, start) for key, start in rows])
 
     def expire(
         self, conn: Any, name: str, before: int, segment: Segment, limit: int = EXPIRE_BATCH

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
 from ...events import Event, datas
+from ...windows.kinds import Session
 from ...windows.time import clamped
 from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
@@ -52,6 +53,15 @@ class WindowExecutor(AggregationExecutor):
                 f"aggregation {agg.name!r}: windows do not read upcast events yet (an "
                 "upcaster turns older types into the types it folds)"
             )
+        #: session windows: how two sessions an input bridges merge their states
+        self.session = spec.window if isinstance(spec.window, Session) else None
+        self.merge: Any = agg.declaration.merge if agg.declaration is not None else agg.merger
+        if self.session is not None and self.merge is None:
+            raise InvalidInputError(
+                f"aggregation {agg.name!r} has session windows: an input that bridges two "
+                "sessions of a key merges their states; give a merge function "
+                "(@agg.on_merge: fn(into, other))"
+            )
         self.fresh_state = dict  # a key's row: its clock (clock="key") besides its offsets
         self.window_initial = agg.initial_state
         self.clock = None
@@ -66,6 +76,8 @@ class WindowExecutor(AggregationExecutor):
         self.open: dict[int, dict[str, dict[int, Win]]] = {}
         self.ends: dict[int, list[tuple[int, str, int]]] = {}
         self.touched: dict[int, set[tuple[str, int]]] = {}
+        #: session windows merged away or moved to an earlier start: rows to delete
+        self.dropped_rows: dict[int, set[tuple[str, int]]] = {}
         self.late_rows: dict[int, list[tuple[Any, ...]]] = {}
         self.checkpoints: dict[int, Checkpoint] = {}
         #: how far the batch each segment folds is complete (kept when a segment is let go:
@@ -93,7 +105,7 @@ class WindowExecutor(AggregationExecutor):
                 ends.append((end, key, start))
             heapq.heapify(ends)
             self.open[seg], self.ends[seg] = by_key, ends
-            self.touched[seg], self.late_rows[seg] = set(), []
+            self.touched[seg], self.late_rows[seg], self.dropped_rows[seg] = set(), [], set()
             self.checkpoints[seg] = cp or Checkpoint(st.token.position, None, self.definition)
         return entries
 
@@ -101,7 +113,10 @@ class WindowExecutor(AggregationExecutor):
         super().discard(seg)
         if self.clock is not None:
             self.clock.forget(seg)
-        kept = (self.open, self.ends, self.touched, self.late_rows, self.checkpoints, self.closing)
+        kept = (
+            self.open, self.ends, self.touched, self.late_rows, self.checkpoints, self.closing,
+            self.dropped_rows,
+        )  # fmt: skip
         for held in kept:
             held.pop(seg, None)
 
@@ -158,7 +173,10 @@ class WindowExecutor(AggregationExecutor):
         st.watch(f"the folds of events {mine[0].position} to {mine[-1].position}")
         try:
             picked = [mine[i] for i in accepted], [keys[i] for i in accepted]
-            self._fold_windows(st, entries, *picked)
+            if self.session is not None:
+                self._fold_sessions(st, entries, *picked)
+            else:
+                self._fold_windows(st, entries, *picked)
         finally:
             st.idle_now()
 
@@ -179,6 +197,7 @@ class WindowExecutor(AggregationExecutor):
         self, st: SegmentState, entries: dict[str, Entry], events: list[Event], keys: list[str]
     ) -> None:
         spec, seg = self.spec, st.segment.id
+        assert not isinstance(spec.window, Session)  # folded by _fold_sessions
         windows_of, lateness, late_mode = spec.window.windows, spec.lateness, spec.late
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
         cp, initial, store = self.checkpoints[seg], self.window_initial, self.clock
@@ -241,6 +260,77 @@ class WindowExecutor(AggregationExecutor):
         if pending:
             self._fold_declared(events, keys, pending)
 
+    def _fold_sessions(
+        self, st: SegmentState, entries: dict[str, Entry], events: list[Event], keys: list[str]
+    ) -> None:
+        """Session windows, one input at a time: it joins (and bridges) the open sessions of
+        its key that its own ``[t, t + gap)`` overlaps, else it opens one, or it is late when
+        that is closed already (as :mod:`eventlanes.windows.reference` says)."""
+        spec, seg = self.spec, st.segment.id
+        assert self.session is not None
+        gap, lateness, store = self.session.gap, spec.lateness, self.clock
+        open_, cp = self.open[seg], self.checkpoints[seg]
+        timed = self._times(events)
+        before = None
+        if store is not None:
+            after, upto = st.token.position, self.uptos[seg]
+            before = store.before(seg, after, upto, [e.position for e in events])
+        for i, (event, key) in enumerate(zip(events, keys, strict=True)):
+            t, was = timed[i]
+            if was:
+                cp.clamped += 1
+            book = entries[key].value
+            latest = before[i] if before is not None else book.get("t")
+            mark = None if latest is None else latest - lateness
+            mine = open_.setdefault(key, {})
+            # the open sessions it overlaps: one the clock passed is closed, though it is
+            # marked so only after the batch (:meth:`_close`)
+            joined = sorted(
+                (s, w) for s, w in mine.items() if w.closed_at is None and s < t + gap
+                and t < w.end and (mark is None or w.end > mark)
+            )  # fmt: skip
+            if not joined and mark is not None and t + gap <= mark:
+                cp.late += 1
+                if spec.late != "count":
+                    row = (event.position, key, t, [(t, t + gap)], False, recorded_us(event))
+                    self.late_rows[seg].append(row)
+            else:
+                cp.folded += 1
+                self._fold_one(self._join(seg, key, joined, t).value, event, key)
+            if store is None and (latest is None or t > latest):  # the key's own clock
+                book["t"] = t
+                for start, w in mine.items():
+                    if w.closed_at is None and w.end <= t - lateness:
+                        w.closed_at = event.position
+                        self.touched[seg].add((key, start))
+
+    def _join(self, seg: int, key: str, joined: list[tuple[int, Win]], t: int) -> Win:
+        """The session of ``key`` that now holds an input at ``t``: a new one, or the
+        ``joined`` ones (in time order) merged into the first, spanning them and ``t``; the
+        rows of the starts it no longer has are deleted with the next write."""
+        assert self.session is not None
+        mine, dropped = self.open[seg][key], self.dropped_rows[seg]
+        end = t + self.session.gap
+        if not joined:
+            start, w = t, Win(end, self.window_initial())
+        else:
+            start, w = min(t, joined[0][0]), joined[0][1]
+            for _, other in joined[1:]:
+                self.merge(w.value, other.value)
+                end = max(end, other.end)
+            for s, _ in joined:
+                del mine[s]
+                dropped.add((key, s))
+                self.touched[seg].discard((key, s))
+            end = max(end, w.end)
+        w.end = end
+        mine[start] = w
+        dropped.discard((key, start))
+        self.touched[seg].add((key, start))
+        if self.clock is not None:
+            heapq.heappush(self.ends[seg], (end, key, start))
+        return w
+
     def _fold_declared(
         self, events: list[Event], keys: list[str], pending: list[tuple[int, Any]]
     ) -> None:
@@ -295,8 +385,8 @@ class WindowExecutor(AggregationExecutor):
         while ends and ends[0][0] <= latest - lateness:
             end, key, start = heapq.heappop(ends)
             w = open_.get(key, {}).get(start)
-            if w is not None and w.closed_at is None:
-                closed.append((key, start, w))
+            if w is not None and w.closed_at is None and w.end == end:  # else a session's
+                closed.append((key, start, w))  # end moved later: a newer entry is queued
         if closed:  # each at the first position where the clock passed its end
             points = self.clock.reached(upto, [w.end + lateness for _, _, w in closed])
             for (key, start, w), point in zip(closed, points, strict=True):
@@ -327,6 +417,7 @@ class WindowExecutor(AggregationExecutor):
         if seg not in self.open:
             return
         open_, spec = self.open[seg], self.spec
+        self.windows.drop(conn, self.name, sorted(self.dropped_rows[seg]))
         rows = [(key, start, open_[key][start]) for key, start in sorted(self.touched[seg])]
         self.windows.save(conn, self.name, rows)
         self.windows.add_late(conn, self.name, self.late_rows[seg])
@@ -359,6 +450,6 @@ class WindowExecutor(AggregationExecutor):
                     del mine[start]
                     if not mine:
                         del open_[key]
-            self.touched[seg] = set()
+            self.touched[seg], self.dropped_rows[seg] = set(), set()
             self.late_rows[seg] = []
         super().written(st, seconds)
