@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -305,7 +306,7 @@ def kafka_in_and_out() -> list[bool]:
         b = broker.bootstrap
         console.print(f"  a Tansu broker (memory storage) listens on {b}")
         topics = {"READINGS": ("screw-readings", 4), "ROBOTS": ("robot-totals", 2),
-                  "FACTORIES": ("factory-totals", 1)}  # fmt: skip
+                  "FACTORIES": ("factory-totals", 1), "MINUTES": ("robot-minutes", 2)}  # fmt: skip
         admin = AdminClient({"bootstrap.servers": b})
         new = [NewTopic(name, num_partitions=n) for name, n in topics.values()]
         for future in admin.create_topics(new).values():
@@ -328,13 +329,16 @@ def kafka_in_and_out() -> list[bool]:
             f"  ingested, summed and published in {time.perf_counter() - start:.1f} s by 2 "
             f"workers; killed with SIGKILL midway: {', '.join(f'pid {p}' for p in killed)}"
         )
-        # The crash window: totals acknowledged by the broker, not yet committed.
+        # A reading far later closes every minute so far; then readings late for them, and
+        # the crash window: totals and minutes acknowledged by the broker, not committed.
+        ks.produce_closer(b, "screw-readings")
+        ks.run_pipeline(readings + 1, only=["readings-in", "normalise"])
         ks.produce_readings(b, "screw-readings", more, seed=7)
-        ks.run_pipeline(readings + more, only=["readings-in", "normalise"])
+        ks.run_pipeline(readings + 1 + more, only=["readings-in", "normalise"])
         os.environ["EVENTLANES_KAFKA_DEMO_CRASH_AFTER"] = "1"
         ks = importlib.reload(ks)
-        ks.run_pipeline(readings + more)
-        crashed = ks.crashes()
+        ks.run_pipeline(readings + 1 + more)
+        crashed = ks.crashes() + ks.crashes("minute-crash")
         os.environ.pop("EVENTLANES_KAFKA_DEMO_CRASH_AFTER")
         inputs = ks.read_topic(b, "screw-readings")
         in_topic = len(inputs)
@@ -343,6 +347,7 @@ def kafka_in_and_out() -> list[bool]:
         last = {k: {m.key().decode(): json.loads(m.value()) for m in recs}
                 for k, recs in out.items()}  # fmt: skip
         doubled = sum(ks.duplicates(recs) for recs in out.values())
+        minutes = minute_facts(ks, inputs, ks.read_topic(b, "robot-minutes"))
         totals, dropped = ks.downstream(f"sqlite:///{DATA / 'kafka-downstream.db'}", b)
         ingest = ks.app.ingest_status("readings-in")
         ks.app.close()
@@ -357,21 +362,53 @@ def kafka_in_and_out() -> list[bool]:
         f"  {len(out['ROBOTS']) + len(out['FACTORIES']):,} totals published; {doubled} of them "
         f"twice after the forced crashes; {dropped} dropped downstream by the source chain"
     )
+    totals_only = {k: totals[k] for k in ("robots", "factories")}
     return [
         check(len(killed) == 2, f"a worker was killed twice midway ({len(killed)} kills)"),
         check(
-            ingest.position == readings + more == in_topic,
+            ingest.position == readings + 1 + more == in_topic,
             f"{in_topic:,} readings ingested once: the partitions' tokens add up to the topic",
         ),
         check(last["ROBOTS"] == reference["robots"],
               f"{len(reference['robots'])} robot totals in the output topic equal a plain fold"),
         check(last["FACTORIES"] == reference["factories"],
               "factory totals (a downstream stage) in the output topic equal a plain fold"),
-        check(crashed == 2 and doubled > 0,
-              f"forced crashes after the broker acknowledged published {doubled} totals twice"),
-        check(totals == reference and dropped == doubled,
-              f"the other side drops all {dropped} and keeps totals equal to the fold"),
+        check(crashed == 3 and doubled > 0 and minutes["doubled"] > 0,
+              f"forced crashes after the broker acknowledged published {doubled} totals and "
+              f"{minutes['doubled']} closed minutes twice"),
+        check(minutes["accounted"],
+              f"{minutes['closed']} closed minutes (ok/failed per robot) plus the "
+              f"{minutes['late']} late inputs kept equal a plain loop over the input topic"),
+        check(minutes["once"],
+              "each closed minute is in the minutes topic with one source chain, as stored"),
+        check(totals_only == reference and totals["minutes"] == minutes["published"]
+              and dropped == doubled + minutes["doubled"],
+              f"the other side drops all {dropped} and keeps totals and minutes equal to them"),
     ]  # fmt: skip
+
+
+def minute_facts(ks: Any, inputs: list[Any], records: list[Any]) -> dict[str, Any]:
+    """What the per-minute windows hold, kept and published, against a plain loop."""
+    import json
+
+    agg = ks.minutes
+    final = {(r, w.start_us): w.value for r in map(str, range(6))
+             for w in agg.windows(r) if w.final}  # fmt: skip
+    chains: dict[tuple[str, int], set[bytes]] = {}
+    same = True
+    for m in records:
+        v = json.loads(m.value())
+        window = (v["key"], v["start_us"])
+        same = same and v["value"] == final.get(window)
+        chains.setdefault(window, set()).add(dict(m.headers())[el.kafka.CHAIN_HEADER])
+    return {
+        "closed": len(final),
+        "late": len(agg.late_events()),
+        "accounted": bool(final) and ks.minutes_accounted(ks.app) == ks.plain_minutes(inputs),
+        "once": same and set(chains) == set(final) and all(len(c) == 1 for c in chains.values()),
+        "doubled": ks.duplicates(records),
+        "published": {f"{r}/{s}": v for (r, s), v in final.items()},
+    }
 
 
 def before_keys(states: dict[str, str], name: str) -> list[str]:

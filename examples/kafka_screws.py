@@ -3,14 +3,17 @@
 
 readings topic --ingest--> RawScrews --normalise (republisher)--> ScrewsFastened
 --screws-per-robot (aggregation)--> robot totals topic, and --(fold outputs)-->
-screws-per-factory (a downstream stage) --> factory totals topic.
+screws-per-factory (a downstream stage) --> factory totals topic; ScrewsFastened
+--screws-per-minute (a windowed aggregation: ok and failed per robot per minute of the
+readings' own time) --> robot minutes topic, each window once, when the log's clock closes it.
 
 Every state written is published (key: robot or factory; value: the totals) before it and its
 token commit, so a crash between the two publishes it again, with the same source chain.
 EVENTLANES_KAFKA_DEMO_CRASH_AFTER=N makes a worker kill itself (SIGKILL) right after its N-th
 acknowledged publish of robot totals, before they commit, while fewer than
 EVENTLANES_KAFKA_DEMO_CRASHES marker files exist in EVENTLANES_KAFKA_DEMO_CRASH_DIR: the
-crash window, forced, so the output topics always hold duplicates to drop.
+crash window, forced, so the output topics always hold duplicates to drop. The minutes' sink
+does the same once, on its first publish of closed windows.
 """
 
 from __future__ import annotations
@@ -31,29 +34,41 @@ BOOTSTRAP = env("EVENTLANES_KAFKA_DEMO_BOOTSTRAP", "127.0.0.1:9092")
 READINGS = env("EVENTLANES_KAFKA_DEMO_READINGS", "screw-readings")
 ROBOTS = env("EVENTLANES_KAFKA_DEMO_ROBOTS", "robot-totals")
 FACTORIES = env("EVENTLANES_KAFKA_DEMO_FACTORIES", "factory-totals")
+MINUTES = env("EVENTLANES_KAFKA_DEMO_MINUTES", "robot-minutes")
 CRASH_AFTER = int(env("EVENTLANES_KAFKA_DEMO_CRASH_AFTER", "0"))
 CRASHES = int(env("EVENTLANES_KAFKA_DEMO_CRASHES", "2"))
 CRASH_DIR = env("EVENTLANES_KAFKA_DEMO_CRASH_DIR", "")
+#: the readings' own time (``at``, epoch milliseconds): reading i of a run is at BASE_MS plus
+#: i * STEP_MS, up to DISORDER_MS out of order (a robot's clock, the network)
+BASE_MS, STEP_MS, DISORDER_MS = 1_767_225_600_000, 100, 3_000
+#: a topic's partitions are read in any interleaving, so a reading may reach the log well
+#: after later ones: the lateness covers a whole run's span, and a reading far later
+#: (:func:`produce_closer`) closes the windows
+LATENESS, CLOSER_MS = "1h", 3 * 3_600_000
 
 
 class _CrashingSink(el.KafkaSink):
-    """Publishes, then (the N-th time, a bounded number of times in all) dies before the
-    states and token commit."""
+    """Publishes, then (the N-th time, ``crashes`` times in all, each leaving a marker file
+    named ``marker``-n) dies before the states and token commit."""
+
+    def __init__(self, kafka: el.Kafka, topic: str, marker: str, crashes: int) -> None:
+        super().__init__(kafka, topic)
+        self.marker, self.crashes, self.calls = marker, crashes, 0
 
     def publish(self, records: list[Any]) -> None:
         super().publish(records)
-        self.calls = getattr(self, "calls", 0) + 1
+        self.calls += bool(records)  # a write with nothing closed publishes nothing
         if CRASH_AFTER and CRASH_DIR and self.calls == CRASH_AFTER:
-            for n in range(CRASHES):
+            for n in range(self.crashes):
                 try:
-                    fd = os.open(Path(CRASH_DIR) / f"crash-{n}", os.O_CREAT | os.O_EXCL)
+                    fd = os.open(Path(CRASH_DIR) / f"{self.marker}-{n}", os.O_CREAT | os.O_EXCL)
                 except FileExistsError:
                     continue
                 os.close(fd)
                 os.kill(os.getpid(), signal.SIGKILL)  # acknowledged, not committed
 
 
-def build(app: el.App, kafka: el.Kafka) -> tuple[el.Aggregation, el.Stage]:
+def build(app: el.App, kafka: el.Kafka) -> tuple[el.Aggregation, el.Stage, el.Aggregation]:
     app.ingest("readings-in", kafka, topic=READINGS, type="RawScrews", batch_size=500)
     normalise = app.republisher(
         "normalise", to_stream=lambda e: f"robot-{e.data['robot']}", segments=2, batch_size=100
@@ -61,17 +76,25 @@ def build(app: el.App, kafka: el.Kafka) -> tuple[el.Aggregation, el.Stage]:
     robots = app.aggregation(
         "screws-per-robot", key=lambda e: str(e.data["robot"]),  # numbered: a key is text
         initial=lambda: {"ok": 0, "failed": 0}, persist_every=0.2, segments=2,
-        publish=_CrashingSink(kafka, ROBOTS),
+        publish=_CrashingSink(kafka, ROBOTS, "crash", CRASHES),
     )  # fmt: skip
     factories = robots.downstream(
         "screws-per-factory", key=lambda out: out.data["factory"], initial=lambda: {"ok": 0},
         publish=el.KafkaSink(kafka, FACTORIES),
     )  # fmt: skip
+    minutes = app.aggregation(
+        "screws-per-minute", key=lambda e: str(e.data["robot"]),
+        initial=lambda: {"ok": 0, "failed": 0}, persist_every=0.2, segments=2,
+        window=el.tumbling("1m"), time=el.event_time("at", unit="ms"), lateness=LATENESS,
+        retain="1d", publish=_CrashingSink(kafka, MINUTES, "minute-crash", 1),
+    )  # fmt: skip
 
     @normalise.on("RawScrews")
     def split_results(event: el.Event) -> list[el.NewEvent]:
         robot = event.data["robot"]
-        return [el.NewEvent("ScrewsFastened", {"robot": robot, "ok": ok, "failed": failed})
+        at = event.data["at"]
+        return [el.NewEvent("ScrewsFastened", {"robot": robot, "ok": ok, "failed": failed,
+                                               "at": at})
                 for ok, failed in event.data["results"]]  # fmt: skip
 
     @robots.on("ScrewsFastened")
@@ -85,27 +108,48 @@ def build(app: el.App, kafka: el.Kafka) -> tuple[el.Aggregation, el.Stage]:
     def add_factory(state: dict, event: el.Event) -> None:
         state["ok"] += event.data["ok"]
 
-    return robots, factories
+    @minutes.on("ScrewsFastened")
+    def add_minute(state: dict, event: el.Event) -> None:
+        state["ok"] += event.data["ok"]
+        state["failed"] += event.data["failed"]
+
+    return robots, factories, minutes
 
 
 app = el.App(URL, claim_timeout=1.5)
-robots, factories = build(app, el.Kafka(BOOTSTRAP))
-PROCESSORS = ("normalise", "screws-per-robot")
+robots, factories, minutes = build(app, el.Kafka(BOOTSTRAP))
+PROCESSORS = ("normalise", "screws-per-robot", "screws-per-minute")
+
+
+def _producer(bootstrap: str) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                     "linger.ms": 5, "log.connection.close": False})  # fmt: skip
 
 
 def produce_readings(bootstrap: str, topic: str, n: int, seed: int) -> None:
-    """``n`` raw readings, keyed by robot, from a plain idempotent producer."""
-    from confluent_kafka import Producer
-
+    """``n`` raw readings, keyed by robot, from a plain idempotent producer; reading i at
+    ``BASE_MS + i * STEP_MS``, up to ``DISORDER_MS`` later (so a second call's readings fall
+    in the first one's minutes)."""
     rng = random.Random(seed)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "linger.ms": 5, "log.connection.close": False})  # fmt: skip
-    for _ in range(n):
+    producer = _producer(bootstrap)
+    for i in range(n):
         robot = rng.randrange(6)
         results = [[rng.randrange(9), rng.randrange(2)] for _ in range(rng.randint(1, 3))]
-        value = json.dumps({"robot": robot, "results": results}).encode()
+        at = BASE_MS + i * STEP_MS + rng.randrange(DISORDER_MS)
+        value = json.dumps({"robot": robot, "results": results, "at": at}).encode()
         producer.produce(topic, value, f"robot-{robot}".encode())
         producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def produce_closer(bootstrap: str, topic: str) -> None:
+    """One reading of nothing fastened, ``CLOSER_MS`` after the others: once in the log, the
+    clock passes the end of every earlier minute plus the lateness, and they close."""
+    producer = _producer(bootstrap)
+    value = {"robot": 0, "results": [[0, 0]], "at": BASE_MS + CLOSER_MS}
+    producer.produce(topic, json.dumps(value).encode(), b"robot-0")
     assert producer.flush(60) == 0
 
 
@@ -141,6 +185,45 @@ def plain_fold(readings: list[Any]) -> dict[str, dict[str, Any]]:
     return {"robots": dict(robots), "factories": dict(factories)}
 
 
+def minute_of(at_ms: int) -> int:
+    """The start of the minute holding ``at_ms``, in microseconds (as windows report it)."""
+    return (at_ms - at_ms % 60_000) * 1000
+
+
+def plain_minutes(readings: list[Any]) -> dict[tuple[str, int], dict[str, int]]:
+    """The reference: ok and failed per robot per minute of the input topic, by a plain loop
+    (the closer's minute, still open, left out)."""
+    out: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
+    for m in readings:
+        reading = json.loads(m.value())
+        if reading["at"] == BASE_MS + CLOSER_MS:
+            continue
+        for ok, failed in reading["results"]:
+            cell = out[(str(reading["robot"]), minute_of(reading["at"]))]
+            cell["ok"] += ok
+            cell["failed"] += failed
+    return dict(out)
+
+
+def minutes_accounted(app: el.App) -> dict[tuple[str, int], dict[str, int]]:
+    """Per robot and minute, the closed window's value plus the late inputs kept for it: every
+    input of the log, folded on time or late, once."""
+    out: dict[tuple[str, int], dict[str, int]] = {}
+    agg = app.get("screws-per-minute")
+    for robot in map(str, range(6)):
+        for w in agg.windows(robot):
+            if w.final:
+                out[(robot, w.start_us)] = dict(w.value)
+    late = {e.position: e for e in agg.late_events()}
+    for event in app.store.iter_events(types=["ScrewsFastened"]):
+        if event.position in late:
+            ((start, _end),) = late[event.position].windows
+            cell = out.setdefault((str(event.data["robot"]), start), {"ok": 0, "failed": 0})
+            cell["ok"] += event.data["ok"]
+            cell["failed"] += event.data["failed"]
+    return out
+
+
 def duplicates(records: list[Any]) -> int:
     """Records published again: the same key with the same source chain as an earlier one."""
     seen: set[tuple[bytes, bytes]] = set()
@@ -154,54 +237,68 @@ def duplicates(records: list[Any]) -> int:
 
 
 def downstream(url: str, bootstrap: str, timeout: float = 120.0) -> tuple[dict[str, Any], int]:
-    """The other side: an eventlanes app ingests both totals topics and keeps the latest total
-    per key, its aggregation dropping what was published twice. Returns (latest totals per
-    topic, duplicates dropped)."""
+    """The other side: an eventlanes app ingests the three output topics and keeps the latest
+    total per key and the latest result per robot and minute, its aggregations dropping what
+    was published twice. Returns (latest values per topic: ``robots``, ``factories`` and
+    ``minutes``, keyed ``robot/start_us``; duplicates dropped)."""
     import time
 
     other = el.App(url, claim_timeout=1.5)
     kafka = el.Kafka(bootstrap)
-    # the totals' chains lead back to the readings topic, or to the robots stage: trusted
-    trust = [READINGS, "screws-per-robot"]
+    # the totals' chains lead back to the readings topic, or to the robots stage; a closed
+    # window's to the windowed aggregation (the log that closed it): trusted
+    trust = [READINGS, "screws-per-robot", "screws-per-minute"]
     other.ingest("robot-totals-in", kafka, topic=ROBOTS, type="RobotTotal", trust_chains=trust)
     other.ingest(
         "factory-totals-in", kafka, topic=FACTORIES, type="FactoryTotal", trust_chains=trust
     )
+    other.ingest("minutes-in", kafka, topic=MINUTES, type="RobotMinute", trust_chains=trust)
     latest = other.aggregation("latest", key=lambda e: f"{e.type}/{e.stream_id}",
                                initial=dict, persist_every=0.1)  # fmt: skip
+    per_minute = other.aggregation(
+        "per-minute", key=lambda e: f"{e.data['key']}/{e.data['start_us']}", initial=dict,
+        persist_every=0.1,
+    )  # fmt: skip
 
     @latest.on("RobotTotal", "FactoryTotal")
     def keep(state: dict, event: el.Event) -> None:
         state.clear()
         state.update(event.data)
 
-    counts = {t: len(read_topic(bootstrap, t)) for t in (ROBOTS, FACTORIES)}
+    @per_minute.on("RobotMinute")
+    def keep_minute(state: dict, event: el.Event) -> None:
+        state.clear()
+        state.update(event.data["value"])
+
+    counts = {t: len(read_topic(bootstrap, t)) for t in (ROBOTS, FACTORIES, MINUTES)}
     other.start()
     try:
         deadline = time.monotonic() + timeout
         while other.store.count() < sum(counts.values()):
             if time.monotonic() > deadline:
-                raise TimeoutError("the totals topics were not ingested in time")
+                raise TimeoutError("the output topics were not ingested in time")
             time.sleep(0.1)
         other.wait_until_caught_up(timeout)
     finally:
         other.stop()
-    table = other.aggregate_states
-    totals: dict[str, dict[str, Any]] = {"robots": {}, "factories": {}}
-    keys = other.db.query(
-        other.db.sql(f"SELECT key FROM {table.table} WHERE aggregation = ?"), ("latest",)
-    )
-    for key in [r[0] for r in keys]:
-        kind, name = key.split("/", 1)
-        totals["robots" if kind == "RobotTotal" else "factories"][name] = latest.get(key)
-    dropped = latest.dropped()
+    table = other.aggregate_states.table
+    totals: dict[str, dict[str, Any]] = {"robots": {}, "factories": {}, "minutes": {}}
+    sql = other.db.sql(f"SELECT aggregation, key FROM {table} WHERE aggregation IN (?, ?)")
+    for name, key in other.db.query(sql, ("latest", "per-minute")):
+        if name == "per-minute":
+            totals["minutes"][key] = per_minute.get(key)
+            continue
+        kind, robot = key.split("/", 1)
+        totals["robots" if kind == "RobotTotal" else "factories"][robot] = latest.get(key)
+    dropped = latest.dropped() + per_minute.dropped()
     other.close()
     return totals, dropped
 
 
-def crashes() -> int:
-    """Forced crashes so far (one marker file each)."""
-    return len(list(Path(CRASH_DIR).glob("crash-*"))) if CRASH_DIR else 0
+def crashes(marker: str = "crash") -> int:
+    """Forced crashes so far (one marker file each) of the totals' sink (or the minutes':
+    ``marker="minute-crash"``)."""
+    return len(list(Path(CRASH_DIR).glob(f"{marker}-*"))) if CRASH_DIR else 0
 
 
 def run_pipeline(
