@@ -34,6 +34,7 @@ BENCHMARKS = {
     "segments": "benchmarks.bench_segments",
     "spark-keys": "benchmarks.bench_spark_keys",
     "windows": "benchmarks.bench_windows",
+    "peers": "benchmarks.bench_peers",
 }
 
 
