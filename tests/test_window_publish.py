@@ -202,3 +202,49 @@ def test_windows_of_several_keys_published_out_of_position_order_are_all_kept(
 
     run_until_ingested(down, 2)
     assert fleet.get("all") == {"n": 3} and fleet.dropped() == 0
+
+
+def test_a_downstream_stage_folds_each_closed_window_once_whatever_fails(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Closed and amended windows feed a downstream stage before the write that closes them
+    commits; a write that fails after that feeds them again when it is retried, and the stage
+    drops each repeat by its chain: it ends with every window's latest revision, once."""
+    from eventlanes.processing.windowing.executor import WindowExecutor
+
+    app = el.App(f"sqlite:///{tmp_path}/stage.db", claim_timeout=2)
+    agg = app.aggregation(
+        "screws", key="robot", on="ScrewAttempted", persist_every=0, batch_size=5,
+        fields={"ok": el.count(where={"ok": True}), "n": el.count()},
+        window=el.hopping("1m", every="30s"), time=el.event_time("at", unit="ms"),
+        late="amend", retain="1d",
+    )  # fmt: skip
+    per_robot = agg.downstream("per-robot", key=lambda e: e.data["key"], initial=dict)
+
+    @per_robot.on("WindowResult")
+    def keep(state: dict[str, Any], event: el.Event) -> None:
+        state[str(event.data["start_us"])] = [event.data["revision"], event.data["value"]]
+
+    failures = {"left": 2}
+    write_more = WindowExecutor.write_more
+
+    def fails_after_the_stage(self: WindowExecutor, conn: Any, st: Any) -> None:
+        open_ = self.open.get(st.segment.id, {})
+        closing = any(open_[k][s].closed_at is not None for k, s in self.touched[st.segment.id])
+        if closing and failures["left"]:
+            failures["left"] -= 1
+            raise OSError("the disk is full")
+        write_more(self, conn, st)
+
+    monkeypatch.setattr(WindowExecutor, "write_more", fails_after_the_stage)
+    for i, e in enumerate(inputs()):
+        app.store.append(f"cell-{i % 3}", [e])
+    run_until_caught_up(app, timeout=60)
+    assert failures["left"] == 0 and per_robot.dropped() > 0  # failed, fed again, dropped
+    amended = 0
+    for robot in ROBOTS:
+        final = [w for w in agg.windows(robot) if w.final]
+        amended += sum(w.revision for w in final)
+        want = {str(w.start_us): [w.revision, w.value] for w in final}
+        assert (per_robot.get(robot) or {}) == want, robot
+    assert amended  # amendments fed the stage too

@@ -125,6 +125,10 @@ class Stage:
         none)."""
         return self.upstream.states.get(self.name, key_argument(key, f"stage {self.name!r}"))
 
+    def dropped(self) -> int:
+        """Outputs dropped because they were already folded in (repeats after a crash)."""
+        return self.upstream.states.dropped(self.name)
+
 
 class Aggregation(Processor):
     """``app.aggregation(name, key=..., initial=..., persist_every=1.0)``; ``@agg.on(type)``
@@ -314,13 +318,12 @@ class Aggregation(Processor):
         initial: Callable[[], Any],
         publish: Any = None,
     ) -> Stage:
-        """A stage fed with this aggregation's fold outputs (``NewEvent``s); ``publish``: a
-        KafkaSink its states are published to before they are written."""
-        self._python_only("downstream()")
-        if self.windowing is not None:
-            raise InvalidInputError(
-                f"aggregation {self.name!r}: a windowed aggregation has no downstream stages yet"
-            )
+        """A stage fed with this aggregation's fold outputs (``NewEvent``s), or with a windowed
+        one's closed windows (a ``WindowResult`` event each time a window closes or is
+        amended, its data the published record's value); ``publish``: a KafkaSink its states
+        are published to before they are written."""
+        if self.windowing is None:
+            self._python_only("downstream()")
         # A version's stages keep states of their own, as it does (``stage@vN``).
         name = versioned_name(validate_base_name(name), self.version)
         stage = Stage(self, name, key, initial, publish)

@@ -26,7 +26,7 @@ from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
 from .clock import StoreClock, recorded_us
-from .publish import closed_windows, on_close, window_records
+from .publish import closed_windows, on_close, stage_outputs, window_records
 from .ticker import Ticker
 
 if TYPE_CHECKING:
@@ -397,16 +397,19 @@ class WindowExecutor(AggregationExecutor):
 
     # -- writing -----------------------------------------------------------------------------
     def publish(self, st: SegmentState, entries: Any, changed: Any, offsets: Any) -> None:
-        """Each window closed or amended since the last write (open ones are not): published
-        (``publish=``) before the write commits, and given to the ``on_close`` functions,
-        whose events the write appends."""
+        """Each window closed or amended since the last write (open ones are not): folded by
+        the downstream stages and published (``publish=``) before the write commits, and given
+        to the ``on_close`` functions, whose events the write appends."""
         seg = st.segment.id
         agg = self.agg
         self.closing.pop(seg, None)
-        if seg not in self.open or (agg.publish is None and not agg.closers):
+        if seg not in self.open or (agg.publish is None and not agg.closers and not agg.stages):
             return
         open_ = self.open[seg]
         done = closed_windows([(k, s, open_[k][s]) for k, s in self.touched[seg]])
+        if agg.stages and done:  # downstream first, in a transaction of their own
+            self.outputs.setdefault(seg, []).extend(stage_outputs(self.name, agg.stages, done))
+            self._flush_downstream(seg)
         if agg.publish is not None:
             agg.publish.publish(window_records(self.name, done))
         if agg.closers:

@@ -1,7 +1,7 @@
-"""Closed windows as records for a sink (``publish=``): each window once when it closes, and
-once more per amendment (``late="amend"``), with a source chain that a re-publish repeats
-exactly, so that a consumer's eventlanes aggregation drops it (as it drops every repeated
-output).
+"""Closed windows as records for a sink (``publish=``) and as events for downstream stages:
+each window once when it closes, and once more per amendment (``late="amend"``), with a
+source chain that a re-publish repeats exactly, so that a consumer's eventlanes aggregation
+(or the stage) drops it (as it drops every repeated output).
 
 The chain's root is ``{"source": <aggregation>, "partition": <key>, "offset": <position>,
 "out": <i>}``: the position whose clock closed the window (or of the late input that amended
@@ -20,9 +20,10 @@ from typing import Any
 
 from ...callables import name_of
 from ...errors import InvalidInputError
-from ...events import NewEvent
-from ...lineage import MAX_NAME
+from ...events import Event, NewEvent
+from ...lineage import MAX_NAME, Coordinates
 from ...windows.spec import WindowResult, as_datetime
+from ..aggregating.aggregation import Stage
 from ..tables.windows import Win
 
 #: the ``type`` header of a published window (an eventlanes ingest makes it the event type)
@@ -61,6 +62,23 @@ def window_records(name: str, done: Closed) -> list[Any]:
         chain = [{"source": name, "partition": partition(key), "offset": position, "out": out}]
         records.append((key, value, chain, headers))
     return records
+
+
+def stage_outputs(
+    name: str, stages: list[Stage], done: Closed
+) -> list[tuple[Stage, Coordinates, NewEvent, Event]]:
+    """The closed windows ``done`` as outputs for each downstream stage: a ``WindowResult``
+    event (the published record's value as its data) from source ``"<name>:<key>"`` at path
+    ``(position, out)``, so that a repeat after a crash is dropped by the stage."""
+    outputs: list[tuple[Stage, Coordinates, NewEvent, Event]] = []
+    for (_, value, chain, _), (position, out, *_) in zip(
+        window_records(name, done), done, strict=True
+    ):
+        source = f"{name}:{chain[0]['partition']}"
+        at = Event(position, source, 0, WINDOW_TYPE, {}, {}, 0, 0, source)
+        for stage in stages:
+            outputs.append((stage, (source, "", (position, out)), NewEvent(WINDOW_TYPE, value), at))
+    return outputs
 
 
 def on_close(
