@@ -232,6 +232,7 @@ class App(Operations):
         on_bad: OnBad = "stop",
         initial: Literal["earliest", "latest"] = "earliest",
         batch_size: int = 2000,
+        order: Literal["arrival", "time"] = "arrival",
         max_record_bytes: int = DEFAULT_MAX_BYTES,
         max_partitions: int | None = None,
         trust_chains: Any = None,
@@ -241,14 +242,14 @@ class App(Operations):
         (see :class:`eventlanes.kafka.Ingestor`, which describes its options: ``stream``,
         ``type`` and ``decode`` make a record an event, ``on_bad`` says what a bad record
         does, ``initial`` where a new partition starts, ``batch_size`` the records per
-        transaction, ``max_record_bytes`` the largest record, ``max_partitions`` the
-        partitions per process, ``trust_chains`` whose ``el-source-chain`` headers are carried
-        on, ``check_roots`` whether their roots on this cluster are checked); ``run`` starts it
-        like a processor. Its name shares the
-        token table with the processors' names."""
+        transaction, ``order`` whether partitions are interleaved by time,
+        ``max_record_bytes`` the largest record, ``max_partitions`` the partitions per
+        process, ``trust_chains`` whose ``el-source-chain`` headers are carried on,
+        ``check_roots`` whether their roots on this cluster are checked); ``run`` starts it
+        like a processor. Its name shares the token table with the processors' names."""
         ingestor = Ingestor(
             self.runtime, name, kafka, topic=topic, stream=stream, type=type, decode=decode,
-            on_bad=on_bad, initial=initial, batch_size=batch_size,
+            on_bad=on_bad, initial=initial, batch_size=batch_size, order=order,
             max_record_bytes=max_record_bytes, max_partitions=max_partitions,
             trust_chains=trust_chains, check_roots=check_roots,
         )  # fmt: skip

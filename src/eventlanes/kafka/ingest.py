@@ -6,8 +6,9 @@ token rows, at the earliest offset unless ``initial="latest"``), claims its fair
 the token store (heartbeat, timeout, steal, hold-off: as segments), checks each newly claimed
 partition against the broker, and records the watermarks it fetched; (2) reads what the
 broker has for its partitions, from each partition's token; (3) appends it: per partition in
-offset order, runs of one stream each (``append_runs``), all in one transaction with the
-partitions' tokens (the next offset), fenced by their claims. A crash anywhere rolls back
+offset order (a partition after another, or with ``order="time"`` interleaved by timestamp:
+:mod:`.interleave`), runs of one stream each (``append_runs``), all in one transaction with
+the partitions' tokens (the next offset), fenced by their claims. A crash anywhere rolls back
 both or neither: nothing lost, nothing doubled.
 
 The consumer is rebuilt from the tokens whenever the claimed partitions change or a round
@@ -37,6 +38,7 @@ from ..tokens import SegmentStatus, SQLTokenStore, Token
 from ..tokens.claims import HOLD_OFF_ROUNDS, Heartbeat, claimable, fair_share
 from ..tracing import propagation, spans
 from . import client, parking
+from .interleave import TimeOrder
 from .partitions import PartitionTable, segment
 from .records import BadRecord, Record
 from .settings import KafkaUnavailableError
@@ -93,6 +95,8 @@ class IngestRunner:
         self._backoff = weather.Backoff()
         self.table: PartitionTable | None = None
         self.heartbeat = Heartbeat(self.tokens, self.name, owner, on_held=self._held)
+        self._time_order = TimeOrder() if ingestor.order == "time" else None
+        self._paused: set[int] = set()  # partitions paused while their buffers are full
 
     # -- starting and stopping -----------------------------------------------------------------
     def check(self) -> None:
@@ -161,6 +165,9 @@ class IngestRunner:
             self._next_round = time.monotonic() + self.interval
         if self._rebuild:
             self._assign()
+            if self._time_order is not None:
+                self._time_order.reset()  # the new consumer reads from the tokens again
+                self._paused = set()
         if not self.claimed or self._consumer is None:
             self.stopping.wait(0.1)
             return
@@ -175,8 +182,14 @@ class IngestRunner:
             if held is None or held.lost or m.offset() < held.next:
                 continue  # not ours (any more), or appended already
             batch.setdefault(m.partition(), []).append(m)
+        order = None
+        if self._time_order is not None:
+            self._time_order.add(batch)
+            batch, order = self._time_order.take(sorted(self.claimed), self._live,
+                                                 self.ing.batch_size)  # fmt: skip
+            self._pace()
         if batch:
-            self._commit(batch)
+            self._commit(batch, order)
         if self._outage and messages:
             log.info("%s: the broker answers again (%s is over)", self.name, self._outage)
             self._outage = None
@@ -190,12 +203,37 @@ class IngestRunner:
         return [first, *more]
 
     # -- appending -----------------------------------------------------------------------------
-    def _commit(self, batch: dict[int, list[Any]]) -> None:
+    def _pace(self) -> None:
+        """Pause the partitions whose buffers are full, resume those with room again."""
+        assert self._time_order is not None
+        full, room = self._time_order.pacing(self._paused)
+        ck = client.client_module()
+        if full:
+            self._consumer.pause([ck.TopicPartition(self.ing.topic, p) for p in full])
+        if room:
+            self._consumer.resume([ck.TopicPartition(self.ing.topic, p) for p in room])
+        self._paused = (self._paused | set(full)) - set(room)
+
+    def _live(self, p: int) -> bool:
+        """Partition ``p`` has records on the broker this process has not read (or its high
+        watermark is not known yet)."""
+        ck = client.client_module()
+        _, high = self._consumer.get_watermark_offsets(
+            ck.TopicPartition(self.ing.topic, p), cached=True
+        )
+        held = self.claimed.get(p)
+        if held is None or held.lost:
+            return False
+        return high < 0 or high > self._time_order.next_offset(p, held.next)  # type: ignore[union-attr]
+
+    def _commit(
+        self, batch: dict[int, list[Any]], order: list[tuple[int, int]] | None = None
+    ) -> None:
         """Append ``batch``; when tracing is on, in a span ``ingest {name}`` linked to the
         spans that published its records (their ``traceparent`` headers)."""
         tracer = spans.tracer()
         if tracer is None:
-            return self._append(batch)
+            return self._append(batch, order)
         base = spans.base_attributes(self.name, guarantee="exactly-once")
         base.update({spans.SYSTEM: "kafka", spans.INGESTOR: self.name,
                      spans.DESTINATION: self.ing.topic})  # fmt: skip
@@ -213,11 +251,12 @@ class IngestRunner:
                             seen.add((ctx.trace_id, ctx.span_id))
                             span.add_link(ctx, {spans.PARTITION_ID: str(p),
                                                 spans.KAFKA_OFFSET: m.offset()})  # fmt: skip
-            self._append(batch)
+            self._append(batch, order)
 
-    def _append(self, batch: dict[int, list[Any]]) -> None:
-        ing, rt, conv = self.ing, self.rt, self.ing.converter
-        trace = rt.store.trace_context
+    def _append(
+        self, batch: dict[int, list[Any]], order: list[tuple[int, int]] | None = None
+    ) -> None:
+        rt = self.rt
         parked = set(self._parked)
         stops: list[tuple[int, str]] = []
         advanced: dict[int, int] = {}
@@ -225,40 +264,27 @@ class IngestRunner:
         started = time.perf_counter()
         # PostgreSQL: pipeline mode, so each append's NOTIFY costs no round trip of its own
         with rt.db.transaction(pipeline=True) as conn:
+            converted: dict[int, dict[int, tuple[str, Any]]] = {}
             for p, messages in sorted(batch.items()):
-                runs: list[tuple[str, list[Any]]] = []
-                n_parked = 0
-                nxt = self.claimed[p].next
-                for m in messages:
-                    record = Record.of(m)
-                    try:
-                        stream = conv.stream(record)
-                        if ing.on_bad == "dead_letter" and stream in parked:
-                            raise BadRecord(f"waits behind an earlier parked record of stream "
-                                            f"{stream!r}", stream)  # fmt: skip
-                        event = conv.event(record, stream, trace)
-                    except BadRecord as bad:
-                        if ing.on_bad == "stop":
-                            stops.append((p, f"record at offset {record.offset} of partition "
-                                             f"{p} is bad: {bad.reason}"))  # fmt: skip
-                            break
-                        parking.park(rt, conn, self.name, record, bad.stream, bad.reason)
-                        if bad.stream is not None:
-                            parked.add(bad.stream)
-                        n_parked += 1
-                        nxt = record.offset + 1
-                        continue
-                    if runs and runs[-1][0] == stream:
-                        runs[-1][1].append(event)
-                    else:
-                        runs.append((stream, [event]))
-                    nxt = record.offset + 1
-                if runs:
-                    rt.store.append_runs(runs, conn=conn)
+                events, nxt, n_parked = self._convert(conn, p, messages, parked, stops)
+                converted[p] = events
                 if nxt != self.claimed[p].next:
                     self.tokens.store(self.name, p, Token(nxt), self.owner, conn=conn)
                     advanced[p] = nxt
-                counts[p] = (sum(len(e) for _, e in runs), n_parked)
+                counts[p] = (len(events), n_parked)
+            if order is None:  # a partition after another
+                order = [(p, offset) for p in sorted(converted) for offset in converted[p]]
+            runs: list[tuple[str, list[Any]]] = []
+            for p, offset in order:
+                if (found := converted[p].get(offset)) is None:
+                    continue  # parked, or after a bad record that stops its partition
+                stream, event = found
+                if runs and runs[-1][0] == stream:
+                    runs[-1][1].append(event)
+                else:
+                    runs.append((stream, [event]))
+            if runs:
+                rt.store.append_runs(runs, conn=conn)
         seconds = time.perf_counter() - started
         self._parked = parked
         obs = rt.observer
@@ -274,6 +300,41 @@ class IngestRunner:
             rt.progress.advanced()
         for p, reason in stops:
             self._fail(p, reason)
+
+    def _convert(
+        self, conn: Any, p: int, messages: list[Any], parked: set[str],
+        stops: list[tuple[int, str]],
+    ) -> tuple[dict[int, tuple[str, Any]], int, int]:  # fmt: skip
+        """Partition ``p``'s records as (stream, event) by offset, up to a bad record that
+        stops it (``on_bad="stop"``, added to ``stops``) or with the bad ones parked; the next
+        offset, and how many were parked."""
+        ing, conv = self.ing, self.ing.converter
+        trace = self.rt.store.trace_context
+        events: dict[int, tuple[str, Any]] = {}
+        n_parked = 0
+        nxt = self.claimed[p].next
+        for m in messages:
+            record = Record.of(m)
+            try:
+                stream = conv.stream(record)
+                if ing.on_bad == "dead_letter" and stream in parked:
+                    raise BadRecord(f"waits behind an earlier parked record of stream "
+                                    f"{stream!r}", stream)  # fmt: skip
+                event = conv.event(record, stream, trace)
+            except BadRecord as bad:
+                if ing.on_bad == "stop":
+                    stops.append((p, f"record at offset {record.offset} of partition "
+                                     f"{p} is bad: {bad.reason}"))  # fmt: skip
+                    break
+                parking.park(self.rt, conn, self.name, record, bad.stream, bad.reason)
+                if bad.stream is not None:
+                    parked.add(bad.stream)
+                n_parked += 1
+                nxt = record.offset + 1
+                continue
+            events[record.offset] = (stream, event)
+            nxt = record.offset + 1
+        return events, nxt, n_parked
 
     # -- coordinating --------------------------------------------------------------------------
     def _coordinate(self) -> None:

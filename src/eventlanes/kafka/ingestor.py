@@ -68,7 +68,10 @@ class Ingestor:
     reason in ``status``) or ``"dead_letter"`` (the record, and every later record of its
     stream, is parked; the rest goes on); ``initial``: where a partition the ingestor has
     never read starts, ``"earliest"`` (default) or ``"latest"``; ``batch_size``: records per
-    transaction at most; ``max_record_bytes``: larger records are bad; ``max_partitions``:
+    transaction at most; ``order``: ``"arrival"`` (default: each batch a partition after
+    another, as read) or ``"time"`` (the partitions' records interleaved by their timestamps,
+    as Kafka Streams takes them: for windows decided by the store's clock, over a backlog);
+    ``max_record_bytes``: larger records are bad; ``max_partitions``:
     at most this many partitions per process (besides the fair share); ``trust_chains``: what
     a record's ``el-source-chain`` header (written by an eventlanes sink upstream) does: not
     given, such a record is bad (a chain is an input: a forged root would make an aggregation
@@ -93,6 +96,7 @@ class Ingestor:
         on_bad: OnBad = "stop",
         initial: Literal["earliest", "latest"] = "earliest",
         batch_size: int = 2000,
+        order: Literal["arrival", "time"] = "arrival",
         max_record_bytes: int = DEFAULT_MAX_BYTES,
         max_partitions: int | None = None,
         trust_chains: Any = None,
@@ -113,6 +117,10 @@ class Ingestor:
         if on_bad not in ("stop", "dead_letter"):
             raise InvalidInputError(
                 f"ingestor {name!r}: on_bad must be 'stop' or 'dead_letter', got {on_bad!r}"
+            )
+        if order not in ("arrival", "time"):
+            raise InvalidInputError(
+                f"ingestor {name!r}: order must be 'arrival' or 'time', got {order!r}"
             )
         if initial not in ("earliest", "latest"):
             raise InvalidInputError(
@@ -136,6 +144,7 @@ class Ingestor:
         self.on_bad: OnBad = on_bad
         self.initial = initial
         self.batch_size = batch_size
+        self.order = order
         self.max_partitions = max_partitions
         self.trust_chains = trusted(trust_chains, topic, f"ingestor {name!r}")
         if not isinstance(check_roots, bool):

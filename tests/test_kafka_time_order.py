@@ -1,0 +1,99 @@
+"""``order="time"``: an ingestor catching up on a backlog interleaves the partitions' records
+by their timestamps (each partition still in offset order), so a windowed aggregation's store
+clock does not run ahead with the first partition read and call the others late. The default
+(``"arrival"``) appends a batch a partition after another; over the same backlog, the clock
+calls many records late (kept and counted, never lost)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eventlanes as el
+from tests.kafka_helpers import create_topic, run_until_ingested
+
+BASE_MS = 1_767_225_600_000
+PER_PARTITION, STEP_MS = 150, 10_000  # 25 minutes of each robot's time
+
+
+def backlog(bootstrap: str, topic: str) -> Counter[tuple[str, int]]:
+    """A partition after another, each the same 25 minutes in order; the record timestamps
+    are the readings' times. The plain loop's count per (robot, minute start in µs)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    want: Counter[tuple[str, int]] = Counter()
+    for p in range(4):
+        for i in range(PER_PARTITION):
+            ts = BASE_MS + i * STEP_MS
+            value = json.dumps({"robot": f"r{p}", "ts": ts}).encode()
+            producer.produce(topic, value, f"r{p}".encode(), partition=p, timestamp=ts)
+            want[(f"r{p}", (ts - ts % 60_000) * 1000)] += 1
+        producer.flush(30)
+    return want
+
+
+def ingest(path: Path, kafka: el.Kafka, topic: str, **order: Any) -> tuple[el.App, el.Aggregation]:
+    app = el.App(f"sqlite:///{path}", claim_timeout=2)
+    app.ingest("in", kafka, topic=topic, type="Reading", **order)
+    agg = app.aggregation(
+        "per-minute", key="robot", on="Reading", fields={"n": el.count()},
+        window=el.tumbling("1m"), time=el.event_time("ts", unit="ms"), lateness="5s",
+        retain="1d",
+    )  # fmt: skip
+    run_until_ingested(app, 4 * PER_PARTITION)
+    return app, agg
+
+
+def test_a_backlog_interleaved_by_time_leaves_no_reading_late(
+    tmp_path: Path, kafka_broker: Any
+) -> None:
+    b = kafka_broker.bootstrap
+    topic, kafka = create_topic(b, 4), el.Kafka(b)
+    want = backlog(b, topic)
+    app, agg = ingest(tmp_path / "time.db", kafka, topic, order="time")
+    log = [(e.data["robot"], e.data["ts"]) for e in app.store.iter_events()]
+    assert [ts for _, ts in log] == sorted(ts for _, ts in log)  # one timeline across them
+    for robot in ("r0", "r1", "r2", "r3"):  # each partition in its own order, all of it
+        assert [ts for r, ts in log if r == robot] == [
+            BASE_MS + i * STEP_MS for i in range(PER_PARTITION)
+        ]
+    assert agg.window_counts()["late"] == 0
+    got = {(r, w.start_us): w.value["n"] for r in ("r0", "r1", "r2", "r3") for w in agg.windows(r)}
+    assert got == dict(want)
+
+    arrival, plain = ingest(tmp_path / "arrival.db", kafka, topic)  # the default, as before
+    counts = plain.window_counts()
+    assert counts["late"] > 0 and counts["late"] + counts["folded"] == 4 * PER_PARTITION
+
+
+def test_partitions_paused_while_their_buffers_are_full_lose_and_double_nothing(
+    tmp_path: Path, kafka_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for 40 records per partition, each is paused and resumed again and again
+    (the broker then hands out the others'): every record appended once, in time order."""
+    from eventlanes.kafka import interleave
+
+    monkeypatch.setattr(interleave, "PER_PARTITION", 40)
+    b = kafka_broker.bootstrap
+    topic, kafka = create_topic(b, 4), el.Kafka(b)
+    want = backlog(b, topic)
+    app, agg = ingest(tmp_path / "paused.db", kafka, topic, order="time", batch_size=25)
+    log = [(e.data["robot"], e.data["ts"]) for e in app.store.iter_events()]
+    assert [ts for _, ts in log] == sorted(ts for _, ts in log)
+    assert Counter(log) == Counter(
+        (f"r{p}", BASE_MS + i * STEP_MS) for p in range(4) for i in range(PER_PARTITION)
+    )  # fmt: skip
+    assert agg.window_counts()["late"] == 0
+    got = {(r, w.start_us): w.value["n"] for r in ("r0", "r1", "r2", "r3") for w in agg.windows(r)}
+    assert got == dict(want)
+
+
+def test_order_is_checked(tmp_path: Path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(el.InvalidInputError, match="order must be 'arrival' or 'time', got 'x'"):
+        app.ingest("in", el.Kafka("127.0.0.1:9"), topic="t", order="x")  # type: ignore[arg-type]
