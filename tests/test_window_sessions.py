@@ -13,7 +13,7 @@ import eventlanes as el
 from eventlanes.processing.windowing.clock import recorded_us
 from eventlanes.windows.kinds import Session
 from eventlanes.windows.reference import count_windows
-from tests.processing_helpers import run_until_caught_up
+from tests.processing_helpers import run_until_caught_up, wait_for
 
 E = el.NewEvent
 BASE_MS = 1_700_000_000_000
@@ -182,3 +182,35 @@ def test_what_sessions_cannot_do_is_refused_clearly(tmp_path) -> None:
     with pytest.raises(el.InvalidInputError, match="give a merge function"):
         app.start(["e"])
     app.stop()
+
+
+def test_a_merge_that_returns_a_new_state_stops_its_segment_instead_of_losing_it(
+    tmp_path,
+) -> None:
+    """``on_merge`` merges in place: one returning a new state (whose result would be
+    dropped) stops the segment, naming it, and nothing of that batch is written."""
+    app = el.App(f"sqlite:///{tmp_path}/s.db")
+    agg = app.aggregation("m", key="robot", initial=lambda: {"n": 0},
+                          window=el.session(gap="20s"), time=el.event_time("ts", unit="ms"),
+                          lateness="30s")  # fmt: skip
+
+    @agg.on("ScrewAttempted")
+    def add(state: dict, event: el.Event) -> None:
+        state["n"] += 1
+
+    @agg.on_merge
+    def merge(into: dict, other: dict) -> dict:
+        return {"n": into["n"] + other["n"]}  # a new state: would be lost
+
+    def at(s: int) -> E:
+        return E("ScrewAttempted", {"robot": "r0", "ok": True, "ts": BASE_MS + s * 1000})
+
+    app.store.append("c", [at(0), at(30), at(15)])  # the third bridges the first two
+    app.start(["m"])
+    try:
+        wait_for(lambda: app.status("m").segments[0].errors > 0, timeout=30, what="the error")
+    finally:
+        app.stop()
+    (segment,) = app.status("m").segments
+    assert "on_merge merge returned dict" in (segment.last_error or "")
+    assert segment.position == 0 and agg.windows("r0") == []

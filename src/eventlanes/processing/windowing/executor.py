@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any
 
+from ...callables import name_of
 from ...errors import InvalidInputError
 from ...events import Event, datas
 from ...windows.kinds import Session
@@ -316,7 +317,14 @@ class WindowExecutor(AggregationExecutor):
         else:
             start, w = min(t, joined[0][0]), joined[0][1]
             for _, other in joined[1:]:
-                self.merge(w.value, other.value)
+                merged = self.merge(w.value, other.value)
+                if merged is not None and merged is not w.value:  # dropped: refused, not lost
+                    raise InvalidInputError(
+                        f"aggregation {self.name!r}, key {key!r}: on_merge "
+                        f"{name_of(self.merge)} returned {type(merged).__name__}: it merges "
+                        "other into into in place (returns None or into), it does not "
+                        "return a new state"
+                    )
                 end = max(end, other.end)
             for s, _ in joined:
                 del mine[s]
