@@ -97,3 +97,36 @@ def test_order_is_checked(tmp_path: Path) -> None:
     app = el.App(f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(el.InvalidInputError, match="order must be 'arrival' or 'time', got 'x'"):
         app.ingest("in", el.Kafka("127.0.0.1:9"), topic="t", order="x")  # type: ignore[arg-type]
+
+
+class Message:
+    """A record as the consumer hands it out: only what the time order reads of it."""
+
+    def __init__(self, offset: int, ts: int) -> None:
+        self._offset, self._ts = offset, ts
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._ts)
+
+
+def test_the_time_order_waits_only_for_held_partitions_with_records_on_the_way() -> None:
+    from eventlanes.kafka.interleave import TimeOrder
+
+    order = TimeOrder()
+    order.add({0: [Message(0, 10), Message(1, 30)], 1: [Message(5, 20)], 3: [Message(0, 1)]})
+    live = {0: False, 1: True, 2: True}
+    # partition 2 has records on the way and none buffered: nothing is taken yet
+    assert order.take([0, 1, 2], lambda p: live[p], 100) == ({}, [])
+    order.ended.add(2)  # the consumer reached its end (a topic of transactions never
+    live[2] = False  # reaches its high watermark): no longer waited for
+    taken, seq = order.take([0, 1, 2], lambda p: live[p], 100)
+    # partition 3 is no longer held: its records are dropped, never handed out; partition 1
+    # is live once its buffer is empty, so the batch stops there
+    assert seq == [(0, 0), (1, 5)] and 3 not in order.buffers
+    assert {p: [m.offset() for m in ms] for p, ms in taken.items()} == {0: [0], 1: [5]}
+    order.add({1: [Message(5, 20), Message(6, 40)]})  # a read again of offset 5 is passed over
+    taken, seq = order.take([0, 1, 2], lambda p: live[p], 100)
+    assert seq == [(0, 1), (1, 6)]

@@ -36,6 +36,10 @@ def _quiet(conf: dict[str, Any]) -> dict[str, Any]:
     return conf
 
 
+#: the code of the event a consumer with ``enable.partition.eof`` gives at a partition's end
+PARTITION_EOF = -191  # confluent_kafka.KafkaError._PARTITION_EOF
+
+
 def consumer(kafka: Kafka, **extra: Any) -> Any:
     ck = client_module()
     conf = _quiet(kafka.consumer_config())

@@ -176,6 +176,9 @@ class IngestRunner:
         for m in messages:
             err = m.error()
             if err is not None:
+                if self._time_order is not None and err.code() == client.PARTITION_EOF:
+                    self._time_order.ended.add(m.partition())  # nothing more on the way
+                    continue
                 self._client_error(m, err)
                 continue
             held = self.claimed.get(m.partition())
@@ -222,7 +225,7 @@ class IngestRunner:
             ck.TopicPartition(self.ing.topic, p), cached=True
         )
         held = self.claimed.get(p)
-        if held is None or held.lost:
+        if held is None or held.lost or p in self._time_order.ended:  # type: ignore[union-attr]
             return False
         return high < 0 or high > self._time_order.next_offset(p, held.next)  # type: ignore[union-attr]
 
@@ -475,7 +478,9 @@ class IngestRunner:
         self._rebuild = False
         if not self.claimed:
             return
-        self._consumer = client.consumer(self.ing.kafka, error_cb=self._client_cb)
+        # order="time" waits for a partition until the consumer says it reached its end
+        eof = {"enable.partition.eof": True} if self._time_order is not None else {}
+        self._consumer = client.consumer(self.ing.kafka, error_cb=self._client_cb, **eof)
         self._consumer.assign(
             [ck.TopicPartition(self.ing.topic, p, h.next) for p, h in sorted(self.claimed.items())]
         )

@@ -41,6 +41,9 @@ class TimeOrder:
         self.buffers: dict[int, deque[Any]] = {}
         #: per partition, the offset after the last record read (buffered or taken since)
         self.next: dict[int, int] = {}
+        #: partitions the consumer reported at their end (none of their records is on the
+        #: way; a topic of transactions or compacted one never reaches its high watermark)
+        self.ended: set[int] = set()
         self.buffered = 0
         self.quiet_since: float | None = None
 
@@ -48,6 +51,7 @@ class TimeOrder:
         """Forget what is buffered (the consumer is rebuilt at the tokens: it reads it again)."""
         self.buffers.clear()
         self.next.clear()
+        self.ended.clear()
         self.buffered = 0
 
     def add(self, batch: dict[int, list[Any]]) -> None:
@@ -61,6 +65,7 @@ class TimeOrder:
             after = self.next.get(p, 0)
             fresh = [m for m in messages if m.offset() >= after]
             if fresh:
+                self.ended.discard(p)
                 self.buffers.setdefault(p, deque()).extend(fresh)
                 self.buffered += len(fresh)
                 self.next[p] = fresh[-1].offset() + 1
@@ -84,6 +89,9 @@ class TimeOrder:
         offset) in that order: while each of ``partitions`` that is ``live`` (records on the
         broker not buffered yet) has one buffered, unless reads have been quiet for
         :data:`IDLE` or the buffers are full."""
+        for gone in [p for p in self.buffers if p not in partitions]:  # no longer held
+            self.buffered -= len(self.buffers.pop(gone))
+            self.next.pop(gone, None)
         waiting = not self._moving_on()
         heads = [(timestamp(b[0]), p) for p, b in self.buffers.items() if b]
         heapq.heapify(heads)
