@@ -214,3 +214,35 @@ def test_a_merge_that_returns_a_new_state_stops_its_segment_instead_of_losing_it
     (segment,) = app.status("m").segments
     assert "on_merge merge returned dict" in (segment.last_error or "")
     assert segment.position == 0 and agg.windows("r0") == []
+
+
+@pytest.mark.parametrize("batch", [1, 40])
+def test_an_input_overlapping_a_closed_session_is_late_and_the_closed_one_stays(
+    tmp_path, batch: int
+) -> None:
+    """A closed session is never overlapped: an input within it (not late by the clock
+    alone) is late, and one that would bridge into it cannot take its start."""
+    app = el.App(f"sqlite:///{tmp_path}/s.db")
+    agg = app.aggregation("o", key="robot", on="ScrewAttempted", fields={"n": el.count()},
+                          window=el.session(gap="50s"), time=el.event_time("ts", unit="ms"),
+                          batch_size=batch, persist_every=0)  # fmt: skip
+
+    def at(robot: str, s: int) -> E:
+        return E("ScrewAttempted", {"robot": robot, "ok": True, "ts": BASE_MS + s * 1000})
+
+    # A at 100 opens [100, 150); B at 160 moves the clock past 150: A's closes; A at 120
+    # overlaps it (late), A at 100 too; A at 200 opens a session of its own
+    app.store.append("c", [at("A", 100), at("B", 160), at("A", 120), at("A", 100), at("A", 200)])
+    run_until_caught_up(app)
+    ms = BASE_MS * 1000
+    got = [(w.start_us - ms, w.end_us - ms, w.value["n"], w.final) for w in agg.windows("A")]
+    assert got == [(100_000_000, 150_000_000, 1, True), (200_000_000, 250_000_000, 1, False)]
+    assert [e.position for e in agg.late_events()] == [3, 4]
+    events = list(app.store.iter_events())
+    inputs = [(e.position, e.data["robot"], e.data["ts"] * 1000, recorded_us(e)) for e in events]
+    ref = count_windows(inputs, Session(50_000_000), 0, 0)
+    assert sorted(p for p, *_ in ref.late) == [3, 4]  # the reference says the same
+    assert {(k, s - ms, e - ms): n for (k, s, e), n in ref.counts.items() if k == "A"} == {
+        ("A", 100_000_000, 150_000_000): 1,
+        ("A", 200_000_000, 250_000_000): 1,
+    }

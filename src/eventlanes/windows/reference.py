@@ -8,9 +8,10 @@ moves the store's clock and closes what it passes, and is counted into nothing.
 For each input: its time is clamped to ``recorded + max_future``; it is late for each of its
 windows that the clock has closed (:mod:`.clock`) and counted into the others; then the clock
 advances and every open window it now closes is closed at that position, in (key, start)
-order. Sessions: an input joins (and may merge) the open sessions of its key it overlaps; one
-that overlaps none is late when its own ``[t, t + gap)`` is closed. A closed session is never
-reopened.
+order. Sessions: an input whose own ``[t, t + gap)`` overlaps a closed session of its key is
+late; else it joins (and may merge) the open sessions of its key it overlaps, and one that
+overlaps none is late when its own ``[t, t + gap)`` is closed. A closed session is never
+reopened nor overlapped.
 """
 
 from __future__ import annotations
@@ -45,30 +46,35 @@ def count_windows(
     result = Result()
     store, keys = Clock(lateness), KeyClocks(lateness)
     open_: dict[str, list[tuple[int, int]]] = {}  # key -> its open windows, in time order
+    closed: dict[str, list[tuple[int, int]]] = {}  # key -> its closed windows
     for position, key, time, recorded in inputs:
         t, was = clamped(time, recorded, max_future)
         if was:
             result.clamped.append(position)
         c = store if clock == "store" or key is None else keys.of(key)
         if key is not None:  # an input (a tick only moves the clock)
-            _count(result, window, c, open_.setdefault(key, []), position, key, t)
+            mine = open_.setdefault(key, [])
+            _count(result, window, c, mine, closed.get(key, []), position, key, t)
         c.advance(t)
         scope = open_ if clock == "store" or key is None else {key: open_[key]}
         for k in sorted(scope):
             for start, end in [w for w in scope[k] if c.closed(w[1])]:
                 scope[k].remove((start, end))
+                closed.setdefault(k, []).append((start, end))
                 result.closes.append((position, k, start, end))
     return result
 
 
 def _count(
-    result: Result, window: Window, c: Clock, mine: list[tuple[int, int]], position: int,
-    key: str, t: int,
+    result: Result, window: Window, c: Clock, mine: list[tuple[int, int]],
+    done: list[tuple[int, int]], position: int, key: str, t: int,
 ) -> None:  # fmt: skip
-    """Count the input into its open windows (``mine``: its key's), or record it late."""
+    """Count the input into its open windows (``mine``: its key's; ``done``: its closed
+    ones), or record it late."""
     if isinstance(window, Session):
         before = window.overlapping(mine, t)
-        if not before and c.closed(t + window.gap):  # alone, in a session already closed
+        if window.overlapping(done, t) or (not before and c.closed(t + window.gap)):
+            # in a session already closed, or alone where one would be
             result.late.append((position, key, t, t + window.gap))
         else:  # joins (and may bridge) open sessions; open ones end past the watermark
             mine[:], joined = window.joined(mine, t)

@@ -60,6 +60,10 @@ class WindowTable:
                 revision = excluded.revision, updated_at = excluded.updated_at"""
         )
         self._drop = q(f"DELETE FROM {s} WHERE aggregation = ? AND key = ? AND start_us = ?")
+        self._closed_overlap = q(
+            f"""SELECT 1 FROM {s} WHERE aggregation = ? AND key = ? AND closed_at IS NOT NULL
+                AND start_us < ? AND end_us > ? LIMIT 1"""
+        )
         self._open = q(
             f"""SELECT key, start_us, end_us, value, revision FROM {s} WHERE aggregation = ?
                 AND closed_at IS NULL AND (routing_hash & ?) = ?"""
@@ -123,6 +127,10 @@ class WindowTable:
         """Delete windows (key, start): session windows merged into another, or whose start
         moved earlier (a row that was never written is no error)."""
         execute_many(conn, self._drop, [(name, key, start) for key, start in rows])
+
+    def closed_overlap(self, conn: Any, name: str, key: str, lo: int, hi: int) -> bool:
+        """A closed window of ``key`` overlaps ``[lo, hi)``."""
+        return conn.execute(self._closed_overlap, (name, key, hi, lo)).fetchone() is not None
 
     def expire(
         self, conn: Any, name: str, before: int, segment: Segment, limit: int = EXPIRE_BATCH

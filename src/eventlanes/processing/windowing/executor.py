@@ -290,7 +290,8 @@ class WindowExecutor(AggregationExecutor):
                 (s, w) for s, w in mine.items() if w.closed_at is None and s < t + gap
                 and t < w.end and (mark is None or w.end > mark)
             )  # fmt: skip
-            if not joined and mark is not None and t + gap <= mark:
+            late = not joined and mark is not None and t + gap <= mark
+            if late or self._in_closed(seg, key, t, mark):  # a closed one is not overlapped
                 cp.late += 1
                 if spec.late != "count":
                     row = (event.position, key, t, [(t, t + gap)], False, recorded_us(event))
@@ -304,6 +305,22 @@ class WindowExecutor(AggregationExecutor):
                     if w.closed_at is None and w.end <= t - lateness:
                         w.closed_at = event.position
                         self.touched[seg].add((key, start))
+
+    def _in_closed(self, seg: int, key: str, t: int, mark: int | None) -> bool:
+        """An input at ``t`` overlaps a closed session of ``key`` (its own ``[t, t + gap)``
+        does): held here (closed, or passed by the clock, not written yet), or in the table.
+        A closed session ended at or before the clock (``mark``): an input at or past it
+        overlaps none, and most inputs are (the table is read only for the others)."""
+        assert self.session is not None
+        if mark is None or t >= mark:
+            return False
+        hi = t + self.session.gap
+        for s, w in self.open[seg].get(key, {}).items():
+            passed = w.closed_at is not None or (mark is not None and w.end <= mark)
+            if passed and s < hi and t < w.end:
+                return True
+        with self.runtime.db.connection() as conn:
+            return self.windows.closed_overlap(conn, self.name, key, t, hi)
 
     def _join(self, seg: int, key: str, joined: list[tuple[int, Win]], t: int) -> Win:
         """The session of ``key`` that now holds an input at ``t``: a new one, or the
