@@ -243,10 +243,12 @@ def test_an_input_that_bridges_two_sessions_merges_them_once() -> None:
     assert got.closes == [(4, "k", 0, 80 * S)]  # one close for the merged session
     late = count_windows([*inputs, (5, "k", 10 * S, 0)], w, M, max_future=D)
     assert late.late == [(5, "k", 10 * S, 40 * S)]  # alone, and W = 140s is past its end
-    # Without the lateness, the first session closed at input 2: the bridge cannot reopen it
+    # Without the lateness, the first session closed at input 2: the bridge cannot reopen it,
+    # nor overlap it (a session [25s, 80s) would share its time): it is late
     early = count_windows(inputs, w, 0, max_future=D)
-    assert early.counts == {("k", 0, 30 * S): 1, ("k", 25 * S, 80 * S): 2,
+    assert early.counts == {("k", 0, 30 * S): 1, ("k", 50 * S, 80 * S): 1,
                             ("k", 200 * S, 230 * S): 1}  # fmt: skip
+    assert early.late == [(3, "k", 25 * S, 55 * S)]
 
 
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-5 * M, 5 * M)), max_size=60),
