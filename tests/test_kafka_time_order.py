@@ -120,8 +120,14 @@ def test_the_time_order_waits_only_for_held_partitions_with_records_on_the_way()
     live = {0: False, 1: True, 2: True}
     # partition 2 has records on the way and none buffered: nothing is taken yet
     assert order.take([0, 1, 2], lambda p: live[p], 100) == ({}, [])
-    order.ended.add(2)  # the consumer reached its end (a topic of transactions never
+    order.at_end(2, 7)  # the consumer reached its end (a topic of transactions never
     live[2] = False  # reaches its high watermark): no longer waited for
+    assert order.next_offset(2, 3) == 7 and order.next_offset(0, 0) == 2
+    order.add({4: [Message(0, 1)]})
+    order.at_end(4, 2)  # its end came in the read that brought offset 0 (1 is a marker):
+    assert order.next_offset(4, 0) == 2  # read to the end, though offset 1 never comes
+    order.buffers.pop(4)
+    order.buffered -= 1
     taken, seq = order.take([0, 1, 2], lambda p: live[p], 100)
     # partition 3 is no longer held: its records are dropped, never handed out; partition 1
     # is live once its buffer is empty, so the batch stops there

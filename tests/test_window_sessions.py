@@ -246,3 +246,25 @@ def test_an_input_overlapping_a_closed_session_is_late_and_the_closed_one_stays(
         ("A", 100_000_000, 150_000_000): 1,
         ("A", 200_000_000, 250_000_000): 1,
     }
+
+
+def test_a_closed_session_is_kept_at_least_its_gap_whatever_retain_says(tmp_path) -> None:
+    """``retain="0s"``: a closed session is still kept its gap behind the clock, or an input
+    overlapping it after it was deleted would open a session over it (the reference: late)."""
+    app = el.App(f"sqlite:///{tmp_path}/s.db")
+    agg = app.aggregation("r", key="robot", on="ScrewAttempted", fields={"n": el.count()},
+                          window=el.session(gap="10s"), time=el.event_time("ts", unit="ms"),
+                          retain="0s", batch_size=2, persist_every=0)  # fmt: skip
+
+    def at(robot: str, s: int) -> E:
+        return E("ScrewAttempted", {"robot": robot, "ok": True, "ts": BASE_MS + s * 1000})
+
+    app.store.append("c", [at("A", 0), at("B", 12)])  # B's time closes A's [0, 10)
+    run_until_caught_up(app)
+    app.store.append("c", [at("A", 5)])  # overlaps it: late, in a write of its own
+    run_until_caught_up(app)
+    assert [e.position for e in agg.late_events()] == [3]
+    assert [(w.start_us, w.value["n"]) for w in agg.windows("A")] == [(BASE_MS * 1000, 1)]
+    events = list(app.store.iter_events())
+    inputs = [(e.position, e.data["robot"], e.data["ts"] * 1000, recorded_us(e)) for e in events]
+    assert [p for p, *_ in count_windows(inputs, Session(10_000_000), 0, 0).late] == [3]

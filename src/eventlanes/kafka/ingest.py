@@ -177,7 +177,7 @@ class IngestRunner:
             err = m.error()
             if err is not None:
                 if self._time_order is not None and err.code() == client.PARTITION_EOF:
-                    self._time_order.ended.add(m.partition())  # nothing more on the way
+                    self._time_order.at_end(m.partition(), m.offset())  # nothing more yet
                     continue
                 self._client_error(m, err)
                 continue
@@ -225,7 +225,7 @@ class IngestRunner:
             ck.TopicPartition(self.ing.topic, p), cached=True
         )
         held = self.claimed.get(p)
-        if held is None or held.lost or p in self._time_order.ended:  # type: ignore[union-attr]
+        if held is None or held.lost:
             return False
         return high < 0 or high > self._time_order.next_offset(p, held.next)  # type: ignore[union-attr]
 

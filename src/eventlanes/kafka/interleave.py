@@ -41,9 +41,10 @@ class TimeOrder:
         self.buffers: dict[int, deque[Any]] = {}
         #: per partition, the offset after the last record read (buffered or taken since)
         self.next: dict[int, int] = {}
-        #: partitions the consumer reported at their end (none of their records is on the
-        #: way; a topic of transactions or compacted one never reaches its high watermark)
-        self.ended: set[int] = set()
+        #: per partition, the offset of the end the consumer last reported (a topic written
+        #: in transactions never has a record at its high watermark: its last offset is a
+        #: commit marker, which the consumer does not hand out)
+        self.ended: dict[int, int] = {}
         self.buffered = 0
         self.quiet_since: float | None = None
 
@@ -65,7 +66,6 @@ class TimeOrder:
             after = self.next.get(p, 0)
             fresh = [m for m in messages if m.offset() >= after]
             if fresh:
-                self.ended.discard(p)
                 self.buffers.setdefault(p, deque()).extend(fresh)
                 self.buffered += len(fresh)
                 self.next[p] = fresh[-1].offset() + 1
@@ -78,9 +78,14 @@ class TimeOrder:
         room = [p for p in paused if sizes.get(p, 0) < PER_PARTITION // 2]
         return full, room
 
+    def at_end(self, p: int, offset: int) -> None:
+        """The consumer reached the end of partition ``p``, at ``offset``."""
+        self.ended[p] = max(self.ended.get(p, 0), offset)
+
     def next_offset(self, p: int, token: int) -> int:
-        """The next offset of partition ``p`` not read yet (its token before any)."""
-        return self.next.get(p, token)
+        """How far partition ``p`` is read: the next offset not read yet (its token before
+        any), or the end the consumer reported, if further."""
+        return max(self.next.get(p, token), self.ended.get(p, 0))
 
     def take(
         self, partitions: list[int], live: Callable[[int], bool], limit: int

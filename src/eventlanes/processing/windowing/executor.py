@@ -453,10 +453,13 @@ class WindowExecutor(AggregationExecutor):
             self.runtime.store.append_runs(runs, conn=conn)
         cp = self.checkpoints[seg]
         cp.position = st.token.position
+        # a closed session is kept at least its gap behind the clock: an input overlapping it
+        # (late: :meth:`_in_closed`) can come until then
+        retain = spec.retain if self.session is None else max(spec.retain, self.session.gap)
         if self.clock is not None:
             cp.latest = self.clock.at(st.token.position)
             if cp.latest is not None:
-                before = cp.latest - spec.lateness - spec.retain
+                before = cp.latest - spec.lateness - retain
                 self.windows.expire(conn, self.name, before, st.segment)
         else:
             keys = {key for key, _ in self.touched[seg]}
@@ -464,7 +467,7 @@ class WindowExecutor(AggregationExecutor):
             for key in sorted(keys):
                 t = entries[key].value.get("t") if key in entries else None
                 if t is not None:
-                    before = t - spec.lateness - spec.retain
+                    before = t - spec.lateness - retain
                     self.windows.expire_key(conn, self.name, key, before)
         self.windows.save_checkpoint(conn, self.name, seg, cp)
 
