@@ -379,3 +379,40 @@ def test_wait_until_caught_up_waits_for_the_ingest_too(store_url: str, kafka_bro
         app.wait_until_caught_up(30, ["readings-in"])
     finally:
         app.stop()
+
+
+def test_a_commit_whose_answer_was_lost_is_not_appended_again(
+    tmp_path: Path, kafka_broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database committed a batch, and the connection was lost before the ingestor heard
+    it (``pg_ctl stop -m immediate`` at that moment did it in the suite: 500 records appended
+    twice). The next round reads the tokens again: the batch is not appended a second time."""
+    import contextlib
+
+    b = kafka_broker.bootstrap
+    topic = create_topic(b, 2)
+    produce(b, topic, [(f"k{i % 7}", {"n": i}, None) for i in range(300)])
+    hw = high_watermarks(b, topic, 2)
+    app = _app(f"sqlite:///{tmp_path}/lost.db", b, topic, batch_size=40)
+    real = app.db.transaction
+    commits = {"n": 0}
+
+    @contextlib.contextmanager
+    def answer_lost(pipeline: bool = False) -> Any:
+        with real(pipeline=pipeline) as conn:
+            yield conn
+        if pipeline:  # the ingestor's appends: the second one commits, its answer is lost
+            commits["n"] += 1
+            if commits["n"] == 2:
+                raise el.DatabaseUnavailableError("commit", "the connection was lost")
+
+    monkeypatch.setattr(app.db, "transaction", answer_lost)
+    app.start()
+    try:
+        _wait_ingested(app, hw)
+    finally:
+        app.stop()
+    assert commits["n"] > 2  # it failed once and went on
+    offsets = [(e.metadata["kafka"]["partition"], e.metadata["kafka"]["offset"])
+               for e in app.store.iter_events()]  # fmt: skip
+    assert len(offsets) == len(set(offsets)) == 300

@@ -353,6 +353,14 @@ class IngestRunner:
             row = rows.get(p)
             if held.lost or row is None or row.owner != self.owner:
                 self._forget(p)
+            elif row.position != held.next:  # the row is the truth: a commit whose answer
+                log.warning(  # was lost (a failed round) had been appended all the same
+                    "%s: partition %d: its token is at offset %d, not %d (a commit whose "
+                    "answer was lost); reading on from the token", self.name, p, row.position,
+                    held.next,
+                )  # fmt: skip
+                held.next = row.position
+                self._rebuild = True
         self._claim(rows)
         self.rt.observer.claims(self.name, len(self.claimed))
         if self.ing.on_bad == "dead_letter":
