@@ -98,12 +98,12 @@ class TimeOrder:
             self.buffered -= len(self.buffers.pop(gone))
             self.next.pop(gone, None)
         waiting = not self._moving_on()
-        heads = [(timestamp(b[0]), p) for p, b in self.buffers.items() if b]
-        heapq.heapify(heads)
         taken: dict[int, list[Any]] = {}
         order: list[tuple[int, int]] = []
         if waiting and any(not self.buffers.get(p) and live(p) for p in partitions):
             return taken, order
+        heads = [(timestamp(b[0]), p) for p, b in self.buffers.items() if b]
+        heapq.heapify(heads)
         while heads and len(order) < limit:
             _, p = heapq.heappop(heads)
             buffer = self.buffers[p]

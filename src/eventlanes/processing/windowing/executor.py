@@ -193,6 +193,29 @@ class WindowExecutor(AggregationExecutor):
             for e, k in zip(events, known or [None] * len(events), strict=True)
         ]
 
+    def _clocked(
+        self, st: SegmentState, events: list[Event]
+    ) -> tuple[list[tuple[int, bool]], list[int | None] | None]:
+        """Each input's clamped time and whether it was clamped, and with the store's clock
+        the largest time before each (None: each key's own clock, kept in its row)."""
+        timed = self._times(events)
+        if self.clock is None:
+            return timed, None
+        seg = st.segment.id
+        after, upto = st.token.position, self.uptos[seg]
+        return timed, self.clock.before(seg, after, upto, [e.position for e in events])
+
+    def _key_clock_moves(
+        self, seg: int, key: str, book: dict[str, Any], t: int, position: int
+    ) -> None:
+        """``clock="key"``: the key's clock moves on to ``t``; its open windows that it
+        passed close at ``position``."""
+        book["t"] = t
+        for start, w in self.open[seg][key].items():
+            if w.closed_at is None and w.end <= t - self.spec.lateness:
+                w.closed_at = position
+                self.touched[seg].add((key, start))
+
     # long: one pass per input, its windows, lateness and clock side by side
     def _fold_windows(
         self, st: SegmentState, entries: dict[str, Entry], events: list[Event], keys: list[str]
@@ -202,11 +225,7 @@ class WindowExecutor(AggregationExecutor):
         windows_of, lateness, late_mode = spec.window.windows, spec.lateness, spec.late
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
         cp, initial, store = self.checkpoints[seg], self.window_initial, self.clock
-        timed = self._times(events)
-        before = None
-        if store is not None:
-            after, upto = st.token.position, self.uptos[seg]
-            before = store.before(seg, after, upto, [e.position for e in events])
+        timed, before = self._clocked(st, events)
         folds: dict[str, list[Any]] = {}
         decl = self.agg.declaration
         # a declared aggregation folds a column at a time: (input, window state) pairs, in
@@ -253,11 +272,7 @@ class WindowExecutor(AggregationExecutor):
             else:
                 cp.folded += 1
             if store is None and (latest is None or t > latest):  # the key's own clock
-                book["t"] = t
-                for start, w in mine.items():
-                    if w.closed_at is None and w.end <= t - lateness:
-                        w.closed_at = event.position
-                        touched.add((key, start))
+                self._key_clock_moves(seg, key, book, t, event.position)
         if pending:
             self._fold_declared(events, keys, pending)
 
@@ -271,11 +286,7 @@ class WindowExecutor(AggregationExecutor):
         assert self.session is not None
         gap, lateness, store = self.session.gap, spec.lateness, self.clock
         open_, cp = self.open[seg], self.checkpoints[seg]
-        timed = self._times(events)
-        before = None
-        if store is not None:
-            after, upto = st.token.position, self.uptos[seg]
-            before = store.before(seg, after, upto, [e.position for e in events])
+        timed, before = self._clocked(st, events)
         for i, (event, key) in enumerate(zip(events, keys, strict=True)):
             t, was = timed[i]
             if was:
@@ -300,11 +311,7 @@ class WindowExecutor(AggregationExecutor):
                 cp.folded += 1
                 self._fold_one(self._join(seg, key, joined, t).value, event, key)
             if store is None and (latest is None or t > latest):  # the key's own clock
-                book["t"] = t
-                for start, w in mine.items():
-                    if w.closed_at is None and w.end <= t - lateness:
-                        w.closed_at = event.position
-                        self.touched[seg].add((key, start))
+                self._key_clock_moves(seg, key, book, t, event.position)
 
     def _in_closed(self, seg: int, key: str, t: int, mark: int | None) -> bool:
         """An input at ``t`` overlaps a closed session of ``key`` (its own ``[t, t + gap)``
@@ -316,7 +323,7 @@ class WindowExecutor(AggregationExecutor):
             return False
         hi = t + self.session.gap
         for s, w in self.open[seg].get(key, {}).items():
-            passed = w.closed_at is not None or (mark is not None and w.end <= mark)
+            passed = w.closed_at is not None or w.end <= mark
             if passed and s < hi and t < w.end:
                 return True
         with self.runtime.db.connection() as conn:
