@@ -7,10 +7,13 @@ its own:
   1 hour every 10 minutes (target 0.8x and 0.6x of no window);
 * a Python fold ``{"sum", "n"}``: keyed, tumbling 1 minute (target 0.7x of keyed).
 
+With ``--spark``, the two windowed kinds are also replayed on Spark (``local[2]``, the
+session started before the clock runs), beside their local runs.
+
 Every windowed run's window counts and late inputs are checked equal to a plain loop's (the
 rules of ``eventlanes.windows.reference``); every keyed run's states too.
 ``python benchmarks/run.py windows [--quick]``, or
-``python -m benchmarks.bench_windows [--quick] [--rounds N]``.
+``python -m benchmarks.bench_windows [--quick] [--rounds N] [--spark]``.
 """
 
 from __future__ import annotations
@@ -99,6 +102,28 @@ def _child(conn: Any, url: str, name: str, case: str) -> None:
     conn.send((seconds, memory()["VmHWM"]))
 
 
+#: a Spark replay of a windowed case: its name -> the local case it is compared with
+SPARK_CASES = {
+    "declarative tumbling 1m, Spark replay": "declarative tumbling 1m",
+    "python fold tumbling 1m, Spark replay": "python fold tumbling 1m",
+}
+
+
+def _spark_child(conn: Any, url: str, name: str, case: str) -> None:
+    from eventlanes.spark import get_session
+
+    app = el.App(url)
+    define(app, name, case)
+    spark = get_session("local[2]")
+    spark.range(1).count()  # the JVM and a Python worker up before the clock runs
+    start = time.perf_counter()
+    el.spark.replay(app, name, spark=spark)
+    seconds = time.perf_counter() - start
+    spark.stop()
+    app.close()
+    conn.send((seconds, memory()["VmHWM"]))
+
+
 def plain_windows(
     events: list[el.Event], window: Any, lateness: int
 ) -> tuple[dict[tuple[str, int, int], int], list[int]]:
@@ -151,7 +176,9 @@ def check(url: str, name: str, case: str, keys: set[str]) -> None:
     app.close()
 
 
-def run(backends: list[str], quick: bool = False, rounds: int = ROUNDS) -> None:
+def run(
+    backends: list[str], quick: bool = False, rounds: int = ROUNDS, spark: bool = False
+) -> None:
     if "sqlite" not in backends:
         print("windows: SQLite only (the store the pushdown baseline runs on)")
         return
@@ -161,16 +188,18 @@ def run(backends: list[str], quick: bool = False, rounds: int = ROUNDS) -> None:
         url = f"sqlite:///{here / uuid.uuid4().hex}.db"
         fill(url, events, keys)
         names = {f"k{i}" for i in range(keys)}
-        runs: dict[str, list[tuple[float, int]]] = {c: [] for c in CASES}
+        cases = {c: c for c in CASES} | (SPARK_CASES if spark else {})
+        runs: dict[str, list[tuple[float, int]]] = {c: [] for c in cases}
         for r in range(rounds):
-            for case in CASES:  # alternating: the machine's load changes
-                name = f"{case.replace(' ', '-').replace('/', '-')}-{r}"
-                runs[case].append(in_child(_child, url, name, case))
-                check(url, name, case, names)
+            for case, local in cases.items():  # alternating: the machine's load changes
+                name = f"{case.replace(' ', '-').replace('/', '-').replace(',', '')}-{r}"
+                child = _child if case == local else _spark_child
+                runs[case].append(in_child(child, url, name, local))
+                check(url, name, local, names)
                 print(f"{case}, run {r + 1}: {events / runs[case][-1][0]:,.0f} ev/s", flush=True)
     finally:
         shutil.rmtree(here, ignore_errors=True)
-    rate = {c: statistics.median(events / s for s, _ in runs[c]) for c in CASES}
+    rate = {c: statistics.median(events / s for s, _ in runs[c]) for c in cases}
     rows = []
     for case, (declarative, _, target) in CASES.items():
         base = rate["declarative" if declarative else "python fold"]
@@ -179,6 +208,10 @@ def run(backends: list[str], quick: bool = False, rounds: int = ROUNDS) -> None:
         rows.append([case, rate[case], f"{peak / 2**20:,.0f} MB", f"{ratio:.2f}x",
                      f">= {target}x" if target else "",
                      ("met" if ratio >= target else "NOT MET") if target else ""])  # fmt: skip
+    for case, local in SPARK_CASES.items() if spark else ():
+        peak = statistics.median(p for _, p in runs[case])
+        rows.append([case, rate[case], f"{peak / 2**20:,.0f} MB (driver)",
+                     f"{rate[case] / rate[local]:.2f}x the local run", "", ""])  # fmt: skip
     print_table(
         f"catching up on {events:,} events over {keys:,} keys, SQLite (median of {rounds} "
         "run(s), one process each; results checked against plain loops)",
@@ -191,5 +224,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--spark", action="store_true", help="also replay on Spark")
     args = parser.parse_args()
-    run(["sqlite"], args.quick, args.rounds)
+    run(["sqlite"], args.quick, args.rounds, args.spark)

@@ -323,11 +323,11 @@ def test_bad_window_requests_are_refused_clearly(store_url: str) -> None:
         agg.get("r1")
     with pytest.raises(el.InvalidInputError, match="an aware datetime"):
         agg.windows("r1", since=datetime(2026, 1, 1))  # noqa: DTZ001 - the naive one refused
-    # Spark would fold it as a plain aggregation: refused before any session starts.
-    from eventlanes import spark
+    # A continuous Spark run would fold it as a plain aggregation: refused before a session
+    from eventlanes.spark.continuous import ContinuousAggregation
 
-    with pytest.raises(el.InvalidInputError, match="windows run on the local engine only"):
-        spark.replay(app, "ok")
+    with pytest.raises(el.InvalidInputError, match="a continuous Spark run does not fold"):
+        ContinuousAggregation(app, "ok")
 
 
 def test_windows_over_upcast_events_are_refused_when_the_app_starts(store_url: str) -> None:

@@ -52,6 +52,7 @@ from .projections import replay_projection
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 from .staging import Staging
+from .windows import refuse_windows, replay_windows
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -163,11 +164,14 @@ def _replay(
     try:
         if target is not None:  # another store's table: refused before the job
             target.check([r.segment.id for r in records], app.store.head())
-        decl = getattr(proc, "declaration", None)
-        keyed = keyed_of(proc) if isinstance(proc, Aggregation) else None
+        windowed = isinstance(proc, Aggregation) and proc.windowing is not None
+        decl = None if windowed else getattr(proc, "declaration", None)
+        keyed = keyed_of(proc) if isinstance(proc, Aggregation) and not windowed else None
         source = read_input(spark, app, url, n, parquet, decl, upcasters_of(proc), keyed)
         try:
-            if isinstance(proc, Aggregation):
+            if windowed:
+                events, keys = replay_windows(app, proc, source, n, owner, records)
+            elif isinstance(proc, Aggregation):
                 events, keys = _aggregation(app, proc, source, n, owner, records, url, target)
             else:
                 events, keys = replay_projection(app, proc, source, url, owner, records), 0
@@ -183,16 +187,6 @@ def _replay(
         beat.stop()
         release_all(app.tokens, proc.name, owner, records)
     return ReplayResult(name, source.end, events, keys, time.perf_counter() - start)
-
-
-def refuse_windows(proc: Any) -> None:
-    """A windowed aggregation runs on the local engine only, for now: Spark would fold it as a
-    plain one, into states that are not its windows."""
-    if isinstance(proc, Aggregation) and proc.windowing is not None:
-        raise InvalidInputError(
-            f"aggregation {proc.name!r} is windowed: windows run on the local engine only "
-            "for now (eventlanes run --engine local)"
-        )
 
 
 def _delta_target(proc: Any, uri: str | None, options: Mapping[str, str] | None) -> Any:

@@ -45,7 +45,6 @@ from .bulk_replay import (
     fold_aggregation,
     fold_stages,
     functions_of,
-    refuse_windows,
     save_states,
 )
 from .fold import spec_of
@@ -53,6 +52,7 @@ from .input import check_read, upcasters_of
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 from .source import read_events
+from .windows import refuse_windows
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -93,7 +93,7 @@ class ContinuousAggregation:
         agg = app.get(name)
         if not isinstance(agg, Aggregation):
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
-        refuse_windows(agg)
+        refuse_windows(agg, continuous=True)
         #: the Delta table kept current (written by a replay first), or None
         self.delta = DeltaStates(delta, agg.name, agg.declaration, delta_options) if delta else None
         self.app, self.agg = app, agg

@@ -15,7 +15,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ClaimLostError
-from ...events import Event, NewEvent, datas, recorded_raw, types
+from ...events import Event, NewEvent, recorded_raw, types
 from ...lineage import Coordinates, coordinates, is_newer, record
 from ...policies import state_key
 from ...segments import Segment
@@ -28,6 +28,7 @@ from .aggregation import Aggregation, Fold, Stage
 from .cache import StateCache
 from .dedupe import Marks, dedupe
 from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
+from .keying import Keying
 from .publish import Offsets, publish_states
 from .pushdown import base as ranges
 from .pushdown.base import Folded, Pending
@@ -38,15 +39,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from ..runtime import Runtime
-
-
-def _of_types(events: list[Event], wanted: frozenset[str]) -> list[Event]:
-    """The events of the ``wanted`` types (all of them, usually: reads filter by type)."""
-    if len(wanted) == 1:
-        (only,) = wanted
-        if types(events).count(only) == len(events):
-            return events
-    return [e for e in events if e.type in wanted]
 
 
 class AggregationExecutor(Executor):
@@ -63,6 +55,7 @@ class AggregationExecutor(Executor):
     def __init__(self, runtime: Runtime, agg: Aggregation, owner: str) -> None:
         super().__init__(runtime, agg, owner)
         self.agg = agg
+        self.keying = Keying.of(agg)
         self.table = agg.states
         self.source = runtime.store.events_table
         # Per segment id: the states known (clean and dirty), the keys changed since the last
@@ -110,27 +103,8 @@ class AggregationExecutor(Executor):
             return self.entries.setdefault(seg, {})
 
     def keyed(self, events: list[Event]) -> tuple[list[Event], list[str], Any]:
-        """The events folded, their keys (each computed once) and, for a declared aggregation,
-        their decoded data."""
-        decl = self.agg.declaration
-        if decl is not None:
-            mine = _of_types(events, decl.types)
-            rows = datas(mine, keep=False)  # read by the declaration only: not kept
-            return mine, decl.keys_of(mine, rows), rows
-        handles, key = self.agg.folds.handles, self.agg.key
-        handled = self.agg.folds.types()
-        if handled is not None and not self.agg.folds.any:
-            mine = _of_types(events, handled)
-        else:
-            mine = [e for e in events if handles(e.type)]
-        field = self.agg.key_field
-        if field is not None:  # key="k": from the data, decoded in one pass
-            keys: list[Any] = [d.get(field) for d in datas(mine)]
-            if list(map(type, keys)).count(str) == len(keys):
-                return mine, keys, None
-        what = f"aggregation {self.name!r}"
-        keys = [k if (k := key(e)).__class__ is str else state_key(k, what, e) for e in mine]
-        return mine, keys, None
+        """The events folded, their keys and, for a declared aggregation, their data."""
+        return self.keying.keyed(events)
 
     def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
         """Fold ``events`` (or a range folded in SQL: :class:`~.pushdown.Folded`) and move

@@ -123,6 +123,16 @@ class WindowTable:
             ]
             execute_many(conn, self._upsert, params)
 
+    def save_encoded(self, conn: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+        """Insert windows already encoded (a Spark replay's, checked there as :meth:`save`
+        checks): (key, start, end, value text, closed_at, revision)."""
+        for i in range(0, len(rows), CHUNK):
+            chunk = rows[i : i + CHUNK]
+            routing = stable_hashes([r[0] for r in chunk])
+            params = [(name, k, s, e, h, v, c, r) for (k, s, e, v, c, r), h in
+                      zip(chunk, routing, strict=True)]  # fmt: skip
+            execute_many(conn, self._upsert, params)
+
     def drop(self, conn: Any, name: str, rows: list[tuple[str, int]]) -> None:
         """Delete windows (key, start): session windows merged into another, or whose start
         moved earlier (a row that was never written is no error)."""

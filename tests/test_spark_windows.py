@@ -1,0 +1,179 @@
+"""Windowed aggregations replayed on Spark (issue 33: both engines, one answer): on the same
+store, the windows (values, closes, revisions), the late inputs and the counts equal the local
+engine's, and the local engine goes on from where the replay stopped exactly as if it had
+folded everything itself."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+
+import pytest
+
+import eventlanes as el
+from tests.processing_helpers import run_until_caught_up
+
+E = el.NewEvent
+#: 1969-12-31T23:58:00: windows on both sides of the epoch (floor arithmetic before it)
+BASE_MS = -120_000
+NOW_MS = int(time.time() * 1000)
+
+
+def attempts(n: int, seed: int, robots: int = 5, first: int = 0, clamp: int = -1) -> list[E]:
+    """A second apart, each robot's clock up to 90 s behind (many late inputs), every one from
+    a Kafka record (a source chain), some 5 min ahead; input ``clamp`` stamped hours in the
+    future (clamped to its ``recorded_at`` plus an hour: the clock jumps there, what is open
+    closes)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(first, first + n):
+        ts = BASE_MS + i * 1000 - rng.randrange(90_000)
+        if i == clamp:
+            ts = NOW_MS + 3 * 3_600_000
+        elif i % 200 == 100:  # a device 5 min ahead: the clock jumps past minutes still to come
+            ts += 300_000
+        chain = {"source_chain": [{"source": "robots", "partition": 0, "offset": i}]}
+        out.append(E("ScrewAttempted", {"robot": f"r{rng.randrange(robots)}",
+                                        "ok": rng.random() < 0.8, "ts": ts}, chain))  # fmt: skip
+    return out
+
+
+def append(store: el.EventStore, events: list[E], per: int = 40) -> None:
+    for i in range(0, len(events), per):
+        store.append(f"cell-{i // per % 3}", events[i : i + per])
+
+
+FIELDS = {"n": el.count(), "ok": el.count(where={"ok": True}), "first": el.first("ts", int),
+          "last": el.last("ts", int), "min": el.min("ts")}  # fmt: skip
+CASES = {
+    "tumbling, store clock, kept, Python fold": {"window": el.tumbling("1m")},
+    "hopping, store clock, amended, declared": {
+        "window": el.hopping("2m", every="30s"), "late": "amend", "fields": FIELDS,
+    },
+    "tumbling with an offset, key clock, counted, Python fold": {
+        "window": el.tumbling("1m", offset="15s"), "clock": "key", "late": "count",
+    },
+    "tumbling, store clock, amended, retain 1 min, Python fold": {
+        "window": el.tumbling("1m"), "late": "amend", "retain": "1m",
+    },
+}  # fmt: skip
+
+
+def define(app: el.App, name: str, case: dict, segments: int) -> el.Aggregation:
+    options = {"key": "robot", "time": el.event_time("ts", unit="ms"), "lateness": "20s",
+               "max_future": "1h", "retain": "40000d", "segments": segments,
+               "persist_every": 0.05, "batch_size": 50, **case}  # fmt: skip
+    fields = options.pop("fields", None)
+    if fields is not None:
+        return app.aggregation(name, on="ScrewAttempted", fields=fields, **options)
+    agg = app.aggregation(name, initial=lambda: {"ok": 0, "failed": 0, "seen": []}, **options)
+
+    @agg.on("ScrewAttempted")
+    def add(state: dict, event: el.Event) -> None:
+        state["ok" if event.data["ok"] else "failed"] += 1
+        state["seen"].append(event.position)  # order-sensitive: the fold order shows
+
+    return agg
+
+
+def results(app: el.App, agg: el.Aggregation, keys: list[str]) -> tuple:
+    windows = {k: [(w.start_us, w.end_us, w.value, w.final, w.revision) for w in agg.windows(k)]
+               for k in keys}  # fmt: skip
+    late = [(x.position, x.key, x.t_us, x.windows, x.amended) for x in agg.late_events()]
+    return windows, late, agg.window_counts(), stored(app, agg.name)
+
+
+def stored(app: el.App, name: str) -> tuple:
+    """What users do not see through the API and the local engine reads back: where each
+    window closed, each key's entry (dedupe offsets, its clock), the store clock's rows."""
+    db = app.db
+    rows = [
+        db.query(db.sql(f"SELECT {cols} FROM {db.table(t)} WHERE aggregation = ? ORDER BY 1, 2"),
+                 (name,))
+        for t, cols in [("window_states", "key, start_us, closed_at"),
+                        ("aggregates", "key, value, offsets, dropped"),
+                        ("window_clocks", "position, latest")]
+    ]  # fmt: skip
+    rows[2] = sorted(set(rows[2]))  # one row per segment (3 and 2 here): the same clock
+    return tuple(map(tuple, rows))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_spark_replay_equals_the_local_engine_and_the_local_engine_goes_on(
+    spark, store_url: str, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import eventlanes.spark.staging
+
+    # rows brought to the driver 100 at a time (by hash of the key), as a replay of many keys
+    monkeypatch.setattr(eventlanes.spark.staging, "PART", 100)
+    app = el.App(store_url)
+    local = define(app, "local", CASES[case], segments=3)
+    sparked = define(app, "sparked", CASES[case], segments=2)
+    events = attempts(600, seed=len(case), clamp=590)
+    append(app.store, events)
+    append(app.store, [events[i] for i in range(0, 600, 9)])  # re-delivered: duplicates
+    result = el.spark.replay(app, "sparked", spark=spark)
+    assert result.events == app.store.head()
+    run_until_caught_up(app)  # "local" folds it all; "sparked" has nothing left to fold
+    keys = [f"r{i}" for i in range(5)]
+    want = results(app, local, keys)
+    windows, late, counts, _ = want
+    # the data has what the comparison is about, or it proves little
+    assert counts["duplicate"] == len(range(0, 600, 9)) and counts["clamped"] > 0
+    finals = [w[3] for ws in windows.values() for w in ws]
+    # closed windows kept, and open ones; with retain="1m", every closed one expired (the
+    # clamped input moved the clock hours past them)
+    assert counts["late"] > 0 and any(finals) == ("retain" not in CASES[case])
+    assert not all(finals)
+    if CASES[case].get("late") != "count":
+        assert late
+    assert results(app, sparked, keys) == want
+    # the local engine goes on from the replay's tokens, clock rows and open windows
+    more = attempts(300, seed=7, first=600, clamp=850)
+    append(app.store, more + [more[i] for i in range(0, 300, 11)] + events[:5])
+    run_until_caught_up(app)
+    assert results(app, sparked, keys) == results(app, local, keys)
+    assert local.window_counts()["folded"] > counts["folded"]
+
+
+def test_what_spark_does_not_fold_yet_is_refused_before_any_work(spark, tmp_path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    opts = dict(key="robot", time=el.event_time("ts", unit="ms"), initial=dict)
+    app.aggregation("sessions", window=el.session(gap="1m"), **opts)
+    app.aggregation("published", window=el.tumbling("1m"), **opts)
+    for name, why in [("sessions", "session windows"), ("published", "on_close")]:
+        agg = app.get(name)
+        if name == "published":
+            agg.on_close(lambda window: [])
+        with pytest.raises(el.InvalidInputError, match=why):
+            el.spark.replay(app, name, spark=spark)
+    assert not (tmp_path / "e.db").exists()  # refused before the store was opened to claim
+
+
+def test_a_replay_on_spark_connect_equals_the_local_engine(spark_connect, tmp_path) -> None:
+    """`eventlanes replay --remote`: the app's module (which the server's executors cannot
+    import) shipped, its windows written as the local engine writes them on a copy of the
+    store."""
+    from tests.apps.windows_app import define as screws
+    from tests.test_spark_connect import cli
+
+    url = f"sqlite:///{tmp_path}/events.db"
+    app = el.App(url)
+    events = attempts(500, seed=3, clamp=480)
+    append(app.store, events + events[::13])
+    app.close()
+    shutil.copy(tmp_path / "events.db", tmp_path / "local.db")
+    result = cli(spark_connect, "replay", "tests.apps.windows_app:app", "screws", "--remote",
+                 spark_connect.url, url=url)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "screws: Spark read and replayed" in result.stdout
+    local = el.App(f"sqlite:///{tmp_path}/local.db")
+    screws(local, "screws", 3)
+    run_until_caught_up(local)
+    replayed = el.App(url)
+    agg = screws(replayed, "screws", 3)
+    keys = [f"r{i}" for i in range(5)]
+    want = results(local, local.get("screws"), keys)
+    assert want[2]["late"] > 0 and want[2]["duplicate"] == len(events[::13])
+    assert results(replayed, agg, keys) == want
