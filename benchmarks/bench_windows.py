@@ -7,8 +7,9 @@ its own:
   1 hour every 10 minutes (target 0.8x and 0.6x of no window);
 * a Python fold ``{"sum", "n"}``: keyed, tumbling 1 minute (target 0.7x of keyed).
 
-With ``--spark``, the two windowed kinds are also replayed on Spark (``local[2]``, the
-session started before the clock runs), beside their local runs.
+With ``--spark``, each kind is also replayed on Spark (``local[2]``, the session started
+before the clock runs): a windowed replay against the same replay without a window (target
+0.8x).
 
 Every windowed run's window counts and late inputs are checked equal to a plain loop's (the
 rules of ``eventlanes.windows.reference``); every keyed run's states too.
@@ -102,9 +103,11 @@ def _child(conn: Any, url: str, name: str, case: str) -> None:
     conn.send((seconds, memory()["VmHWM"]))
 
 
-#: a Spark replay of a windowed case: its name -> the local case it is compared with
+#: a Spark replay of a case: its name -> the case it replays
 SPARK_CASES = {
+    "declarative, Spark replay": "declarative",
     "declarative tumbling 1m, Spark replay": "declarative tumbling 1m",
+    "python fold, Spark replay": "python fold",
     "python fold tumbling 1m, Spark replay": "python fold tumbling 1m",
 }
 
@@ -209,9 +212,13 @@ def run(
                      f">= {target}x" if target else "",
                      ("met" if ratio >= target else "NOT MET") if target else ""])  # fmt: skip
     for case, local in SPARK_CASES.items() if spark else ():
+        declarative, window, _ = CASES[local]
+        base = rate["declarative, Spark replay" if declarative else "python fold, Spark replay"]
+        ratio = rate[case] / base
         peak = statistics.median(p for _, p in runs[case])
-        rows.append([case, rate[case], f"{peak / 2**20:,.0f} MB (driver)",
-                     f"{rate[case] / rate[local]:.2f}x the local run", "", ""])  # fmt: skip
+        met = "" if window is None else ("met" if ratio >= 0.8 else "NOT MET")
+        rows.append([case, rate[case], f"{peak / 2**20:,.0f} MB (driver)", f"{ratio:.2f}x",
+                     "" if window is None else ">= 0.8x", met])  # fmt: skip
     print_table(
         f"catching up on {events:,} events over {keys:,} keys, SQLite (median of {rounds} "
         "run(s), one process each; results checked against plain loops)",
@@ -226,4 +233,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--spark", action="store_true", help="also replay on Spark")
     args = parser.parse_args()
-    run(["sqlite"], args.quick, args.rounds, args.spark)
+    # by its module's name: the processes it spawns (and Spark's executors) import the
+    # functions of the aggregations from there, not from __main__
+    from benchmarks import bench_windows
+
+    bench_windows.run(["sqlite"], args.quick, args.rounds, args.spark)

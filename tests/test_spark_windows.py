@@ -177,3 +177,37 @@ def test_a_replay_on_spark_connect_equals_the_local_engine(spark_connect, tmp_pa
     want = results(local, local.get("screws"), keys)
     assert want[2]["late"] > 0 and want[2]["duplicate"] == len(events[::13])
     assert results(replayed, agg, keys) == want
+
+
+def test_a_naive_event_time_fails_the_replay_naming_the_event(spark, tmp_path) -> None:
+    """As the local engine stops on it: never guessed, nothing written, no token moved."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    agg = app.aggregation(
+        "seen", key="robot", fields={"n": el.count()}, on="Seen", window=el.tumbling("1m"),
+        time=el.event_time("at"),
+    )  # fmt: skip
+    app.store.append("a", [E("Seen", {"robot": "r", "at": "2026-11-29T10:00:01Z"})])
+    (naive,) = app.store.append("a", [E("Seen", {"robot": "r", "at": "2026-11-29T10:00:02"})])
+    with pytest.raises(el.EventlanesError, match=f"event {naive} \\(Seen\\).*no offset"):
+        el.spark.replay(app, "seen", spark=spark)
+    assert agg.windows("r") == [] and agg.window_counts()["folded"] == 0
+    assert [s.position for s in app.status("seen").segments] == [0]
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_the_partitions_spark_uses_change_nothing(spark, tmp_path, partitions: int) -> None:
+    """The clock's ranges of positions and the fold's partitions follow Spark's partition
+    count: any count gives the rows a local run gives; an empty store gives none, with every
+    token at its end."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    case = CASES["hopping, store clock, amended, declared"]
+    empty = define(app, "empty", case, segments=2)
+    el.spark.replay(app, "empty", spark=spark, partitions=partitions)
+    assert stored(app, "empty")[:2] == ((), ()) and empty.window_counts()["folded"] == 0
+    local, sparked = (define(app, n, case, segments=2) for n in ("local", "sparked"))
+    events = attempts(400, seed=11, clamp=399)
+    append(app.store, events + events[::7])
+    el.spark.replay(app, "sparked", spark=spark, partitions=partitions)
+    run_until_caught_up(app)
+    keys = [f"r{i}" for i in range(5)]
+    assert results(app, sparked, keys) == results(app, local, keys)

@@ -369,7 +369,6 @@ def replay_windows(
     entries, clock rows and every segment's token (set to the read's end) in one transaction;
     (events read, keys written)."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     spec = agg.windowing
     assert spec is not None
@@ -382,7 +381,24 @@ def replay_windows(
             f"or late mode is a new version (version={agg.version + 1})"
         )
     fold = WindowFold.of(agg, app.store.events_table, [r.segment for r in records])
-    timed_df = source.events.mapInArrow(lambda it: timed(fold, it), TIMED_SCHEMA)
+    # kept: the clock's jobs and the fold read it (each event's time and key computed once)
+    timed_df = source.events.mapInArrow(lambda it: timed(fold, it), TIMED_SCHEMA).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    try:
+        return _fold_and_write(app, agg, fold, timed_df, source, n, owner, records)
+    finally:
+        timed_df.unpersist()
+
+
+def _fold_and_write(
+    app: Any, agg: Aggregation, fold: WindowFold, timed_df: Any, source: Any, n: int,
+    owner: str, records: list,
+) -> tuple[int, int]:  # fmt: skip
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    spec = fold.spec
     if spec.clock == "store":
         buckets = n * BUCKETS_PER_PARTITION
         with_clock, closes, expected = _clock_columns(timed_df, spec, source.end, buckets)
