@@ -99,7 +99,12 @@ def stored(app: el.App, name: str) -> tuple:
     return tuple(map(tuple, rows))
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# Every case on SQLite; PostgreSQL (the same plan, its write through the other database) once
+@pytest.mark.parametrize(
+    ("backend", "case"),
+    [*(("sqlite", c) for c in CASES), ("postgres", "hopping, store clock, amended, declared")],
+    indirect=["backend"],
+)
 def test_a_spark_replay_equals_the_local_engine_and_the_local_engine_goes_on(
     spark, store_url: str, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
