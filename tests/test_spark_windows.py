@@ -216,3 +216,31 @@ def test_the_partitions_spark_uses_change_nothing(spark, tmp_path, partitions: i
     run_until_caught_up(app)
     keys = [f"r{i}" for i in range(5)]
     assert results(app, sparked, keys) == results(app, local, keys)
+
+
+def test_ticks_in_the_log_close_windows_on_spark_where_they_closed_locally(spark, tmp_path) -> None:
+    """Idle time as events (``idle_close``): the ticks a local worker appended close the same
+    windows at the same positions in a Spark replay of the same log."""
+    from tests.processing_helpers import wait_for
+
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+
+    def counted(name: str, idle: str) -> el.Aggregation:
+        return app.aggregation(name, key="robot", on="ScrewAttempted", fields={"n": el.count()},
+                               window=el.tumbling("1s"), idle_close=idle)  # fmt: skip
+
+    ticked, sparked = counted("ticked", "300ms"), counted("sparked", "1h")
+    app.store.append("cell-1", [E("ScrewAttempted", {"robot": r}) for r in "aab"])
+    app.start(["ticked"])
+    try:
+
+        def closed() -> bool:
+            return all(ticked.windows(k) and all(w.final for w in ticked.windows(k)) for k in "ab")
+
+        wait_for(closed, timeout=30, what="the windows closed by ticks")
+    finally:
+        app.stop()
+    assert any(e.type == el.TICK for e in app.store.iter_events())
+    el.spark.replay(app, "sparked", spark=spark)
+    assert [sparked.windows(k) for k in "ab"] == [ticked.windows(k) for k in "ab"]
+    assert stored(app, "sparked")[0] == stored(app, "ticked")[0]  # closed at the same ticks
