@@ -244,3 +244,28 @@ def test_ticks_in_the_log_close_windows_on_spark_where_they_closed_locally(spark
     el.spark.replay(app, "sparked", spark=spark)
     assert [sparked.windows(k) for k in "ab"] == [ticked.windows(k) for k in "ab"]
     assert stored(app, "sparked")[0] == stored(app, "ticked")[0]  # closed at the same ticks
+
+
+def test_a_replay_from_an_export_equals_the_local_engine_and_another_stores_is_refused(
+    spark, tmp_path
+) -> None:
+    """From a Parquet export (`--parquet`): the windows of its events; an export the store does
+    not match (here: of another store) writes nothing and moves no token."""
+    case = CASES["tumbling, store clock, kept, Python fold"]
+    app = el.App(f"sqlite:///{tmp_path}/a.db")
+    local, sparked = (define(app, n, case, segments=2) for n in ("local", "sparked"))
+    events = attempts(300, seed=5, clamp=290)
+    append(app.store, events + events[::9])
+    export = str(tmp_path / "export")
+    el.spark.export_parquet(app.store, export)
+    el.spark.replay(app, "sparked", spark=spark, parquet=export)
+    run_until_caught_up(app)
+    keys = [f"r{i}" for i in range(5)]
+    assert results(app, sparked, keys) == results(app, local, keys)
+    other = el.App(f"sqlite:///{tmp_path}/o.db")
+    agg = define(other, "sparked", case, segments=2)
+    other.store.append("s", [E("ScrewAttempted", {"robot": "r0", "ok": True, "ts": 0})])
+    with pytest.raises(el.InvalidInputError, match="does not match this store"):
+        el.spark.replay(other, "sparked", spark=spark, parquet=export)
+    assert agg.window_counts() == {"folded": 0, "late": 0, "clamped": 0, "duplicate": 0}
+    assert all(s.position == 0 for s in other.status("sparked").segments)

@@ -412,6 +412,7 @@ def _fold_and_write(
         .mapInArrow(lambda it: fold_windows(fold, closes, it), OUT_SCHEMA)
     )
     events = check_read(agg.name, "read", source.read(), source.expected)
+    source.verify()  # an export: the store matches it (checked meanwhile), or nothing written
     # folded before the write's transaction opens (it holds SQLite's write lock): inside it,
     # only the kept rows are brought over, a bounded part at a time
     kept = folded.persist(StorageLevel.MEMORY_AND_DISK)
