@@ -7,11 +7,11 @@ without a single ordered pass: the largest (clamped) time of each bucket of posi
 numbers, on the driver), then each input's largest time before it (the buckets below, and a
 running maximum within its own). A window closes at the first position whose time reaches its
 end plus the lateness; the inputs grouped by the step of the last such threshold their time
-reaches give the first position per step (one number per step of time the data spans), and
+reaches give the first position per step (one number per grid step some time falls in), and
 the driver turns that into a suffix minimum the fold reads. Then each key's inputs, in
-position order on the partition of its segment, are deduped and folded by the local engine's
-rules, and come back as rows: its windows, its late inputs, its entry and, per partition,
-each segment's counts. The driver writes them a bounded part at a time, with every
+position order on a partition chosen by the key's hash, are deduped and folded by the local
+engine's rules, and come back as rows: its windows, its late inputs, its entry and, per
+partition, each segment's counts. The driver writes them a bounded part at a time, with every
 segment's clock row and token, in one transaction.
 
 Session windows, and windows that are published or feed stages, stay on the local engine for
@@ -36,7 +36,7 @@ from ..events import Event, datas
 from ..hashing import stable_hash
 from ..processing.aggregating.aggregation import Aggregation
 from ..processing.aggregating.dedupe import dedupe
-from ..processing.aggregating.folds import returned_value
+from ..processing.aggregating.folds import fold_event
 from ..processing.aggregating.keying import Keying
 from ..processing.tables.states import Entry, encode, encode_dropped_by, encode_state
 from ..processing.tables.windows import Checkpoint, Win
@@ -60,6 +60,7 @@ TIMED_SCHEMA = SCHEMA + ", t long, clamped boolean, key string"
 OUT_SCHEMA = (
     "kind string, key string, a long, b long, c long, d long, text string, more string, by string"
 )
+OUT_NAMES = OUT_SCHEMA.replace(",", "").split()[::2]
 _T, _CLAMPED, _KEY, _BEFORE = 8, 9, 10, 11  # columns after the event's own eight
 BUCKETS_PER_PARTITION = 4
 
@@ -195,7 +196,7 @@ def _batch(out: list[tuple[Any, ...]]) -> Any:
     cols = zip(*out, strict=True)
     batch = pa.RecordBatch.from_arrays(
         [pa.array(c, type=t) for c, t in zip(cols, types, strict=True)],
-        names=OUT_SCHEMA.replace(",", "").split()[::2],
+        names=OUT_NAMES,
     )
     out.clear()
     return batch
@@ -263,9 +264,7 @@ class _KeyFold:
         return entry
 
     def _fold_one(self, value: Any, event: Event) -> None:
-        for f in self.fold.keying.folds.for_type(event.type):
-            if (produced := f(value, event)) is not None and produced is not value:
-                returned_value(self.fold.name, self.key, event, f, produced)
+        fold_event(self.fold.name, self.fold.keying.folds, self.key, value, event)
 
     def _declared(self, pending: list[tuple[Event, Any]]) -> None:
         decl = self.fold.keying.declaration
@@ -277,7 +276,7 @@ class _KeyFold:
     def _amend(self, event: Event, missed: list[tuple[int, int]], mark: int | None) -> bool:
         """A late input folded into the closed windows it missed, each a new revision; False
         past ``retain`` (as ``WindowExecutor._amend``)."""
-        if mark is None or any(end < mark - self.fold.spec.retain for _, end in missed):
+        if not self.fold.spec.amendable(missed, mark):
             return False
         for start, end in missed:
             w = self.wins.get(start)
@@ -372,14 +371,8 @@ def replay_windows(
 
     spec = agg.windowing
     assert spec is not None
-    definition = spec.definition()
-    ran = app.runtime.windows.definitions(agg.name) - {definition}
-    if ran:  # as the local engine refuses it: a changed definition is a new version
-        raise InvalidInputError(
-            f"aggregation {agg.name!r} has windows of another definition in the store "
-            f"({sorted(ran)[0]}), not {definition}: a changed window, time, lateness, clock "
-            f"or late mode is a new version (version={agg.version + 1})"
-        )
+    # as the local engine refuses it: a changed definition is a new version
+    spec.refuse_other(agg.name, agg.version, app.runtime.windows.definitions(agg.name))
     fold = WindowFold.of(agg, app.store.events_table, [r.segment for r in records])
     # kept: the clock's jobs and the fold read it (each event's time and key computed once)
     timed_df = source.events.mapInArrow(lambda it: timed(fold, it), TIMED_SCHEMA).persist(
@@ -447,8 +440,7 @@ def _write(
         rt.windows.delete_all(conn, name)
         for table in parts_of(folded, rows_bound, f"replay of {name}"):
             cols = {c: table.column(c).to_pylist() for c in table.column_names}
-            rows = list(zip(*(cols[c] for c in OUT_SCHEMA.replace(",", "").split()[::2]),
-                            strict=True))  # fmt: skip
+            rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
             wins = [(k, a, b, t, c, d) for kind, k, a, b, c, d, t, _, _ in rows
                     if kind == "window"]  # fmt: skip
             rt.windows.save_encoded(conn, name, wins)

@@ -37,6 +37,21 @@ class Windowing:
     #: what a tick's time is behind its ``recorded_at`` (devices whose clocks run behind)
     tick_lag: int = 0
 
+    def amendable(self, missed: list[tuple[int, int]], mark: int | None) -> bool:
+        """A late input may amend the closed windows it ``missed`` (clock at ``mark``): none is
+        past ``retain`` (one that is may already be deleted)."""
+        return mark is not None and all(end >= mark - self.retain for _, end in missed)
+
+    def refuse_other(self, name: str, version: int, stored: set[str]) -> None:
+        """Refuse to fold windows over the ``stored`` ones of another definition."""
+        ran = stored - {self.definition()}
+        if ran:
+            raise InvalidInputError(
+                f"aggregation {name!r} has windows of another definition in the store "
+                f"({sorted(ran)[0]}), not {self.definition()}: a changed window, time, "
+                f"lateness, clock or late mode is a new version (version={version + 1})"
+            )
+
     def definition(self) -> str:
         """What the folded windows depend on: a change is a new version of the aggregation
         (``retain`` only says how long closed ones are kept, and ``idle_close`` only when

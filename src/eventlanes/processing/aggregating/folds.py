@@ -52,6 +52,14 @@ def returned_value(name: str, key: str, event: Event, fold: Any, produced: Any) 
     )
 
 
+def fold_event(name: str, folds: Any, key: str, value: Any, event: Event) -> None:
+    """Fold ``event`` into ``value`` with each of ``folds`` (a ``FunctionsByType``) for its
+    type, where no downstream stage takes outputs (a returned value is refused)."""
+    for fold in folds.for_type(event.type):
+        if (produced := fold(value, event)) is not None and produced is not value:
+            returned_value(name, key, event, fold, produced)
+
+
 def not_awaitable(produced: Any, fold: Any, event: Event) -> None:
     """A fold's result is its outputs: a coroutine (a plain def returning one) never ran."""
     if hasattr(produced, "__await__") or inspect.isgenerator(produced):

@@ -22,7 +22,7 @@ from ...windows.time import clamped
 from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
 from ..aggregating.executor import AggregationExecutor
-from ..aggregating.folds import returned_value
+from ..aggregating.folds import fold_event, returned_value
 from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
@@ -42,13 +42,7 @@ class WindowExecutor(AggregationExecutor):
         self.spec = spec
         self.windows = runtime.windows
         self.definition = spec.definition()
-        ran = self.windows.definitions(agg.name) - {self.definition}
-        if ran:
-            raise InvalidInputError(
-                f"aggregation {agg.name!r} has windows of another definition in the store "
-                f"({sorted(ran)[0]}), not {self.definition}: a changed window, time, lateness, "
-                f"clock or late mode is a new version (version={agg.version + 1})"
-            )
+        spec.refuse_other(agg.name, agg.version, self.windows.definitions(agg.name))
         if agg.upcasters.into(agg.handled_types()) is not None:
             raise InvalidInputError(
                 f"aggregation {agg.name!r}: windows do not read upcast events yet (an "
@@ -376,16 +370,14 @@ class WindowExecutor(AggregationExecutor):
         pending.clear()
 
     def _fold_one(self, value: Any, event: Event, key: str) -> None:
-        for fold in self.agg.folds.for_type(event.type):
-            if (produced := fold(value, event)) is not None and produced is not value:
-                returned_value(self.name, key, event, fold, produced)
+        fold_event(self.name, self.agg.folds, key, value, event)
 
     def _amend(
         self, seg: int, key: str, event: Event, missed: list[tuple[int, int]], mark: int | None
     ) -> bool:
         """Fold a late input into the closed windows it missed, each a new revision; False
         when they are past ``retain`` (then it is only kept in the late table)."""
-        if mark is None or any(end < mark - self.spec.retain for _, end in missed):
+        if not self.spec.amendable(missed, mark):
             return False
         mine = self.open[seg].setdefault(key, {})
         for start, end in missed:
