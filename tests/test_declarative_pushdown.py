@@ -287,6 +287,7 @@ def test_what_the_pushdown_cannot_fold_fails_as_on_the_row_path(
         '{"robot": "r1", "n": 3, "deep": ' + "[" * 1500 + "]" * 1500 + "}",
         '{"robot": "r1", "n": 3, "deep": {"n": 4}}',  # a nested name: not the property
         '{"robot": "r1", "n": 3, "x": 1E+999}',  # infinity for SQLite, an error for orjson
+        '{"robot": "r1", "n": 3, "x": ' + "7" * 5000 + "}",  # past Python's 4,300 digits
     ],
 )
 def test_json_read_differently_takes_the_row_path(tmp_path: Path, text: str) -> None:
@@ -601,12 +602,97 @@ def test_a_replay_and_sums_past_64_bits_are_not_merged_in_place_on_postgres(pg_u
         run(app)
     want = assert_same(app)
     assert want["r1"][0] == {"n": big + 10, "hi": big, "events": 2}  # past 64 bits: exact
-    # The first range by rows (its sum might pass 64 bits: Arrow refuses it), the second
-    # merged in memory (the stored sum passes 64 bits), the third in place.
-    assert aggregation(app, "push").placed == 1
+    # The first range grouped and merged in PostgreSQL (its sum fits), the second merged in
+    # memory (the stored sum would pass 64 bits), the third in place.
+    assert aggregation(app, "push").placed == 3
     for name in NAMES:  # r2's last event replayed alone (r1 is before): refused for its offsets
         app.reset(name, to=1000)
     run(app)
     after = assert_same(app)
     assert after["r2"][0] == want["r2"][0] == {"n": 3, "hi": 1, "events": 3}
     assert after["r2"][2] == 1  # dropped as already folded
+
+
+# -- PostgreSQL: one segment over every key, each range grouped and merged inside the database
+def pg_append_raw(app: el.App, rows: list[tuple[str, str]], metadata: str = "{}") -> None:
+    """Events appended as JSON text (``(type, data)``), as another client could: PostgreSQL
+    reads it, Python never wrote it."""
+    store = app.store
+    with store.db.transaction() as conn:  # type: ignore[attr-defined]
+        for i, (kind, text) in enumerate(rows):
+            conn.execute(
+                f"SELECT {store.events_table}_append(%s, NULL, %s, ARRAY[%s], "  # type: ignore[attr-defined]
+                "ARRAY[%s::jsonb], ARRAY[%s::jsonb])",
+                (f"raw-{i}-{random.randrange(10**9)}", stable_hash("raw"), kind, text, metadata),
+            )
+
+
+def test_ranges_grouped_in_postgres_equal_the_row_path(pg_url: str) -> None:
+    """One segment: each range grouped by PostgreSQL into a temporary table, checked, and
+    merged into the states with the token; republished duplicates (the row path), then more
+    ranges merged into rows that exist."""
+    app = pg_app(pg_url)
+    define(app, PLACEABLE, segments=1)
+    load(app.store, 3000, seed=41)
+    app.store.append("s", [E("Fastened", {"robot": "r1", "s": s}) for s in ["B", "a", "ä", "Z"]])
+    run(app)
+    want = assert_same(app)
+    push = aggregation(app, "push")
+    assert push.placed > 2000
+    placed = push.placed
+    load(app.store, 1000, seed=42, chains=0.5)
+    load(app.store, 3000, seed=43)
+    run(app)
+    assert assert_same(app) != want
+    assert push.placed > placed
+    assert sum(d for _, _, d, _ in stored(app, "push").values()) > 50
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"robot": "r1", "n": 1.0}',  # a float in Python: refused alike
+        '{"robot": "r1", "n": 1e2}',  # 100 in PostgreSQL's text, an int in Python
+        '{"robot": "r1", "n": true}',
+        '{"robot": "r1", "n": "4"}',
+        '{"robot": 12, "n": 3}',  # a number as key: refused alike
+        '{"robot": "r1", "n": 4611686018427387904}',  # 2**62: twice passes 64 bits
+        '{"robot": "r1", "n": 3, "s": 5}',  # a text minimum over a number's JSON text
+        '{"robot": "r1", "n": 3, "deep": ' + "[" * 1500 + "]" * 1500 + "}",
+        '{"robot": "r1", "n": 3, "x": 1e5000}',  # 5,001 digits in Python: past its limit
+        '{"robot": "r1", "n": 3, "n": 9}',  # PostgreSQL keeps the last, as Python
+        "[1, 2]",
+    ],
+)
+def test_json_postgres_groups_differently_takes_the_row_path(pg_url: str, text: str) -> None:
+    """Stored JSON that the grouping statement would read otherwise than Python reads
+    PostgreSQL's text of it is folded by rows: the states equal the row path's, or both
+    fail alike."""
+    app = pg_app(pg_url)
+    fields = {"n": el.sum("n"), "hi": el.max("n"), "events": el.count(),
+              "lo_s": el.min("s", str), "ok": el.count(where={"status": "ok"})}  # fmt: skip
+    define(app, fields, segments=1)
+    app.store.append("s", [E("Fastened", {"robot": "r1", "n": 1}) for _ in range(30)])
+    pg_append_raw(app, [("Fastened", text), ("Fastened", text)])
+    app.store.append("s", [E("Fastened", {"robot": "r2", "n": 1, "status": "ok"})] * 30)
+    app.store.append("s", [E("Painted", {})] * 700)  # a whole range: merged in place
+    run_until_settled(app)
+    assert errors(app, "push") == errors(app, "rows")
+    if not errors(app, "rows"):
+        assert_same(app)
+        exact = "1e2" in text or '"n": 9' in text  # PostgreSQL's text reads alike
+        assert aggregation(app, "push").placed == (62 if exact else 0)
+
+
+def test_a_chain_under_an_escaped_name_takes_the_row_path_on_postgres(pg_url: str) -> None:
+    """Metadata naming ``source_chain`` with an escape is a chain for Python: the range is
+    deduped by rows (the second delivery dropped), as on the row path."""
+    app = pg_app(pg_url)
+    define(app, {"n": el.sum("n"), "events": el.count()}, segments=1)
+    chain = '{"source_\\u0063hain": [{"source": "up", "partition": "", "offset": 7, "out": 0}]}'
+    for _ in range(2):
+        pg_append_raw(app, [("Fastened", '{"robot": "r1", "n": 5}')], metadata=chain)
+    app.store.append("s", [E("Painted", {})] * 700)  # a whole range: merged in place
+    run(app)
+    want = assert_same(app)
+    assert want["r1"][0] == {"n": 5, "events": 1}

@@ -19,6 +19,9 @@ from typing import Any
 ARROW = {"long": "int64", "double": "float64", "string": "string", "boolean": "bool_"}
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # names written into a pattern as they are
 _LONG, _MAX_OPENERS = 800, 400  # texts longer than this have their brackets counted
+#: and their digits: Python refuses an integer of over 4,300 digits (a run of 1,000 is not
+#: taken: RE2 repeats at most 1,000 times)
+_DIGITS = "[0-9]{1000}"
 #: Arrow type names -> Spark type names (the inverse of ARROW)
 SPARK = {"int64": "long", "double": "double", "string": "string", "bool": "boolean"}
 
@@ -31,7 +34,8 @@ def _lines(texts: Any) -> Any:
     one object per text: such texts cannot merge (a ``{`` after a complete value is an
     error), so one reading as two would need another reading as none. Control characters
     inside strings fail the parse (as in Python and Spark); nesting is bounded below what
-    Python's decoders reach (over 400 brackets in a text: not taken)."""
+    Python's decoders reach (over 400 brackets in a text: not taken), as are numbers longer than
+    Python reads (a run of 1,000 digits: not taken)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -44,6 +48,8 @@ def _lines(texts: Any) -> Any:
     if pc.max(pc.binary_length(texts)).as_py() > _LONG:
         openers = pc.add(pc.count_substring(texts, "{"), pc.count_substring(texts, "["))
         if pc.max(openers).as_py() > _MAX_OPENERS:
+            return None
+        if pc.any(pc.match_substring_regex(texts, _DIGITS)).as_py():
             return None
     offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)
     first, last = int(offsets[texts.offset]), int(offsets[texts.offset + len(texts)])

@@ -270,6 +270,8 @@ class Pushdown(ABC):
         """Fold ``folded`` (one segment's share, every key in ``entries``) into the states, as
         the row path's dedupe fast rule does: False (nothing changed) when a state holds an own
         position at or above the range's first event."""
+        if not folded:  # a range without events folded: nothing to merge
+            return True
         bound = marks.high.get(source)
         if bound is not None and min(map(_FIRST, folded)) <= bound:
             return False

@@ -70,6 +70,8 @@ _LONG = 800
 _MAX_OPENERS = 400
 # An exponent of three digits may overflow a float: orjson refuses it where SQLite reads inf.
 _EXPONENT = re.compile(r"[eE]\+?[0-9]{3}")
+# An integer of over 4,300 digits: Python refuses to read it (a text that long is checked).
+_DIGITS = re.compile(r"[0-9]{4000}")
 _STRINGS = re.compile(r'"[^"]*"')  # JSON strings of text without backslashes
 _ALLOWED = {int: "'integer', 'null'", bool: "'true', 'false', 'null'", str: "'text', 'null'"}
 
@@ -311,15 +313,18 @@ class SQLitePushdown(Pushdown):
     def _checked(self, text: str, longest: int, named: list[int]) -> bool:
         """No escape SQLite and Python read differently, no NUL (SQLite reads up to it), no
         exponent that may overflow (orjson refuses it, SQLite reads inf), no nesting deeper than
-        Python's decoders go; ``named`` counts each ``"name"`` read (an event that has a
-        property names it at least once: the totals equal the events that have it only if
-        none names it twice). The text was decoded from UTF-8 by sqlite3, which fails on
-        invalid text: SQLite's errors send the range to the row path."""
+        Python's decoders go, no integer longer than Python reads; ``named`` counts each
+        ``"name"`` read (an event that has a property names it at least once: the totals
+        equal the events that have it only if none names it twice). The text was decoded
+        from UTF-8 by sqlite3, which fails on invalid text: SQLite's errors send the range to
+        the row path."""
         if "\\u" in text or "\x00" in text:
             return False
         if ("e" in text or "E" in text) and _EXPONENT.search(text):
             return False
-        if longest > _LONG and text.count("[") + text.count("{") > _MAX_OPENERS:
+        if longest > _LONG and (
+            text.count("[") + text.count("{") > _MAX_OPENERS or _DIGITS.search(text)
+        ):
             return False
         for j, p in enumerate([self.decl.key, *self.props]):
             named[j] += text.count(f'"{p}"')
@@ -399,7 +404,10 @@ def _plain(text: str, longest: int) -> bool:
     bare = _STRINGS.sub('""', text)
     if ("e" in bare or "E" in bare) and _EXPONENT.search(bare):
         return False
-    return not (longest > _LONG and bare.count("[") + bare.count("{") > _MAX_OPENERS)
+    return not (
+        longest > _LONG
+        and (bare.count("[") + bare.count("{") > _MAX_OPENERS or _DIGITS.search(text))
+    )
 
 
 def _located(text: str, type_: type) -> tuple[int, Any]:
