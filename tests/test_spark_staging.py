@@ -99,9 +99,12 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
     delta = str(tmp_path / "counts.delta")
 
     def replay(name: str, *more: str, **extra: str) -> Logged:
+        # --wait: a killed replay's claim stays until it expires (claim_timeout=3); the next
+        # one, started at once, waits for that (without it: refused, "is running", when it
+        # starts within 3 s of the kill, as it does on an idle machine)
         return Logged([sys.executable, "-m", "eventlanes.cli", "replay",
                        "tests.apps.staged_app:app", "counts", "--remote", spark_connect.url,
-                       *more], tmp_path, name, cwd=ROOT, env={**env, **extra})  # fmt: skip
+                       "--wait", *more], tmp_path, name, cwd=ROOT, env={**env, **extra})  # fmt: skip
 
     first = replay("killed")
     try:
