@@ -5,6 +5,12 @@ straight into Arrow (binary COPY, ``scan_arrow``) and folded there
 returns and merged the same way. It needs the ``arrow`` extra (pyarrow and the ADBC
 drivers); without it, ranges take the row path.
 
+With one segment over every key (and no upcaster), a range whose fields the database can
+merge (:func:`.base.placeable`) is not read at all: PostgreSQL groups it into a temporary
+table (:func:`grouping`, with checks that refuse what Python would read otherwise) and merges
+that into the states with the token (:meth:`PostgresPushdown.merge_in_place`). A refused
+range is read into Arrow as above.
+
 The reference is the row path, which reads the same ``data::text`` and decodes it in Python.
 A range is folded in Arrow only when that is exact (see :func:`.fold.groups`); otherwise (and
 when reading or parsing fails) it takes the row path, which raises the errors naming the
