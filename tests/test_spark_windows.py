@@ -218,6 +218,54 @@ def test_the_partitions_spark_uses_change_nothing(spark, tmp_path, partitions: i
     assert results(app, sparked, keys) == results(app, local, keys)
 
 
+def test_parts_come_over_without_holding_the_stores_write_lock(
+    spark, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the fold's rows are staged in temporary tables while they come over, part by
+    part: another connection (a heartbeat, a writer) can write between two parts; the short
+    transaction that moves them in then gives the local engine's rows. A replay that fails
+    its check after staging writes nothing."""
+    import sqlite3
+
+    import eventlanes.spark.staging
+    import eventlanes.spark.windows as spark_windows
+
+    monkeypatch.setattr(eventlanes.spark.staging, "PART", 40)
+    path = tmp_path / "e.db"
+    app = el.App(f"sqlite:///{path}")
+    case = CASES["tumbling, store clock, kept, Python fold"]
+    local, sparked = (define(app, n, case, segments=2) for n in ("local", "sparked"))
+    events = attempts(400, seed=12, clamp=399)
+    append(app.store, events + events[::7])
+    parts_of, written = spark_windows.parts_of, []
+
+    def watched(*args: object) -> object:
+        for part in parts_of(*args):
+            other = sqlite3.connect(path, timeout=0.2)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # "database is locked" while a write is open
+                other.execute("ROLLBACK")
+                written.append(True)
+            finally:
+                other.close()
+            yield part
+
+    monkeypatch.setattr(spark_windows, "parts_of", watched)
+    el.spark.replay(app, "sparked", spark=spark)
+    assert len(written) > 3  # several parts, each with the lock free
+    run_until_caught_up(app)
+    keys = [f"r{i}" for i in range(5)]
+    assert results(app, sparked, keys) == results(app, local, keys)
+    el.spark.replay(app, "sparked", spark=spark)  # over rows of its own: they are replaced
+    assert results(app, sparked, keys) == results(app, local, keys)
+    before = stored(app, "sparked"), [s.position for s in app.status("sparked").segments]
+    monkeypatch.setattr(spark_windows._Tally, "check", lambda *_: (_ for _ in ()).throw(
+        el.SparkJobError("inputs do not add up")))  # fmt: skip
+    with pytest.raises(el.SparkJobError, match="do not add up"):
+        el.spark.replay(app, "sparked", spark=spark)
+    assert (stored(app, "sparked"), [s.position for s in app.status("sparked").segments]) == before
+
+
 def test_ticks_in_the_log_close_windows_on_spark_where_they_closed_locally(spark, tmp_path) -> None:
     """Idle time as events (``idle_close``): the ticks a local worker appended close the same
     windows at the same positions in a Spark replay of the same log."""

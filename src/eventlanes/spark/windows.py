@@ -11,8 +11,10 @@ reaches give the first position per step (one number per grid step some time fal
 the driver turns that into a suffix minimum the fold reads. Then each key's inputs, in
 position order on a partition chosen by the key's hash, are deduped and folded by the local
 engine's rules, and come back as rows: its windows, its late inputs, its entry and, per
-partition, each segment's counts. The driver writes them a bounded part at a time, with every
-segment's clock row and token, in one transaction.
+partition, each segment's counts. The driver brings them over a bounded part at a time and
+writes them with every segment's clock row and token in one transaction; on SQLite the parts
+are staged first (temporary tables of its connection, no lock on the store), and the
+transaction only moves them in.
 
 Session windows, and windows that are published or feed stages, stay on the local engine for
 now: refused before any work.
@@ -38,8 +40,9 @@ from ..processing.aggregating.aggregation import Aggregation
 from ..processing.aggregating.dedupe import dedupe
 from ..processing.aggregating.folds import fold_event
 from ..processing.aggregating.keying import Keying
+from ..processing.tables.staging import StagedStates
 from ..processing.tables.states import Entry, encode, encode_dropped_by, encode_state
-from ..processing.tables.windows import Checkpoint, Win
+from ..processing.tables.windows import Checkpoint, StagedWindows, Win
 from ..processing.windowing.clock import recorded_us
 from ..tokens import Token
 from ..windows.kinds import Session
@@ -417,7 +420,52 @@ def _fold_and_write(
     return events, keys
 
 
-# long: one transaction, each kind of row to its table, the counts checked before the commit
+#: per part: windows, late inputs, states, counts
+_Part = tuple[list[Any], list[Any], list[Any], list[Any]]
+
+
+def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
+    """The fold's rows brought over a bounded part at a time: per part its windows (key,
+    start, end, value, closed_at, revision), late inputs (position, key, t, windows, amended,
+    recorded_at), states (key, value, offsets, dropped, dropped_by) and counts (segment,
+    folded, late, clamped)."""
+    for table in parts_of(folded, bound, f"replay of {name}"):
+        cols = {c: table.column(c).to_pylist() for c in table.column_names}
+        rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
+        yield (
+            [(k, a, b, t, c, d) for kind, k, a, b, c, d, t, _, _ in rows if kind == "window"],
+            [(a, k, b, json.loads(t), bool(c), d) for kind, k, a, b, c, d, t, _, _ in rows
+             if kind == "late"],
+            [(k, t, more, a, by) for kind, k, a, _, _, _, t, more, by in rows
+             if kind == "state"],
+            [(seg, f, late, c) for kind, _, seg, f, late, c, _, _, _ in rows if kind == "count"],
+        )  # fmt: skip
+
+
+class _Tally:
+    """What the parts held: the counts per segment, states and their dropped inputs; the
+    check that every input read is accounted for."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, list[int]] = {}
+        self.keys = self.dropped = 0
+
+    def add(self, states: list[Any], counts: list[Any]) -> None:
+        self.keys += len(states)
+        self.dropped += sum(s[3] for s in states)
+        for seg, f, late, c in counts:
+            n = self.counts.setdefault(seg, [0, 0, 0])
+            n[0], n[1], n[2] = n[0] + f, n[1] + late, n[2] + c
+
+    def check(self, name: str, inputs: int) -> None:
+        accounted = sum(n[0] + n[1] for n in self.counts.values()) + self.dropped
+        if accounted != inputs:  # a part lost or doubled: nothing written
+            raise SparkJobError(
+                f"{name}: Spark folded, kept late or dropped {accounted:,} inputs but read "
+                f"{inputs:,}: nothing was written"
+            )
+
+
 def _write(
     app: Any,
     agg: Aggregation,
@@ -431,43 +479,45 @@ def _write(
     records: list,
 ) -> int:
     """Everything the replay folded, in one transaction; refused (nothing written) unless
-    every input read is folded, late or a duplicate."""
+    every input read is folded, late or a duplicate. On SQLite the rows are staged first
+    (temporary tables of this connection: no lock on the store while the parts come over),
+    and the transaction only moves them in; on PostgreSQL, whose writes lock rows only, the
+    transaction writes the parts as they come."""
     rt, name = app.runtime, agg.name
-    counts: dict[int, list[int]] = {}
-    keys = dropped = 0
-    with rt.db.transaction() as conn:
-        rt.states.delete_all(conn, name)
-        rt.windows.delete_all(conn, name)
-        for table in parts_of(folded, rows_bound, f"replay of {name}"):
-            cols = {c: table.column(c).to_pylist() for c in table.column_names}
-            rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
-            wins = [(k, a, b, t, c, d) for kind, k, a, b, c, d, t, _, _ in rows
-                    if kind == "window"]  # fmt: skip
-            rt.windows.save_encoded(conn, name, wins)
-            late = [(a, k, b, json.loads(t), bool(c), d) for kind, k, a, b, c, d, t, _, _ in rows
-                    if kind == "late"]  # fmt: skip
-            rt.windows.add_late(conn, name, late)
-            states = [(k, t, more, a, by) for kind, k, a, _, _, _, t, more, by in rows
-                      if kind == "state"]  # fmt: skip
-            rt.states.save_encoded(conn, name, states)
-            keys += len(states)
-            dropped += sum(s[3] for s in states)
-            for kind, _, seg, folded_n, late_n, clamped_n, _, _, _ in rows:
-                if kind == "count":
-                    n = counts.setdefault(seg, [0, 0, 0])
-                    n[0], n[1], n[2] = n[0] + folded_n, n[1] + late_n, n[2] + clamped_n
-        accounted = sum(n[0] + n[1] for n in counts.values()) + dropped
-        if accounted != inputs:  # a part lost or doubled: roll back
-            raise SparkJobError(
-                f"{name}: Spark folded, kept late or dropped {accounted:,} inputs but read "
-                f"{inputs:,}: nothing was written"
-            )
-        definition = fold.spec.definition()
+    tally = _Tally()
+    definition = fold.spec.definition()
+
+    def finish(conn: Any) -> None:
         for record in records:
             seg = record.segment.id
-            f, late_n, c = counts.get(seg, [0, 0, 0])
+            f, late_n, c = tally.counts.get(seg, [0, 0, 0])
             rt.windows.save_checkpoint(
                 conn, name, seg, Checkpoint(end, closes.latest, definition, f, late_n, c)
             )
             app.tokens.store(name, seg, Token(end), owner, conn=conn)
-    return keys
+
+    if rt.db.backend == "sqlite":
+        with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
+            for wins, late, states, counts in _rows(folded, rows_bound, name):
+                windows.add(name, wins, late)
+                stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
+                tally.add(states, counts)
+            tally.check(name, inputs)
+
+            def move(conn: Any) -> None:
+                windows.move(conn, name)
+                finish(conn)
+
+            stage.replace([name], move)
+        return tally.keys
+    with rt.db.transaction() as conn:
+        rt.states.delete_all(conn, name)
+        rt.windows.delete_all(conn, name)
+        for wins, late, states, counts in _rows(folded, rows_bound, name):
+            rt.windows.save_encoded(conn, name, wins)
+            rt.windows.add_late(conn, name, late)
+            rt.states.save_encoded(conn, name, states)
+            tally.add(states, counts)
+        tally.check(name, inputs)  # raised: rolled back
+        finish(conn)
+    return tally.keys

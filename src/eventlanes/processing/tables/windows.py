@@ -250,3 +250,86 @@ class WindowTable:
             LateEvent(p, k, t, [(s, e) for s, e in json.loads(ws)], bool(a))
             for p, k, t, ws, a in rows
         ]
+
+
+class StagedWindows:
+    """``with StagedWindows(table) as stage: stage.add(...); ... stage.move(conn, name)``:
+    windows and late inputs computed elsewhere (a Spark replay's, encoded) staged in temporary
+    tables of this thread's SQLite connection (a file of their own: no lock on the store, so
+    the heartbeats' writes go on), then moved in by :meth:`move` inside the short
+    transaction that replaces the states and moves the tokens
+    (:meth:`.staging.StagedStates.replace`). A crash before leaves the store as it was."""
+
+    def __init__(self, table: WindowTable) -> None:
+        db = table.db
+        if db.backend != "sqlite":
+            raise ValueError("windows are staged on SQLite only")
+        self.table, self.db = table, db
+        self.windows = f"temp.{db.table('replay_windows')}"
+        self.late = f"temp.{db.table('replay_late')}"
+
+    def __enter__(self) -> StagedWindows:
+        with self.db.connection() as conn:
+            self._drop(conn)
+            conn.execute(
+                f"""CREATE TABLE {self.windows} (aggregation TEXT NOT NULL, key TEXT NOT NULL,
+                    start_us INTEGER NOT NULL, end_us INTEGER NOT NULL, routing_hash INTEGER
+                    NOT NULL, value TEXT NOT NULL, closed_at INTEGER, revision INTEGER NOT
+                    NULL)"""
+            )
+            conn.execute(
+                f"""CREATE TABLE {self.late} (aggregation TEXT NOT NULL, position INTEGER NOT
+                    NULL, key TEXT NOT NULL, t_us INTEGER NOT NULL, windows TEXT NOT NULL,
+                    amended INTEGER NOT NULL, recorded_at INTEGER NOT NULL)"""
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.db.connection() as conn:
+            if not conn.in_transaction:
+                self._drop(conn)
+
+    def _drop(self, conn: Any) -> None:
+        for table in (self.windows, self.late):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+    def add(self, name: str, windows: list[tuple[Any, ...]], late: list[tuple[Any, ...]]) -> None:
+        """Stage windows (key, start, end, value text, closed_at, revision) and late inputs
+        (position, key, t, windows, amended, recorded_at), in a transaction of the temporary
+        file only."""
+        routing = stable_hashes([w[0] for w in windows])
+        with self.db.connection() as conn:
+            conn.execute("BEGIN")  # deferred: it writes the temporary file only
+            try:
+                conn.executemany(
+                    f"INSERT INTO {self.windows} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(name, k, s, e, h, v, c, r)
+                     for (k, s, e, v, c, r), h in zip(windows, routing, strict=True)],
+                )  # fmt: skip
+                conn.executemany(
+                    f"INSERT INTO {self.late} VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(name, p, k, t, json.dumps(ws), int(a), rec)
+                     for p, k, t, ws, a, rec in late],
+                )  # fmt: skip
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def move(self, conn: Any, name: str) -> None:
+        """Inside the caller's transaction: the windows, late inputs and clock rows of
+        ``name`` deleted, the staged ones inserted (in the tables' order). A window or late
+        input staged twice fails the primary key: nothing is written."""
+        t = self.table
+        t.delete_all(conn, name)
+        conn.execute(
+            f"""INSERT INTO {t.states} (aggregation, key, start_us, end_us, routing_hash,
+                value, closed_at, revision, updated_at) SELECT aggregation, key, start_us,
+                end_us, routing_hash, value, closed_at, revision, {self.db.now_ms} FROM
+                {self.windows} ORDER BY aggregation, key, start_us"""
+        )
+        conn.execute(
+            f"""INSERT INTO {t.late_table} (aggregation, position, key, t_us, windows, amended,
+                recorded_at) SELECT aggregation, position, key, t_us, windows, amended,
+                recorded_at FROM {self.late} ORDER BY aggregation, position"""
+        )
