@@ -104,7 +104,8 @@ def test_a_replay_killed_while_it_stages_changes_nothing_and_the_next_one_finish
         # starts within 3 s of the kill, as it does on an idle machine)
         return Logged([sys.executable, "-m", "eventlanes.cli", "replay",
                        "tests.apps.staged_app:app", "counts", "--remote", spark_connect.url,
-                       "--wait", *more], tmp_path, name, cwd=ROOT, env={**env, **extra})  # fmt: skip
+                       "--wait", *more],
+                      tmp_path, name, cwd=ROOT, env={**env, **extra})  # fmt: skip
 
     first = replay("killed")
     try:
