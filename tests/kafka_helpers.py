@@ -25,9 +25,14 @@ def create_topic(bootstrap: str, partitions: int, name: str | None = None) -> st
 
 
 def delete_topic(bootstrap: str, topic: str) -> None:
+    """Delete ``topic`` and wait until the broker's metadata no longer lists it: a deletion
+    completes after its request is answered (created again at once under load, the topic
+    still existed: TOPIC_ALREADY_EXISTS)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.delete_topics([topic]).values():
         future.result(10)
+    wait_for(lambda: topic not in admin.list_topics(timeout=10).topics,
+             what=f"topic {topic} deleted")  # fmt: skip
 
 
 Rec = tuple[Any, Any, list[tuple[str, bytes]] | None]  # key, value, headers
