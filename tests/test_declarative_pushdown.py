@@ -566,23 +566,28 @@ def test_a_worker_killed_while_merging_in_place_merges_each_event_once(tmp_path:
     )
 
 
-# -- PostgreSQL: ranges read into Arrow, their groups merged into the states in the database -
-def test_arrow_ranges_merged_in_place_on_postgres_equal_the_row_path(pg_url: str) -> None:
-    """The groups of each range copied into PostgreSQL and merged there by one statement (4
-    segments: each its part, with its token); text extremes compare by code point, as in
-    Python; a second catch-up updates the rows; republished duplicates in between (merged in
-    memory, by rows) are written before the next range is merged in place."""
+# -- PostgreSQL: each range's groups merged into the states inside the database -------------
+@pytest.mark.parametrize(("segments", "seed"), [(4, 31), (1, 41)])
+def test_ranges_merged_in_place_on_postgres_equal_the_row_path(
+    pg_url: str, segments: int, seed: int
+) -> None:
+    """Each range merged into the states by one statement, with its token: with 4 segments
+    its groups read into Arrow and copied into PostgreSQL (each segment its part), with one
+    grouped by PostgreSQL itself into a temporary table and checked there. Text extremes
+    compare by code point, as in Python; a second catch-up updates the rows; republished
+    duplicates in between (merged in memory, by rows) are written before the next range is
+    merged in place."""
     app = pg_app(pg_url)
-    define(app, PLACEABLE)
-    load(app.store, 3000, seed=31)
+    define(app, PLACEABLE, segments=segments)
+    load(app.store, 3000, seed=seed)
     app.store.append("s", [E("Fastened", {"robot": "r1", "s": s}) for s in ["B", "a", "ä", "Z"]])
     run(app)
     want = assert_same(app)
     push = aggregation(app, "push")
     assert push.placed > 2000
     placed = push.placed
-    load(app.store, 1000, seed=32, chains=0.5)
-    load(app.store, 3000, seed=33)
+    load(app.store, 1000, seed=seed + 1, chains=0.5)
+    load(app.store, 3000, seed=seed + 2)
     run(app)
     assert assert_same(app) != want
     assert push.placed > placed
@@ -613,7 +618,7 @@ def test_a_replay_and_sums_past_64_bits_are_not_merged_in_place_on_postgres(pg_u
     assert after["r2"][2] == 1  # dropped as already folded
 
 
-# -- PostgreSQL: one segment over every key, each range grouped and merged inside the database
+# -- PostgreSQL: one segment, ranges grouped in the database: what it must not group -------
 def pg_append_raw(app: el.App, rows: list[tuple[str, str]], metadata: str = "{}") -> None:
     """Events appended as JSON text (``(type, data)``), as another client could: PostgreSQL
     reads it, Python never wrote it."""
@@ -625,27 +630,6 @@ def pg_append_raw(app: el.App, rows: list[tuple[str, str]], metadata: str = "{}"
                 "ARRAY[%s::jsonb], ARRAY[%s::jsonb])",
                 (f"raw-{i}-{random.randrange(10**9)}", stable_hash("raw"), kind, text, metadata),
             )
-
-
-def test_ranges_grouped_in_postgres_equal_the_row_path(pg_url: str) -> None:
-    """One segment: each range grouped by PostgreSQL into a temporary table, checked, and
-    merged into the states with the token; republished duplicates (the row path), then more
-    ranges merged into rows that exist."""
-    app = pg_app(pg_url)
-    define(app, PLACEABLE, segments=1)
-    load(app.store, 3000, seed=41)
-    app.store.append("s", [E("Fastened", {"robot": "r1", "s": s}) for s in ["B", "a", "ä", "Z"]])
-    run(app)
-    want = assert_same(app)
-    push = aggregation(app, "push")
-    assert push.placed > 2000
-    placed = push.placed
-    load(app.store, 1000, seed=42, chains=0.5)
-    load(app.store, 3000, seed=43)
-    run(app)
-    assert assert_same(app) != want
-    assert push.placed > placed
-    assert sum(d for _, _, d, _ in stored(app, "push").values()) > 50
 
 
 @pytest.mark.parametrize(

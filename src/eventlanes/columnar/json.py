@@ -18,8 +18,10 @@ from typing import Any
 #: Spark type names (as declarations and export manifests use them) -> Arrow type names
 ARROW = {"long": "int64", "double": "float64", "string": "string", "boolean": "bool_"}
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # names written into a pattern as they are
-_LONG, _MAX_OPENERS = 800, 400  # texts longer than this have their brackets counted
-#: and their digits: Python refuses an integer of over 4,300 digits (a run of 1,000 is not
+#: JSON texts longer than this (bytes) have their brackets counted, over this many not taken
+#: (below what Python's decoders reach); the pushdowns check their texts by the same bounds
+LONG_TEXT, MAX_OPENERS = 800, 400
+#: their digits too: Python refuses an integer of over 4,300 digits (a run of 1,000 is not
 #: taken: RE2 repeats at most 1,000 times)
 _DIGITS = "[0-9]{1000}"
 #: Arrow type names -> Spark type names (the inverse of ARROW)
@@ -45,9 +47,9 @@ def _lines(texts: Any) -> Any:
     whole = pc.and_(pc.starts_with(texts, "{"), pc.ends_with(texts, "}"))
     if not pc.all(whole).as_py():
         return None
-    if pc.max(pc.binary_length(texts)).as_py() > _LONG:
+    if pc.max(pc.binary_length(texts)).as_py() > LONG_TEXT:
         openers = pc.add(pc.count_substring(texts, "{"), pc.count_substring(texts, "["))
-        if pc.max(openers).as_py() > _MAX_OPENERS:
+        if pc.max(openers).as_py() > MAX_OPENERS:
             return None
         if pc.any(pc.match_substring_regex(texts, _DIGITS)).as_py():
             return None

@@ -28,6 +28,21 @@ COLUMNS = "aggregation, key, value, offsets, dropped, dropped_by"
 DENIED = "42501"
 
 
+@contextmanager
+def temporary_writes(db: Any) -> Iterator[Any]:
+    """SQLite: a transaction of the thread's connection that writes its temporary tables only
+    (deferred: no lock on the store, the other writers go on), rolled back if the block
+    fails."""
+    with db.connection() as conn:
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+
 class StagedStates:
     """``with StagedStates(table, name) as stage: stage.add(rows); stage.replace(names, fn)``
 
@@ -120,14 +135,8 @@ class StagedStates:
                 for row in rows:
                     copy.write_row(row)
         else:
-            with self.db.connection() as conn:
-                conn.execute("BEGIN")  # deferred: it writes the temporary file only
-                try:
-                    conn.executemany(f"INSERT INTO {self.stage} VALUES (?, ?, ?, ?, ?, ?)", rows)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
+            with temporary_writes(self.db) as conn:
+                conn.executemany(f"INSERT INTO {self.stage} VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def count(self) -> int:
         """The states staged (by this process and by others: executors)."""

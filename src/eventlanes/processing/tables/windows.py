@@ -12,6 +12,7 @@ from ...hashing import stable_hashes
 from ...schema import require
 from ...segments import Segment
 from ...windows.spec import LateEvent, WindowResult
+from .staging import temporary_writes
 from .states import CHUNK, decode, encode_states, execute_many
 
 #: closed windows past their retention deleted per write: bounded, so a write after a long
@@ -127,11 +128,7 @@ class WindowTable:
         """Insert windows already encoded (a Spark replay's, checked there as :meth:`save`
         checks): (key, start, end, value text, closed_at, revision)."""
         for i in range(0, len(rows), CHUNK):
-            chunk = rows[i : i + CHUNK]
-            routing = stable_hashes([r[0] for r in chunk])
-            params = [(name, k, s, e, h, v, c, r) for (k, s, e, v, c, r), h in
-                      zip(chunk, routing, strict=True)]  # fmt: skip
-            execute_many(conn, self._upsert, params)
+            execute_many(conn, self._upsert, encoded_rows(name, rows[i : i + CHUNK]))
 
     def drop(self, conn: Any, name: str, rows: list[tuple[str, int]]) -> None:
         """Delete windows (key, start): session windows merged into another, or whose start
@@ -157,8 +154,7 @@ class WindowTable:
 
     def add_late(self, conn: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
         """(position, key, t, windows, amended, recorded_at) of late inputs."""
-        params = [(name, p, k, t, json.dumps(ws), int(a), r) for p, k, t, ws, a, r in rows]
-        execute_many(conn, self._add_late, params)
+        execute_many(conn, self._add_late, late_rows(name, rows))
 
     def checkpoint(self, conn: Any, name: str, segment_id: int) -> Checkpoint | None:
         row = conn.execute(
@@ -252,6 +248,21 @@ class WindowTable:
         ]
 
 
+def encoded_rows(name: str, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Encoded windows (key, start, end, value text, closed_at, revision) as the states
+    table's columns: (aggregation, key, start, end, routing hash, value, closed_at,
+    revision)."""
+    routing = stable_hashes([r[0] for r in rows])
+    return [(name, k, s, e, h, v, c, r) for (k, s, e, v, c, r), h in
+            zip(rows, routing, strict=True)]  # fmt: skip
+
+
+def late_rows(name: str, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Late inputs (position, key, t, windows, amended, recorded_at) as the late table's
+    columns (windows as JSON, amended as 0 or 1)."""
+    return [(name, p, k, t, json.dumps(ws), int(a), r) for p, k, t, ws, a, r in rows]
+
+
 class StagedWindows:
     """``with StagedWindows(table) as stage: stage.add(...); ... stage.move(conn, name)``:
     windows and late inputs computed elsewhere (a Spark replay's, encoded) staged in temporary
@@ -297,24 +308,14 @@ class StagedWindows:
         """Stage windows (key, start, end, value text, closed_at, revision) and late inputs
         (position, key, t, windows, amended, recorded_at), in a transaction of the temporary
         file only."""
-        routing = stable_hashes([w[0] for w in windows])
-        with self.db.connection() as conn:
-            conn.execute("BEGIN")  # deferred: it writes the temporary file only
-            try:
-                conn.executemany(
-                    f"INSERT INTO {self.windows} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(name, k, s, e, h, v, c, r)
-                     for (k, s, e, v, c, r), h in zip(windows, routing, strict=True)],
-                )  # fmt: skip
-                conn.executemany(
-                    f"INSERT INTO {self.late} VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(name, p, k, t, json.dumps(ws), int(a), rec)
-                     for p, k, t, ws, a, rec in late],
-                )  # fmt: skip
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        with temporary_writes(self.db) as conn:
+            conn.executemany(
+                f"INSERT INTO {self.windows} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                encoded_rows(name, windows),
+            )
+            conn.executemany(
+                f"INSERT INTO {self.late} VALUES (?, ?, ?, ?, ?, ?, ?)", late_rows(name, late)
+            )
 
     def move(self, conn: Any, name: str) -> None:
         """Inside the caller's transaction: the windows, late inputs and clock rows of

@@ -31,6 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ....columnar.json import LONG_TEXT, MAX_OPENERS
 from ....store.postgres import PostgresEventStore
 from ....upcasting import Upcasters
 from ....upcasting.arrow import upcast_batch
@@ -196,8 +197,6 @@ class PostgresPushdown(Pushdown):
         return create, copy_in, upsert
 
 
-#: JSON texts longer than this have their brackets and digits checked (as :mod:`.sqlite`)
-_LONG, _MAX_OPENERS = 800, 400
 _JSON_TYPE = {int: "number", bool: "boolean", str: "string"}
 #: a run of 4,000 digits: Python refuses an integer past 4,300 (PostgreSQL's regular
 #: expressions repeat at most 255 times)
@@ -228,8 +227,8 @@ def grouping(decl: Declaration, table: str) -> tuple[str, dict[str, Any]] | None
         jsonb value's size says nothing of its text's: ``1e5000`` is stored in a few bytes)."""
         text = f"{col}::text"
         return (
-            f"(octet_length({text}) > {_LONG} AND (octet_length({text}) - "
-            f"octet_length(translate({text}, '[{{', '')) > {_MAX_OPENERS} "
+            f"(octet_length({text}) > {LONG_TEXT} AND (octet_length({text}) - "
+            f"octet_length(translate({text}, '[{{', '')) > {MAX_OPENERS} "
             f"OR {text} ~ '{_DIGITS}'))"
         )
 

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from ....columnar.json import LONG_TEXT, MAX_OPENERS
 from ....store.sqlite import SQLiteEventStore
 from ....upcasting import Upcasters
 from ..declarative import NAME, Declaration
@@ -65,9 +66,6 @@ try:  # several times faster than the stdlib; the groups hold 64-bit integers at
 except ImportError:  # pragma: no cover - orjson comes with the spark extra
     from json import loads as _loads  # type: ignore[assignment]
 
-#: data longer than this may nest deeper than Python's decoders go: its brackets are counted
-_LONG = 800
-_MAX_OPENERS = 400
 # An exponent of three digits may overflow a float: orjson refuses it where SQLite reads inf.
 _EXPONENT = re.compile(r"[eE]\+?[0-9]{3}")
 # An integer of over 4,300 digits: Python refuses to read it (a text that long is checked).
@@ -322,8 +320,8 @@ class SQLitePushdown(Pushdown):
             return False
         if ("e" in text or "E" in text) and _EXPONENT.search(text):
             return False
-        if longest > _LONG and (
-            text.count("[") + text.count("{") > _MAX_OPENERS or _DIGITS.search(text)
+        if longest > LONG_TEXT and (
+            text.count("[") + text.count("{") > MAX_OPENERS or _DIGITS.search(text)
         ):
             return False
         for j, p in enumerate([self.decl.key, *self.props]):
@@ -405,8 +403,8 @@ def _plain(text: str, longest: int) -> bool:
     if ("e" in bare or "E" in bare) and _EXPONENT.search(bare):
         return False
     return not (
-        longest > _LONG
-        and (bare.count("[") + bare.count("{") > _MAX_OPENERS or _DIGITS.search(text))
+        longest > LONG_TEXT
+        and (bare.count("[") + bare.count("{") > MAX_OPENERS or _DIGITS.search(text))
     )
 
 
