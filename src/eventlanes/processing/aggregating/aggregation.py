@@ -80,13 +80,11 @@ def _check_callables(name: str, key: Any, initial: Any) -> None:
 def _windowed_pushdown(
     name: str, windowing: Windowing | None, options: Any, pushdown: bool
 ) -> bool:
-    """``pushdown``, or False for a windowed aggregation (folded by rows: each input's windows
-    and clock); what a windowed one cannot do yet, refused."""
-    if windowing is None:
-        return pushdown
-    if options.get("sources"):
+    """``pushdown`` (a windowed aggregation's windows are folded in SQLite where exact:
+    ``windowing/pushdown.py``); what a windowed one cannot do yet, refused."""
+    if windowing is not None and options.get("sources"):
         raise InvalidInputError(f"aggregation {name!r}: windows read one source")
-    return False
+    return pushdown
 
 
 def _refuse_unmergeable(name: str, windowing: Windowing | None, decl: Declaration) -> None:

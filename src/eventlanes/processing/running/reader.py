@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import takewhile
 from operator import attrgetter
 from typing import Any
@@ -15,10 +15,11 @@ from ...tokens import Token
 from ...upcasting import Upcasters
 from ...windows.ticks import TICK
 from ..aggregating.pushdown import build as build_pushdown
-from ..aggregating.pushdown.base import Folded, Pending
+from ..aggregating.pushdown.base import Folded, Pending, Pushdown
 from ..options import OrderKey
 from ..processor import Processor
 from ..segment import SegmentState
+from ..windowing.pushdown import window_pushdown
 
 Upto = int | dict[str, int]
 #: what a read gives: events, a range folded in SQL (a Folded list), or one to merge in place
@@ -30,7 +31,14 @@ class BatchReader:
     """The processor's sources (the app's store first, named ""), read from the lowest token
     of the segments asked for."""
 
-    def __init__(self, proc: Processor, sources: list[tuple[str, EventStore]]) -> None:
+    def __init__(
+        self,
+        proc: Processor,
+        sources: list[tuple[str, EventStore]],
+        clock_at: Callable[[int], int | None] | None = None,
+    ) -> None:
+        """``clock_at``: a windowed aggregation's store clock (its largest time up to a
+        position), which its ranges folded in SQL start from."""
         self.proc = proc
         self.sources = sources
         self.by_stream = proc.policy.by_stream
@@ -50,12 +58,16 @@ class BatchReader:
         self.upcasters = proc.upcasters.into(self.types)
         if self.upcasters is not None:
             self.types = self.upcasters.reads(self.types)
-        #: a declarative aggregation folded in SQL where exact (see pushdown.py)
-        self.pushdown = build_pushdown(
-            getattr(proc, "declaration", None),
-            [store for _, store in sources],
-            getattr(proc, "pushdown", False),
-            self.upcasters,
+        #: a declarative aggregation folded in SQL where exact (see pushdown.py), its
+        #: windows too (windowing/pushdown.py)
+        decl, stores = getattr(proc, "declaration", None), [store for _, store in sources]
+        enabled, windowing = getattr(proc, "pushdown", False), getattr(proc, "windowing", None)
+        self.pushdown: Pushdown | None = (
+            build_pushdown(decl, stores, enabled, self.upcasters)
+            if windowing is None
+            else window_pushdown(
+                decl, stores, enabled, windowing, self.types, self.upcasters, clock_at
+            )
         )
         #: its ranges may be merged into the stored states in the database (when one segment
         #: covers every key)
@@ -76,8 +88,10 @@ class BatchReader:
             # position, so one range is exactly what each of them has not seen.
             first = held[0]
             after = first.position
-            if after >= self.pushdown.rows_until and all(
-                t.is_plain and not t.sources and t.position == after for t in held
+            if (
+                after >= self.pushdown.rows_until
+                and (not self.pushdown.whole_only or _whole(states))
+                and all(t.is_plain and not t.sources and t.position == after for t in held)
             ):
                 folded, upto = self.pushdown.read(after, self, self.in_place and _whole(states))
                 if folded is not None:

@@ -100,7 +100,8 @@ class ProcessorRunner:
         sources = [("", runtime.store)] + [
             (name, runtime.source_store(target)) for name, target in processor.sources.items()
         ]
-        self.reader = BatchReader(processor, sources)
+        clock = getattr(executor, "clock", None)  # a windowed aggregation's store clock
+        self.reader = BatchReader(processor, sources, clock.at if clock is not None else None)
         self.heartbeat = Heartbeat(
             runtime.tokens, self.name, self.owner, interval, on_held=self.coordinator.held
         )

@@ -116,6 +116,39 @@ class StoreClock:
             self._add(list(map(_POSITION, inputs)), times, recorded)
             self.scanned = upto
 
+    def feed_breaks(self, breaks: list[list[int]], after: int, upto: int) -> None:
+        """The clock moves on from ``after`` to ``upto`` by a range folded in SQL
+        (:mod:`.pushdown`): ``breaks``, ``[position, time]`` where the largest time grew,
+        hold at least every first position where it reached a window's closing time and the
+        last one where it grew, so :meth:`at` a range's end and :meth:`reached` for closing
+        times answer as if every input was read. Taken when the clock is known up to
+        ``after`` exactly (else the next :meth:`cover` reads); a range folded by rows after
+        all is read again first (:meth:`rescan`)."""
+        with self.lock:
+            if self.base is None or self.scanned != after or upto <= after:
+                return
+            running = self.latest[-1] if self.latest else self.base_latest
+            for position, t in breaks:
+                if running is None or t > running:
+                    running = t
+                    self.positions.append(position)
+                    self.latest.append(t)
+            self.scanned = upto
+
+    def rescan(self, after: int, upto: int) -> None:
+        """Read ``(after, upto]`` again, every input: a range whose breaks were fed
+        (:meth:`feed_breaks`) is folded by rows, which asks the clock before each input."""
+        with self.lock:
+            if self.base is None or after < self.base or self.scanned < upto:
+                return  # not kept here: the next cover reads it whole
+            low = bisect_right(self.positions, after)
+            high = bisect_right(self.positions, upto)
+            tail = self.positions[high:], self.latest[high:]
+            del self.positions[low:], self.latest[low:]
+            self._scan(after, upto)
+            self.positions += tail[0]
+            self.latest += tail[1]
+
     def _ticked(
         self, times: list[int | None], rows: list[Any], recorded: list[int]
     ) -> list[int | None]:

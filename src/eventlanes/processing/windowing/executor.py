@@ -23,11 +23,13 @@ from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
 from ..aggregating.executor import AggregationExecutor
 from ..aggregating.folds import fold_event, returned_value
+from ..aggregating.pushdown.base import KIND, MERGES, Folded, marked
 from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
 from .clock import StoreClock, recorded_us
 from .publish import closed_windows, on_close, stage_outputs, window_records
+from .pushdown import WindowRange
 from .ticker import Ticker
 
 if TYPE_CHECKING:
@@ -126,8 +128,11 @@ class WindowExecutor(AggregationExecutor):
     def read(self, events: Any, after: int, upto: int | dict[str, int]) -> None:
         if self.ticker is not None and events:
             self.ticker.heard()
-        if self.clock is not None and isinstance(events, list) and isinstance(upto, int):
-            self.clock.feed(events, after, upto)
+        if self.clock is not None and isinstance(upto, int):
+            if isinstance(events, WindowRange):
+                self.clock.feed_breaks(events.breaks, after, upto)
+            elif isinstance(events, list):
+                self.clock.feed(events, after, upto)
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         if self.clock is not None:
@@ -174,6 +179,58 @@ class WindowExecutor(AggregationExecutor):
                 self._fold_windows(st, entries, *picked)
         finally:
             st.idle_now()
+
+    def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
+        """A range folded in SQLite per window (:mod:`.pushdown`): its windows merged into the
+        open ones, its late inputs kept, its keys' marks raised; or, when the dedupe fast rule
+        does not hold for it, folded again by rows (its clock read again first)."""
+        if not isinstance(folded, WindowRange):
+            return super()._fold_range(st, entries, folded)
+        seg = st.segment.id
+        keys = [g[0] for g in folded]
+        marks = self.load_keys(seg, entries, keys)
+        if folded and not marked(folded, marks, self.source):
+            assert self.clock is not None  # a windowed pushdown reads the store's clock
+            self.clock.rescan(folded.after, folded.upto)
+            return super()._fold_range(
+                st, entries, Folded([], folded.after, folded.upto, folded.reader, exact=False)
+            )
+        self.dirtied(seg, keys)
+        self._merge_windows(seg, folded)
+        self.agg.pushed_down += folded.events
+        return folded.events
+
+    def _merge_windows(self, seg: int, folded: WindowRange) -> None:
+        """The windows of a range folded in SQLite into the open ones (a new one opened, and
+        queued to close), its late inputs kept (or counted) and the counts moved on."""
+        spec, clock = self.spec, self.clock
+        assert clock is not None and not isinstance(spec.window, Session)
+        open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
+        initial, size = self.window_initial, spec.window.size
+        states = []
+        for key, start, *_ in folded.windows:
+            mine = open_.get(key)
+            if mine is None:
+                mine = open_[key] = {}
+            w = mine.get(start)
+            if w is None:
+                w = mine[start] = Win(start + size, initial())
+                heapq.heappush(ends, (start + size, key, start))
+            states.append(w.value)
+            touched.add((key, start))
+        for i, (out, op) in enumerate(self.agg.declaration.fields.items(), 2):  # type: ignore[union-attr]
+            MERGES[KIND[op.kind]](states, folded.windows, out, i)
+        windows_of, lateness = spec.window.windows, spec.lateness
+        if spec.late != "count":
+            rows = self.late_rows[seg]
+            for position, key, t, recorded, before in folded.late:
+                missed = [(s, e) for s, e in windows_of(t) if e <= before - lateness]
+                rows.append((position, key, t, missed, False, recorded))
+        cp = self.checkpoints[seg]
+        cp.late += len(folded.late)
+        cp.folded += folded.events - len(folded.late)
+        cp.clamped += folded.clamped
+        clock.cover(seg, folded.after, folded.upto)  # the segment's floor: what it may ask
 
     def _times(self, events: list[Event]) -> list[tuple[int, bool]]:
         """Each input's clamped time and whether it was clamped: as the clock read it, or read

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from ...segment import SegmentState
 
 __all__ = [
-    "KIND", "PLACE_SPAN", "SPAN", "STAGED", "TEXT_SPAN", "Field", "Folded", "NotPlaced",
-    "Pending", "Pushdown", "RowSource", "placeable",
+    "KIND", "MERGES", "PLACE_SPAN", "SPAN", "STAGED", "TEXT_SPAN", "Field", "Folded", "NotPlaced",
+    "Pending", "Pushdown", "RowSource", "marked", "placeable",
 ]  # fmt: skip
 
 log = logging.getLogger("eventlanes.aggregation")
@@ -197,6 +197,8 @@ class Pushdown(ABC):
     #: (a :class:`Folded`, PostgreSQL: they are copied into the database)
     places = False
     places_folded = False
+    #: its ranges are read only for one held segment over every key (else: the row path)
+    whole_only = False
 
     def _pending(self, after: int, span: int) -> tuple[list[int] | None, int]:
         """A range to merge in place: its end, and the counts of its text's property names
@@ -260,10 +262,14 @@ class Pushdown(ABC):
         if groups is None:
             self.rows_until = upto
             return None, upto
-        folded = Folded(groups, after, upto, reader)
+        folded = self.folded(groups, after, upto, reader)
         if folded:  # an empty range is cheap, and at the head it would hide what comes next
             self._last = folded
         return folded, upto
+
+    def folded(self, groups: Any, after: int, upto: int, reader: RowSource) -> Folded:
+        """What :meth:`_range` returned, as the range the workers take."""
+        return Folded(groups, after, upto, reader)
 
     # -- merging (the worker's thread) --------------------------------------------------------
     def merge(self, folded: Folded, entries: dict[str, Entry], marks: Marks, source: str) -> bool:
@@ -272,16 +278,12 @@ class Pushdown(ABC):
         position at or above the range's first event."""
         if not folded:  # a range without events folded: nothing to merge
             return True
-        bound = marks.high.get(source)
-        if bound is not None and min(map(_FIRST, folded)) <= bound:
+        if not marked(folded, marks, source):
             return False
         # Field by field, each kind's loop over the groups: no test of the kind per group.
         states = [entries[key].value for key in map(_KEY, folded)]
         for i, f in enumerate(self.fields, 4):
-            _MERGES[f.kind](states, folded, f.out, i)
-        pending = marks.pending.setdefault(source, {})
-        pending.update(zip(map(_KEY, folded), map(_LAST, folded), strict=True))
-        marks.high[source] = max(map(_LAST, folded))
+            MERGES[f.kind](states, folded, f.out, i)
         return True
 
     def share(self, folded: Folded, states: list[SegmentState]) -> dict[SegmentState, list[Any]]:
@@ -304,6 +306,19 @@ class Pushdown(ABC):
 
 # A group's key, first and last position (see Folded).
 _KEY, _FIRST, _LAST = itemgetter(0), itemgetter(2), itemgetter(3)
+
+
+def marked(folded: list[list[Any]], marks: Marks, source: str) -> bool:
+    """The dedupe marks of a range's key groups (``[key, events, first, last, ...]``) raised
+    to their last positions, as the row path's dedupe fast rule leaves them; False (nothing
+    changed) when a state holds an own position at or above the range's first event."""
+    bound = marks.high.get(source)
+    if bound is not None and min(map(_FIRST, folded)) <= bound:
+        return False
+    pending = marks.pending.setdefault(source, {})
+    pending.update(zip(map(_KEY, folded), map(_LAST, folded), strict=True))
+    marks.high[source] = max(map(_LAST, folded))
+    return True
 
 
 def _counts(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None:
@@ -343,4 +358,4 @@ def _lasts(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None
 
 
 #: the merge of one field's partials into the states, by :data:`KIND`
-_MERGES = (_counts, _sums, _mins, _maxes, _firsts, _lasts)
+MERGES = (_counts, _sums, _mins, _maxes, _firsts, _lasts)

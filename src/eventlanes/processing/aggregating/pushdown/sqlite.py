@@ -100,12 +100,12 @@ class SQLitePushdown(Pushdown):
         the events and how many have each property. Also :attr:`text_sql`, the range's text
         (checked in Python before the fold)."""
         key = decl.key
-        props = [p for p in decl.columns if p != key or _uses(decl, p)]
+        props = [p for p in decl.columns if p != key or uses(decl, p)]
         for p in [key, *props]:  # names go into JSON paths: letters, digits and _ only
             if not NAME.fullmatch(p):
                 raise ValueError(f"not a property name: {p!r}")
         col = {p: i for i, p in enumerate(props)}
-        rows, bad = _row_columns(decl, col)
+        rows, bad = row_columns(decl, col)
         # What each row adds, computed before the sort (smaller records to sort).
         values = [
             "k",
@@ -119,7 +119,7 @@ class SQLitePushdown(Pushdown):
             "substr(k, 2, length(k) - 2) AS key", "count(*) AS n", "min(p) AS lo", "max(p) AS hi",
             f"sum(b) + ({keyed}) AS b", *(f"sum(c{i}) AS c{i}" for i in col.values()),
         ]  # fmt: skip
-        params, partials, aggregates = _field_columns(decl, col)
+        params, partials, aggregates = field_columns(decl, col)
         values += partials
         grouped += aggregates
         outs = [f"f{j}" for j in range(len(decl.fields))]
@@ -138,11 +138,7 @@ class SQLitePushdown(Pushdown):
             "GROUP BY k"
         )
         sql = f"SELECT {', '.join(one)} FROM ({self.grouped_sql})"
-        self.text_sql = (
-            f"SELECT group_concat(data, ''), max(length(data)), group_concat(CASE WHEN "
-            f"metadata <> '{{}}' THEN metadata END, ''), max(length(metadata)) FROM {table} "
-            f"WHERE position > ? AND position <= ? AND type IN ({', '.join('?' * len(types))})"
-        )
+        self.text_sql = text_sql(table, len(types))
         return sql, [*params, *types], props
 
     # -- reading (the reader's thread) --------------------------------------------------------
@@ -205,13 +201,13 @@ class SQLitePushdown(Pushdown):
         if bad or named != [p or 0 for p in present]:  # a property named twice in an event
             return None
         groups: list[list[Any]] = _loads(js)
-        located = [i for i, f in enumerate(self.fields, 4) if f.kind >= 4]
-        if located:
+        placed = [i for i, f in enumerate(self.fields, 4) if f.kind >= 4]
+        if placed:
             try:
                 for g in groups:
-                    for i in located:
+                    for i in placed:
                         if g[i] is not None:
-                            g[i] = _located(g[i], self.fields[i - 4].type)
+                            g[i] = located(g[i], self.fields[i - 4].type)
             except Unsafe:
                 return None
         return groups
@@ -329,7 +325,17 @@ class SQLitePushdown(Pushdown):
         return True
 
 
-def _row_columns(decl: Declaration, col: dict[str, int]) -> tuple[list[str], list[str]]:
+def text_sql(table: str, types: int) -> str:
+    """The text of a range's events of ``types`` types (bound after the range), checked in
+    Python before a fold: data concatenated and its longest, metadata other than ``{}`` too."""
+    return (
+        f"SELECT group_concat(data, ''), max(length(data)), group_concat(CASE WHEN "
+        f"metadata <> '{{}}' THEN metadata END, ''), max(length(metadata)) FROM {table} "
+        f"WHERE position > ? AND position <= ? AND type IN ({', '.join('?' * types)})"
+    )
+
+
+def row_columns(decl: Declaration, col: dict[str, int]) -> tuple[list[str], list[str]]:
     """What the statement reads of each row (key, position, metadata's check, each property's
     JSON type, value and, for first and last, raw text), and its checks that fail the range
     (summed: a group with any is not exact)."""
@@ -357,9 +363,7 @@ def _row_columns(decl: Declaration, col: dict[str, int]) -> tuple[list[str], lis
     return rows, bad
 
 
-def _field_columns(
-    decl: Declaration, col: dict[str, int]
-) -> tuple[list[Any], list[str], list[str]]:
+def field_columns(decl: Declaration, col: dict[str, int]) -> tuple[list[Any], list[str], list[str]]:
     """Per state field ``j``: what a row adds to it (``e{j}``, null where its ``where`` does
     not match) and its aggregate per key (``f{j}``); with the ``where`` values, bound from
     ``?3`` on."""
@@ -408,7 +412,7 @@ def _plain(text: str, longest: int) -> bool:
     )
 
 
-def _located(text: str, type_: type) -> tuple[int, Any]:
+def located(text: str, type_: type) -> tuple[int, Any]:
     """``printf('%020d', position) || value as JSON``: the position and the value as the row
     path converts it."""
     value = json.loads(text[20:])
@@ -419,7 +423,7 @@ def _located(text: str, type_: type) -> tuple[int, Any]:
     return int(text[:20]), value
 
 
-def _uses(decl: Declaration, prop: str) -> bool:
+def uses(decl: Declaration, prop: str) -> bool:
     return any(
         op.field == prop or any(n == prop for n, _ in op.where) for op in decl.fields.values()
     )

@@ -1,0 +1,230 @@
+"""Windows folded inside SQLite (issue 33): a declared windowed aggregation over ranges folded
+by one statement each writes exactly what the row path writes (windows with the positions
+that closed them, late inputs, the clock rows and counts, the keys' offsets), whatever the
+ranges, and a range it cannot fold exactly takes the row path."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from time import sleep
+from time import time as wall
+from typing import Any
+
+import pytest
+
+import eventlanes as el
+from eventlanes.processing.aggregating.pushdown import base as pushdown
+from eventlanes.processing.windowing.pushdown import window_pushdown
+from tests.processing_helpers import run_until_caught_up
+
+BASE_MS = 1_700_000_000_000
+FIELDS = {
+    "n": el.count(), "ok": el.count(where={"ok": True}), "sum": el.sum("v"), "min": el.min("v"),
+    "max": el.max("v"), "first": el.first("robot"), "last": el.last("v", int),
+}  # fmt: skip
+WINDOWS = {  # by the robots' clocks (ms); by recorded_at: a thousand times shorter
+    "tumbling": lambda scale: el.tumbling(f"60{scale}", offset=f"7{scale}"),
+    "hopping": lambda scale: el.hopping(f"180{scale}", every=f"60{scale}", offset=f"7{scale}"),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges of a few hundred positions: many of them, cut anywhere in the data."""
+    monkeypatch.setattr(pushdown, "SPAN", 137)
+    monkeypatch.setattr(pushdown, "TEXT_SPAN", 50)
+
+
+def define(app: el.App, window: str, late: str = "park", time: Any = "ts") -> None:
+    """The same aggregation folded in SQLite ("push") and by rows ("rows")."""
+    kw: dict[str, Any] = {"time": el.event_time("ts", unit="ms")} if time == "ts" else {}
+    scale = "s" if time == "ts" else "ms"
+    for name in ("push", "rows"):
+        app.aggregation(
+            name, key="robot", on="Attempt", fields=FIELDS, window=WINDOWS[window](scale),
+            lateness=f"20{scale}", late=late, persist_every=0.05, batch_size=50,
+            pushdown=name == "push", **kw,
+        )  # fmt: skip
+
+
+def attempts(n: int, seed: int, start_ms: int = BASE_MS, future: float = 0.0) -> list[Any]:
+    """0.7 s apart, up to a minute out of order (many late), ``future`` of them 5 minutes
+    ahead (clamped where that is past ``recorded_at``)."""
+    rng = random.Random(seed)
+    return [
+        el.NewEvent("Attempt", {
+            "robot": f"r{rng.randrange(7)}", "ok": rng.random() < 0.7, "v": rng.randrange(-50, 99),
+            "ts": start_ms + i * 700 - rng.randrange(60_000)
+            + (300_000 if rng.random() < future else 0),
+        })
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def append(store: el.EventStore, events: list[Any], pause: float = 0.0) -> None:
+    for i in range(0, len(events), 30):
+        store.append(f"cell-{i // 30 % 5}", events[i : i + 30])
+        sleep(pause)  # recorded_at moves on: windows of milliseconds close
+
+
+def written(path: Path, name: str) -> dict[str, list[Any]]:
+    """Every row the aggregation wrote but the time it wrote it: windows (with the position
+    that closed each), late inputs, clock rows, keys with their offsets."""
+    conn = sqlite3.connect(path)
+    try:
+        found = {}
+        for table in ("el_window_states", "el_window_late", "el_window_clocks", "el_aggregates"):
+            columns = [c[1] for c in conn.execute(f"PRAGMA table_info({table})")]
+            kept = ", ".join(c for c in columns if c not in ("aggregation", "updated_at"))
+            sql = f"SELECT {kept} FROM {table} WHERE aggregation = ?"
+            found[table] = sorted(conn.execute(sql, (name,)).fetchall())
+        return found
+    finally:
+        conn.close()
+
+
+def aggregation(app: el.App, name: str = "push") -> el.Aggregation:
+    agg = app.get(name)
+    assert isinstance(agg, el.Aggregation)
+    return agg
+
+
+def pushed(app: el.App) -> int:
+    return aggregation(app).pushed_down
+
+
+def assert_same(path: Path, app: el.App) -> dict[str, list[Any]]:
+    want = written(path, "rows")
+    assert written(path, "push") == want
+    assert aggregation(app).window_counts() == aggregation(app, "rows").window_counts()
+    return want
+
+
+@pytest.mark.parametrize(
+    ("window", "late", "time"),
+    [("tumbling", "park", "ts"), ("hopping", "park", "ts"), ("hopping", "count", "ts"),
+     ("tumbling", "park", None), ("hopping", "count", None)],
+)  # fmt: skip
+def test_windows_folded_in_sqlite_equal_the_row_path(
+    tmp_path: Path, window: str, late: str, time: str | None
+) -> None:
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, window, late, time)
+    append(app.store, attempts(1500, seed=1), pause=0.0 if time == "ts" else 0.005)
+    run_until_caught_up(app)
+    want = assert_same(path, app)
+    assert want["el_window_states"] and pushed(app) == 1500
+    closed = [row for row in want["el_window_states"] if row[5] is not None]
+    assert closed  # closed at the positions the clock passed them, compared above
+    if time == "ts":  # by the robots' clocks, many are late; by recorded_at, none
+        assert aggregation(app).window_counts()["late"] > 100
+        assert bool(want["el_window_late"]) == (late == "park")
+
+
+@pytest.mark.parametrize("window", ["tumbling", "hopping"])
+def test_inputs_on_the_boundaries_are_late_or_not_alike(tmp_path: Path, window: str) -> None:
+    """The clock 20 s past a window's end (its lateness): an input in it is late, one at its
+    end is not; one at the clock itself or a microsecond before moves nothing."""
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, window)
+    m0 = BASE_MS - BASE_MS % 60_000 + 7_000  # a window's start, either kind (offset 7 s)
+    ts = [m0, m0 + 80_000, m0 + 59_999, m0 + 60_000, m0 + 80_000, m0 + 79_999, m0 + 140_001,
+          m0 + 119_999, m0 + 120_000, m0 + 200_000, m0 + 120_000 - 180_000]  # fmt: skip
+    for i, t in enumerate(ts):
+        row = {"robot": f"r{i % 2}", "ok": True, "v": i, "ts": t}
+        app.store.append(f"cell-{i}", [el.NewEvent("Attempt", row)])
+    run_until_caught_up(app)
+    want = assert_same(path, app)
+    assert [row[0] for row in want["el_window_late"]] == [3, 8, 11]
+    assert pushed(app) == len(ts)
+
+
+def test_clamped_future_times_are_counted_alike(tmp_path: Path) -> None:
+    """Times ahead of ``recorded_at`` by more than ``max_future`` are clamped, in SQL too."""
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, "hopping")
+    now_ms = int(wall() * 1000)
+    append(app.store, attempts(900, seed=3, start_ms=now_ms - 600_000, future=0.05))
+    run_until_caught_up(app)
+    assert_same(path, app)
+    counts = aggregation(app).window_counts()
+    assert counts["clamped"] > 10 and pushed(app) == 900
+
+
+def test_a_range_it_cannot_fold_exactly_takes_the_row_path(tmp_path: Path) -> None:
+    """A source chain, a time that is not a whole number and an amendment (``late="amend"``,
+    folded into a closed window by rows): those ranges by rows, the others in SQLite."""
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, "tumbling")
+    events = attempts(1200, seed=5)
+    events[300] = el.NewEvent("Attempt", {**events[300].data, "ts": events[300].data["ts"] + 0.5})
+    append(app.store, events[:600])
+    hop = {"source": "up", "partition": "", "offset": 7, "out": 0}
+    chained = el.NewEvent("Attempt", events[600].data, metadata={"source_chain": [hop]})
+    app.store.append("cell-9", [chained, chained])  # republished twice: one is a duplicate
+    append(app.store, events[601:])
+    run_until_caught_up(app)
+    assert_same(path, app)
+    assert aggregation(app).window_counts()["duplicate"] == 1
+    assert 0 < pushed(app) < 1200 - 137
+
+
+def test_amendments_take_the_row_path_and_the_rest_is_folded_in_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, "tumbling", late="amend")
+    on_time = attempts(600, seed=6)
+    for i, e in enumerate(on_time):
+        e.data["ts"] = BASE_MS + 700 * i  # in order: nothing late
+    append(app.store, on_time + attempts(600, seed=7, start_ms=BASE_MS + 420_000))
+    run_until_caught_up(app)
+    want = assert_same(path, app)
+    assert any(row[6] for row in want["el_window_states"])  # revised windows
+    assert 400 < pushed(app) < 1200
+
+
+def test_a_replay_over_folded_inputs_reads_its_clock_again(tmp_path: Path) -> None:
+    """After a reset the keys' offsets are past the token: the replayed ranges are folded by
+    rows (inputs dropped as duplicates), whose clock is read again input by input: a range
+    from before the old head to after it holds new inputs, late or not by that clock."""
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}", claim_timeout=5)
+    define(app, "hopping")
+    append(app.store, attempts(900, seed=8))
+    run_until_caught_up(app)
+    for name in ("push", "rows"):
+        app.reset(name, to=820)  # the first range read: (820, 957]
+    append(app.store, attempts(600, seed=9, start_ms=BASE_MS + 560_000))
+    run_until_caught_up(app)
+    assert_same(path, app)
+    counts = aggregation(app).window_counts()
+    assert counts["duplicate"] == 80 and pushed(app) > 400
+
+
+def test_what_it_is_not_taken_for(tmp_path: Path) -> None:
+    app = el.App(f"sqlite:///{tmp_path}/w.db")
+    kinds = {
+        "session": {"window": el.session("1m")},
+        "key clock": {"window": el.tumbling("1m"), "clock": "key"},
+        "ticks": {"window": el.tumbling("1m"), "idle_close": "5s"},
+        "iso time": {"window": el.tumbling("1m"), "time": el.event_time("at")},
+        "uneven hops": {"window": el.hopping("150s", every="1m")},
+        "too many hops": {"window": el.hopping("1h", every="10s")},
+        "taken": {"window": el.hopping("1h", every="1m")},
+    }
+    taken = {}
+    for name, kw in kinds.items():
+        fields = {"n": el.count()}
+        agg = app.aggregation(name.replace(" ", "_"), key="robot", on="Attempt", fields=fields,
+                              **kw)  # fmt: skip
+        spec = agg.windowing  # type: ignore[attr-defined]
+        got = window_pushdown(agg.declaration, [app.store], True, spec,  # type: ignore[attr-defined]
+                              agg.read_types(), None, lambda p: None)  # fmt: skip
+        taken[name] = got is not None
+    assert taken == {name: name == "taken" for name in kinds}
