@@ -32,6 +32,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ...columnar.fold import Field as ColumnarField
@@ -216,6 +217,10 @@ class Declaration:
         return cls(name, key, frozenset(types), ops, columns)
 
     def initial(self) -> dict[str, Any]:
+        return self.fresh.copy()  # each field's initial is a number or None: a copy is fresh
+
+    @cached_property
+    def fresh(self) -> dict[str, Any]:
         return {out: op.initial for out, op in self.fields.items()}
 
     def kinds(self) -> dict[str, str]:

@@ -11,7 +11,7 @@ memory (loaded when it is claimed); closed ones stay until they are written.
 
 from __future__ import annotations
 
-import heapq
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ...callables import name_of
@@ -28,12 +28,17 @@ from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
 from .clock import StoreClock, recorded_us
+from .ends import Ends
 from .publish import closed_windows, on_close, stage_outputs, window_records
 from .pushdown import WindowRange
 from .ticker import Ticker
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
+
+
+#: a window group's key and start (:class:`.pushdown.WindowRange`)
+_KEY_START = itemgetter(0, 1)
 
 
 class WindowExecutor(AggregationExecutor):
@@ -71,7 +76,7 @@ class WindowExecutor(AggregationExecutor):
         # the open windows by end (the store clock closes the earliest first), the windows
         # changed since the last write, late inputs to write, and the clock row
         self.open: dict[int, dict[str, dict[int, Win]]] = {}
-        self.ends: dict[int, list[tuple[int, str, int]]] = {}
+        self.ends: dict[int, Ends] = {}
         self.touched: dict[int, set[tuple[str, int]]] = {}
         #: session windows merged away or moved to an earlier start: rows to delete
         self.dropped_rows: dict[int, set[tuple[str, int]]] = {}
@@ -96,11 +101,10 @@ class WindowExecutor(AggregationExecutor):
                 rows = self.windows.load_open(conn, self.name, st.segment)
                 cp = self.windows.checkpoint(conn, self.name, seg)
             by_key: dict[str, dict[int, Win]] = {}
-            ends = []
+            ends = Ends()
             for key, start, end, value, revision in rows:
                 by_key.setdefault(key, {})[start] = Win(end, value, revision)
-                ends.append((end, key, start))
-            heapq.heapify(ends)
+                ends.push(end, key, start)
             self.open[seg], self.ends[seg] = by_key, ends
             self.touched[seg], self.late_rows[seg], self.dropped_rows[seg] = set(), [], set()
             self.checkpoints[seg] = cp or Checkpoint(st.token.position, None, self.definition)
@@ -206,18 +210,19 @@ class WindowExecutor(AggregationExecutor):
         spec, clock = self.spec, self.clock
         assert clock is not None and not isinstance(spec.window, Session)
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
-        initial, size = self.window_initial, spec.window.size
+        initial, size, push = self.window_initial, spec.window.size, ends.push
         states = []
-        for key, start, *_ in folded.windows:
+        for g in folded.windows:
+            key, start = g[0], g[1]
             mine = open_.get(key)
             if mine is None:
                 mine = open_[key] = {}
             w = mine.get(start)
             if w is None:
                 w = mine[start] = Win(start + size, initial())
-                heapq.heappush(ends, (start + size, key, start))
+                push(start + size, key, start)
             states.append(w.value)
-            touched.add((key, start))
+        touched.update(map(_KEY_START, folded.windows))
         for i, (out, op) in enumerate(self.agg.declaration.fields.items(), 2):  # type: ignore[union-attr]
             MERGES[KIND[op.kind]](states, folded.windows, out, i)
         windows_of, lateness = spec.window.windows, spec.lateness
@@ -304,7 +309,7 @@ class WindowExecutor(AggregationExecutor):
                 if w is None:
                     w = mine[start] = Win(end, initial())
                     if store is not None:
-                        heapq.heappush(ends, (end, key, start))
+                        ends.push(end, key, start)
                 value = w.value
                 if pending is not None:
                     pending.append((i, value))
@@ -411,7 +416,7 @@ class WindowExecutor(AggregationExecutor):
         dropped.discard((key, start))
         self.touched[seg].add((key, start))
         if self.clock is not None:
-            heapq.heappush(self.ends[seg], (end, key, start))
+            self.ends[seg].push(end, key, start)
         return w
 
     def _fold_declared(
@@ -461,19 +466,18 @@ class WindowExecutor(AggregationExecutor):
         latest = self.clock.at(upto)
         if latest is None:
             return
-        open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
-        closed: list[tuple[str, int, Win]] = []
-        while ends and ends[0][0] <= latest - lateness:
-            end, key, start = heapq.heappop(ends)
-            w = open_.get(key, {}).get(start)
-            if w is not None and w.closed_at is None and w.end == end:  # else a session's
-                closed.append((key, start, w))  # end moved later: a newer entry is queued
-        if closed:  # each at the first position where the clock passed its end
-            points = self.clock.reached(upto, [w.end + lateness for _, _, w in closed])
-            for (key, start, w), point in zip(closed, points, strict=True):
+        open_, touched = self.open[seg], self.touched[seg]
+        for end, members in self.ends[seg].through(latest - lateness):
+            point = None  # the first position where the clock passed this end
+            for key, start in members:
+                w = open_.get(key, {}).get(start)
+                if w is None or w.closed_at is not None or w.end != end:
+                    continue  # a session's end moved later: a newer entry is queued
+                if point is None:
+                    point = self.clock.reached(upto, [end + lateness])[0]
                 w.closed_at = point
                 touched.add((key, start))
-            st.dirty = True
+                st.dirty = True
         self.clock.trim()
 
     # -- writing -----------------------------------------------------------------------------

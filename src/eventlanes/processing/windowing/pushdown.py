@@ -153,14 +153,22 @@ class WindowPushdown(SQLitePushdown):
         clean = f"(before IS NULL OR last + {self.size - (hops - 1) * self.step} > before - {late})"
         outs = [f"f{j}" for j in range(len(decl.fields))]
         name = "substr(k, 2, length(k) - 2)"
+        # Per key and step, every input (the keys' positions) and the partials of the clean
+        # ones (one sort of the range).
+        kept = [a.replace(f"(e{j})", f"(CASE WHEN {clean} THEN e{j} END)", 1)
+                for j, a in enumerate(aggregates)]  # fmt: skip
         grouped = (
-            f"SELECT k, last AS s, {', '.join(aggregates)} FROM i WHERE {clean} GROUP BY k, last"
+            f"SELECT k, last AS s, count(*) AS n, min(p) AS lo, max(p) AS hi, "
+            f"sum({clean}) AS ok, {', '.join(kept)} FROM i GROUP BY k, last"
         )
-        windows = f"SELECT json_group_array(json_array({', '.join([name, 's', *outs])})) FROM g"
-        ctes = [f"i AS MATERIALIZED ({inputs})", f"g AS ({grouped})"]
+        windows = (
+            f"SELECT json_group_array(json_array({', '.join([name, 's', *outs])})) FROM g "
+            "WHERE ok"
+        )
+        ctes = [f"i AS MATERIALIZED ({inputs})", f"g AS MATERIALIZED ({grouped})"]
         if hops > 1:
             ctes += self._hopped(decl, hops, clean)
-            windows = windows.replace("FROM g", "FROM m")
+            windows = windows.replace("FROM g WHERE ok", "FROM m")
         grew = "(before IS NULL OR tc > before)"
         end = (self.offset + self.size) % self.step  # where windows end on the step's grid
         closes = (
@@ -168,8 +176,8 @@ class WindowPushdown(SQLitePushdown):
             f"{start_sql(f'(before - {late})', self.step, end)}"
         )
         selects = [
-            f"(SELECT json_group_array(json_array({name}, n, lo, hi)) FROM (SELECT k, count(*) "
-            "AS n, min(p) AS lo, max(p) AS hi FROM i GROUP BY k))",
+            f"(SELECT json_group_array(json_array({name}, n, lo, hi)) FROM (SELECT k, sum(n) "
+            "AS n, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY k))",
             f"({windows})",
             f"(SELECT json_group_array(json_array(p, {name}, tc, r, before)) FROM (SELECT * "
             f"FROM i WHERE NOT {clean} ORDER BY p))",
@@ -194,7 +202,7 @@ class WindowPushdown(SQLitePushdown):
         outs = ", ".join(f"f{j}" for j in range(len(decl.fields)))
         numbers = ", ".join(f"({x})" for x in range(hops))
         shifted = (
-            f"SELECT k, s - x * {step} AS s, {outs} FROM g, h UNION ALL "
+            f"SELECT k, s - x * {step} AS s, {outs} FROM g, h WHERE ok UNION ALL "
             f"SELECT k, last - x * {step} AS s, {', '.join(ones)} FROM i, h "
             f"WHERE NOT {clean} AND last - x * {step} + {size} > before - {late}"
         )
