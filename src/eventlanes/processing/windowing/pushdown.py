@@ -162,8 +162,7 @@ class WindowPushdown(SQLitePushdown):
             f"sum({clean}) AS ok, {', '.join(kept)} FROM i GROUP BY k, last"
         )
         windows = (
-            f"SELECT json_group_array(json_array({', '.join([name, 's', *outs])})) FROM g "
-            "WHERE ok"
+            f"SELECT json_group_array(json_array({', '.join([name, 's', *outs])})) FROM g WHERE ok"
         )
         ctes = [f"i AS MATERIALIZED ({inputs})", f"g AS MATERIALIZED ({grouped})"]
         if hops > 1:
