@@ -16,6 +16,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.processing.aggregating.pushdown import base as pushdown
+from eventlanes.processing.windowing.clock import StoreClock
 from eventlanes.processing.windowing.pushdown import window_pushdown
 from tests.processing_helpers import run_until_caught_up
 
@@ -228,3 +229,42 @@ def test_what_it_is_not_taken_for(tmp_path: Path) -> None:
                               agg.read_types(), None, lambda p: None)  # fmt: skip
         taken[name] = got is not None
     assert taken == {name: name == "taken" for name in kinds}
+
+
+@pytest.mark.parametrize("window", ["tumbling", "hopping"])
+def test_the_clock_fed_a_ranges_breaks_answers_as_if_it_read_every_input(
+    tmp_path: Path, window: str
+) -> None:
+    """Fed only where a range's largest time reaches a closing time (and where it last
+    grew), the clock places every closing time as a clock that read each input does; asked
+    inside the range (a range folded by rows after all, a token ending there), it reads the
+    range again first and answers the same too."""
+    app = el.App(f"sqlite:///{tmp_path}/w.db")
+    define(app, window)
+    append(app.store, attempts(700, seed=11, future=0.02))
+    agg = aggregation(app)
+    spec, head = agg.windowing, app.store.head()
+    assert spec is not None
+
+    def clock() -> StoreClock:
+        made = StoreClock(app.store, agg.read_types(), spec, lambda _: (0, None))
+        made.at(0)  # known up to the start
+        return made
+
+    exact = clock()
+    pd = window_pushdown(agg.declaration, [app.store], True, spec, agg.read_types(), None,
+                         exact.at)  # fmt: skip
+    assert pd is not None
+    parts, upto = pd._range(0, head)
+    assert upto == head and len(parts[3]) < head // 10  # few breaks kept
+    ends = sorted({s + spec.window.size for _, s, *_ in parts[1]})
+    closing = [e + spec.lateness for e in ends if e + spec.lateness <= exact.at(head)]
+    assert len(closing) > 5
+    fed = [clock() for _ in range(3)]
+    for c in fed:
+        c.feed_breaks(parts[3], 0, head)
+    assert fed[0].reached(head, closing) == exact.reached(head, closing)
+    assert fed[0].at(head) == exact.at(head)
+    positions = list(range(1, head + 1))
+    assert fed[1].before(0, 0, head, positions) == exact.before(0, 0, head, positions)
+    assert [fed[2].at(p) for p in positions] == [exact.at(p) for p in positions]

@@ -64,6 +64,9 @@ class StoreClock:
         #: per segment using the clock, the lowest position it may still ask about (its token
         #: when it last asked): what is below all of them is forgotten (:meth:`trim`)
         self.floors: dict[int, int] = {}
+        #: ranges ``(after, upto]`` known by their breaks only (:meth:`feed_breaks`), in order:
+        #: read again before anyone asks inside one (:meth:`_refine`)
+        self.coarse: list[tuple[int, int]] = []
 
     def cover(self, segment: int, after: int, upto: int) -> None:
         """Know the clock at every position in ``(after, upto]`` (``upto`` a position the
@@ -82,7 +85,7 @@ class StoreClock:
         """:meth:`cover`, the lock held."""
         if self.base is None or after < self.base:
             self.base, self.base_latest = self.start(after)
-            self.positions, self.latest, self.times = [], [], {}
+            self.positions, self.latest, self.times, self.coarse = [], [], {}, []
             self.scanned = self.base
         if upto > self.scanned:
             self._scan(self.scanned, upto)
@@ -122,8 +125,8 @@ class StoreClock:
         hold at least every first position where it reached a window's closing time and the
         last one where it grew, so :meth:`at` a range's end and :meth:`reached` for closing
         times answer as if every input was read. Taken when the clock is known up to
-        ``after`` exactly (else the next :meth:`cover` reads); a range folded by rows after
-        all is read again first (:meth:`rescan`)."""
+        ``after`` exactly (else the next :meth:`cover` reads); asked anything else inside
+        the range, the clock reads it again first (:meth:`_refine`)."""
         with self.lock:
             if self.base is None or self.scanned != after or upto <= after:
                 return
@@ -134,17 +137,18 @@ class StoreClock:
                     self.positions.append(position)
                     self.latest.append(t)
             self.scanned = upto
+            self.coarse.append((after, upto))
 
-    def rescan(self, after: int, upto: int) -> None:
-        """Read ``(after, upto]`` again, every input: a range whose breaks were fed
-        (:meth:`feed_breaks`) is folded by rows, which asks the clock before each input."""
-        with self.lock:
-            if self.base is None or after < self.base or self.scanned < upto:
-                return  # not kept here: the next cover reads it whole
-            low = bisect_right(self.positions, after)
-            high = bisect_right(self.positions, upto)
-            tail = self.positions[high:], self.latest[high:]
-            del self.positions[low:], self.latest[low:]
+    def _refine(self, low: int, high: int) -> None:
+        """Read again, every input, the coarse ranges that meet ``(low, high)`` (the lock
+        held): a range folded by rows after all asks the clock before each input, and a
+        token may end inside one."""
+        for after, upto in [r for r in self.coarse if r[0] < high and r[1] > low]:
+            self.coarse.remove((after, upto))
+            first = bisect_right(self.positions, after)
+            last = bisect_right(self.positions, upto)
+            tail = self.positions[last:], self.latest[last:]
+            del self.positions[first:], self.latest[first:]
             self._scan(after, upto)
             self.positions += tail[0]
             self.latest += tail[1]
@@ -195,6 +199,8 @@ class StoreClock:
         with self.lock:
             self.floors[segment] = after
             self._cover(after, upto)
+            if self.coarse:  # the time before each: the largest up to the one before it
+                self._refine(after, upto - 1)
             return [self._at(bisect_left(self.positions, p)) for p in positions]
 
     def _known_to(self, position: int) -> None:
@@ -205,6 +211,8 @@ class StoreClock:
         """The largest time up to ``position`` (covered here if it is not)."""
         with self.lock:
             self._known_to(position)
+            if self.coarse:
+                self._refine(position, position)
             return self._at(bisect_right(self.positions, position))
 
     def reached(self, upto: int, times: list[int]) -> list[int]:
@@ -239,3 +247,4 @@ class StoreClock:
                 self.base_latest = self.latest[i - 1]
                 del self.positions[:i], self.latest[:i]
             self.base = lowest
+            self.coarse = [r for r in self.coarse if r[1] > lowest]

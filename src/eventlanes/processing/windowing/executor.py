@@ -187,15 +187,13 @@ class WindowExecutor(AggregationExecutor):
     def _fold_range(self, st: SegmentState, entries: dict[str, Entry], folded: Folded) -> int:
         """A range folded in SQLite per window (:mod:`.pushdown`): its windows merged into the
         open ones, its late inputs kept, its keys' marks raised; or, when the dedupe fast rule
-        does not hold for it, folded again by rows (its clock read again first)."""
+        does not hold for it, folded again by rows (the clock reads it again when asked)."""
         if not isinstance(folded, WindowRange):
             return super()._fold_range(st, entries, folded)
         seg = st.segment.id
         keys = [g[0] for g in folded]
         marks = self.load_keys(seg, entries, keys)
-        if folded and not marked(folded, marks, self.source):
-            assert self.clock is not None  # a windowed pushdown reads the store's clock
-            self.clock.rescan(folded.after, folded.upto)
+        if folded and not marked(folded, marks, self.source):  # the clock reads it again
             return super()._fold_range(
                 st, entries, Folded([], folded.after, folded.upto, folded.reader, exact=False)
             )

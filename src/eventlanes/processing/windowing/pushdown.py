@@ -8,9 +8,9 @@ the largest clamped time before it in the log, the range's own (a window functio
 positions) or the clock at the range's start, whichever is later. So which input is late
 does not depend on how the log was cut into ranges. The clock keeps, of the range, only the
 positions where its largest time first reaches each window's closing time, and the last one
-where it grew: what closing asks of it (:meth:`.clock.StoreClock.feed_breaks`). A range
-that must be folded by rows after all has its clock read again first
-(:meth:`.clock.StoreClock.rescan`).
+where it grew: what closing asks of it (:meth:`.clock.StoreClock.feed_breaks`). Asked
+anything else inside such a range (a range folded by rows after all, a token that ends
+inside one), the clock reads it again first.
 
 Exact, or not taken, as the keyed pushdown (:mod:`..aggregating.pushdown.sqlite`), whose
 checks it shares; besides those, it is taken only for tumbling windows and hopping ones whose
