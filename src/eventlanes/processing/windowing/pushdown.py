@@ -117,21 +117,11 @@ class WindowPushdown(SQLitePushdown):
         bad.append("(k IS NULL OR substr(k, 1, 1) <> '\"' OR instr(k, '\\') > 0)")
         present = [f"t{i} IS NOT NULL AS c{i}" for i in col.values()]
         counted = [f"c{i}" for i in col.values()]
-        prop = spec.time.prop
-        if prop is None:
-            time = "r"
-        else:
-            assert spec.time.unit is not None  # window_pushdown says so
-            scale = UNITS[spec.time.unit]
-            rows += [f"json_type(data, '$.{prop}') AS tt", f"json_extract(data, '$.{prop}') AS tv"]
-            bad.append(
-                f"(tt IS NOT 'integer' OR typeof(tv) <> 'integer' OR abs(tv) > {BOUND // scale})"
-            )
-            time = f"tv * {scale}"
-            if prop not in col:
-                present.append("tt IS NOT NULL AS ct")
-                counted.append("ct")
-                props.append(prop)
+        time = self._time(rows, bad)
+        if (prop := spec.time.prop) is not None and prop not in col:
+            present.append("tt IS NOT NULL AS ct")
+            counted.append("ct")
+            props.append(prop)
         params, partials, aggregates = field_columns(decl, col)
         types = list(decl.types)
         first = len(params) + 3
@@ -168,27 +158,51 @@ class WindowPushdown(SQLitePushdown):
         if hops > 1:
             ctes += self._hopped(decl, hops, clean)
             windows = windows.replace("FROM g WHERE ok", "FROM m")
-        grew = "(before IS NULL OR tc > before)"
-        end = (self.offset + self.size) % self.step  # where windows end on the step's grid
-        closes = (
-            f"{start_sql(f'(tc - {late})', self.step, end)} > "
-            f"{start_sql(f'(before - {late})', self.step, end)}"
-        )
         selects = [
             f"(SELECT json_group_array(json_array({name}, n, lo, hi)) FROM (SELECT k, sum(n) "
             "AS n, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY k))",
             f"({windows})",
             f"(SELECT json_group_array(json_array(p, {name}, tc, r, before)) FROM (SELECT * "
             f"FROM i WHERE NOT {clean} ORDER BY p))",
-            f"(SELECT json_group_array(json_array(p, tc)) FROM (SELECT p, tc FROM i WHERE "
-            f"{grew} AND (before IS NULL OR {closes} OR p = (SELECT max(p) FROM i WHERE {grew})) "
-            "ORDER BY p))",
+            self._breaks(),
             "max(b)", "count(*)", "sum(was)",
             *(f"sum({c})" for c in counted),
         ]  # fmt: skip
         sql = f"WITH {', '.join(ctes)} SELECT {', '.join(selects)} FROM i"
         self.text_sql = text_sql(table, len(types))
         return sql, [*params, *types], props
+
+    def _time(self, rows: list[str], bad: list[str]) -> str:
+        """An input's time (unclamped), and what it reads and checks, added to ``rows`` and
+        ``bad``: ``recorded_at``, or a whole number of the property's unit within
+        :data:`BOUND` (the property's JSON type and value as ``tt``, ``tv``)."""
+        time, prop = self.spec.time, self.spec.time.prop
+        if prop is None:
+            return "r"
+        assert time.unit is not None  # window_pushdown says so
+        scale = UNITS[time.unit]
+        rows += [f"json_type(data, '$.{prop}') AS tt", f"json_extract(data, '$.{prop}') AS tv"]
+        bad.append(
+            f"(tt IS NOT 'integer' OR typeof(tv) <> 'integer' OR abs(tv) > {BOUND // scale})"
+        )
+        return f"tv * {scale}"
+
+    def _breaks(self) -> str:
+        """The clock's breaks as a JSON array: each input whose time is the largest yet, where
+        that reaches a closing time on the windows' end grid (or is the first), and the last
+        one."""
+        late = self.spec.lateness
+        grew = "(before IS NULL OR tc > before)"
+        end = (self.offset + self.size) % self.step  # where windows end on the step's grid
+        closes = (
+            f"{start_sql(f'(tc - {late})', self.step, end)} > "
+            f"{start_sql(f'(before - {late})', self.step, end)}"
+        )
+        return (
+            f"(SELECT json_group_array(json_array(p, tc)) FROM (SELECT p, tc FROM i WHERE "
+            f"{grew} AND (before IS NULL OR {closes} OR p = (SELECT max(p) FROM i WHERE {grew})) "
+            "ORDER BY p))"
+        )
 
     def _hopped(self, decl: Declaration, hops: int, clean: str) -> list[str]:
         """Hopping windows: each clean group (per key and step) in each of its ``hops``
