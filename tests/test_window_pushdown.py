@@ -16,6 +16,7 @@ import pytest
 
 import eventlanes as el
 from eventlanes.processing.aggregating.pushdown import base as pushdown
+from eventlanes.processing.tables.windows import Checkpoint, WindowTable
 from eventlanes.processing.windowing.clock import StoreClock
 from eventlanes.processing.windowing.pushdown import window_pushdown
 from tests.processing_helpers import run_until_caught_up
@@ -268,3 +269,69 @@ def test_the_clock_fed_a_ranges_breaks_answers_as_if_it_read_every_input(
     positions = list(range(1, head + 1))
     assert fed[1].before(0, 0, head, positions) == exact.before(0, 0, head, positions)
     assert [fed[2].at(p) for p in positions] == [exact.at(p) for p in positions]
+
+
+@pytest.mark.parametrize("pushdown_on", [True, False], ids=["in SQLite", "by rows"])
+def test_a_write_never_leaves_open_a_window_its_clock_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pushdown_on: bool
+) -> None:
+    """A segment writing at once after each batch (a tracking processor, no conflation)
+    closes what the batch's clock passed before it writes: a restart starts its clock at the
+    row written, and could not place a window left open below it (the segment would fail on
+    every restart)."""
+    broken: list[tuple[int, int]] = []
+    save = WindowTable.save_checkpoint
+
+    def checked(table: WindowTable, conn: Any, name: str, seg: int, cp: Checkpoint) -> None:
+        if cp.latest is not None:
+            sql = table.db.sql(
+                f"SELECT count(*) FROM {table.states} WHERE aggregation = ? AND closed_at IS "
+                "NULL AND end_us + ? <= ?"
+            )
+            passed = conn.execute(sql, (name, 20_000_000, cp.latest)).fetchone()[0]
+            if passed:
+                broken.append((cp.position, passed))
+        save(table, conn, name, seg, cp)
+
+    monkeypatch.setattr(WindowTable, "save_checkpoint", checked)
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    app.aggregation(
+        "w", key="robot", on="Attempt", fields=FIELDS, window=WINDOWS["tumbling"]("s"),
+        lateness="20s", persist_every=0, batch_size=40, mode="tracking",
+        time=el.event_time("ts", unit="ms"), pushdown=pushdown_on,
+    )  # fmt: skip
+    append(app.store, attempts(900, seed=12))
+    run_until_caught_up(app)
+    assert broken == []
+    assert (aggregation(app, "w").pushed_down > 0) == pushdown_on
+
+
+def test_a_window_left_open_below_the_clocks_checkpoint_closes_where_it_did(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store written before closes came first may hold a window left open that its clock
+    row had passed: the restarted clock reads the log from its start and closes it at the
+    position where the clock passed it, instead of failing the segment on every start."""
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, "tumbling")
+    append(app.store, attempts(900, seed=13))
+    run_until_caught_up(app)
+    want = written(path, "push")["el_window_states"]
+    conn = sqlite3.connect(path)
+    with conn:
+        reopened = conn.execute(
+            "UPDATE el_window_states SET closed_at = NULL WHERE aggregation = 'push' AND "
+            "closed_at > (SELECT max(closed_at) - 200 FROM el_window_states)"
+        ).rowcount
+    conn.close()
+    assert reopened > 2
+    app = el.App(f"sqlite:///{path}")
+    define(app, "tumbling")
+    app.store.append("cell-0", [el.NewEvent("Attempt", {"robot": "r1", "ok": True, "v": 1,
+                                                        "ts": BASE_MS})])  # fmt: skip
+    with caplog.at_level("WARNING", logger="eventlanes.aggregation"):
+        run_until_caught_up(app)
+    assert "reading the clock from the log's start" in caplog.text
+    assert written(path, "push")["el_window_states"] == want  # that input: late, no window

@@ -150,11 +150,16 @@ class AggregationExecutor(Executor):
         self.observer.batch_handled(self.name, str(st.segment), handled, seconds)
         st.moved(upto)
         st.dirty = True  # states changed: written with the token even if it did not move
+        self.reached(st, upto)
         if self._full(seg) or (not self.rounds and self._due(st)):
             self.flush(st)
             if st.lost:
                 return Outcome.LOST
         return Outcome.OK
+
+    def reached(self, st: SegmentState, upto: int | dict[str, int]) -> None:
+        """A batch is folded and ``st``'s token moved to ``upto`` in memory: what follows from
+        the new position happens here, before anything is written with it (windows close)."""
 
     def _due(self, st: SegmentState) -> bool:
         """Changed, or moved, since the last write, ``persist_every`` ago (never written:

@@ -11,6 +11,7 @@ token (:mod:`eventlanes.schema.v5_windows`), the start of the next read of the c
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from ...store.base import EventStore
 from ...windows.spec import Windowing
 from ...windows.ticks import TICK
 from ...windows.time import datetime_micros
+
+log = logging.getLogger("eventlanes.aggregation")
 
 #: rows read at a time by the clock
 CLOCK_BATCH = 5000
@@ -220,6 +223,14 @@ class StoreClock:
         first position where the clock reached it."""
         with self.lock:
             self._known_to(upto)
+            if self.base and self.base_latest is not None and min(times) <= self.base_latest:
+                # Below what is kept: a window a write left open though the clock had passed
+                # it (a store written before closes came first). The clock is a function of
+                # the log: read it from the start, once, to place it exactly.
+                log.warning("windows left open below the clock's checkpoint at %d: reading "
+                            "the clock from the log's start", self.base)  # fmt: skip
+                self.base = None
+                self._cover(0, upto)
             found = []
             below = self.base_latest
             for time in times:

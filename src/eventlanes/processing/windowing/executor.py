@@ -123,11 +123,14 @@ class WindowExecutor(AggregationExecutor):
 
     # -- folding -----------------------------------------------------------------------------
     def process(self, st: SegmentState, events: list[Any], upto: int | dict[str, int]) -> Outcome:
-        end = self.uptos[st.segment.id] = self._upto(upto)
-        outcome = super().process(st, events, upto)
-        if outcome is Outcome.OK:
-            self._close(st, end)
-        return outcome
+        self.uptos[st.segment.id] = self._upto(upto)
+        return super().process(st, events, upto)
+
+    def reached(self, st: SegmentState, upto: int | dict[str, int]) -> None:
+        """The windows the batch's clock passed close before the token is written at
+        ``upto``: a restart starts its clock from the row written with it, and could not
+        place a window left open below it."""
+        self._close(st, self._upto(upto))
 
     def read(self, events: Any, after: int, upto: int | dict[str, int]) -> None:
         if self.ticker is not None and events:
