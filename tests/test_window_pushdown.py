@@ -335,3 +335,26 @@ def test_a_window_left_open_below_the_clocks_checkpoint_closes_where_it_did(
         run_until_caught_up(app)
     assert "reading the clock from the log's start" in caplog.text
     assert written(path, "push")["el_window_states"] == want  # that input: late, no window
+
+
+@pytest.mark.parametrize("recorded", ["'soon'", "1.5", str(2**62)])
+def test_a_recorded_at_the_statement_cannot_read_exactly_takes_the_row_path(
+    tmp_path: Path, recorded: str
+) -> None:
+    """``recorded_at`` written behind the store's back as text, a float or past the bound:
+    the range is not folded in SQLite (the row path reads it, or names the event)."""
+    path = tmp_path / "w.db"
+    app = el.App(f"sqlite:///{path}")
+    define(app, "tumbling", time=None)
+    append(app.store, attempts(60, seed=14))
+    agg = aggregation(app)
+    assert agg.windowing is not None
+    pd = window_pushdown(agg.declaration, [app.store], True, agg.windowing, agg.read_types(),
+                         None, lambda _: None)  # fmt: skip
+    assert pd is not None
+    assert pd._range(0, 1000)[0] is not None  # folded in SQLite as written
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(f"UPDATE el_events SET recorded_at = {recorded} WHERE position = 30")
+    conn.close()
+    assert pd._range(0, 1000)[0] is None

@@ -113,7 +113,7 @@ class WindowPushdown(SQLitePushdown):
         col = {p: i for i, p in enumerate(props)}
         rows, bad = row_columns(decl, col)
         rows.append("recorded_at AS r")
-        bad.append(f"(abs(r) > {BOUND})")
+        bad.append(f"(typeof(r) <> 'integer' OR abs(r) > {BOUND})")
         bad.append("(k IS NULL OR substr(k, 1, 1) <> '\"' OR instr(k, '\\') > 0)")
         present = [f"t{i} IS NOT NULL AS c{i}" for i in col.values()]
         counted = [f"c{i}" for i in col.values()]
