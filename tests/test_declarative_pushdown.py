@@ -432,8 +432,9 @@ def test_arrow_fold_on_postgres_equals_the_row_path(
     run(app)
     assert assert_same(app) != want
     assert sum(d for _, _, d, _ in stored(app, "push").values()) > 50  # duplicates dropped alike
-    # (once, under two suites' load, no range of this run was pushed down: the reasons the
-    # ranges took the row path are logged at debug, shown here if it happens again)
+    # (twice, under two suites' load, no range of this run was pushed down, with no range
+    # refused: the reasons reads took the row path, held tokens included, are logged at debug
+    # and shown here if it happens again)
     why = [r.getMessage() for r in caplog.records if "by rows" in r.getMessage()
            or "not merged in place" in r.getMessage()]  # fmt: skip
     assert push.pushed_down > before, why

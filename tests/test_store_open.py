@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import uuid
 
 import pytest
 
@@ -57,27 +58,39 @@ def test_read_only_store_reads_and_never_writes(store_url: str) -> None:
         assert writer.count() == 3
 
 
-def test_a_closed_postgres_store_leaves_no_connection_or_thread_behind(pg_url: str) -> None:
+def test_a_closed_postgres_store_leaves_no_connection_or_thread_behind(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An app that opens a store, appends and closes it again, many times over, must not keep
     a connection per store open: the notifying thread's connection used to outlive the store,
-    and a few hundred such stores used up the server's max_connections."""
+    and a few hundred such stores used up the server's max_connections. Only the stores'
+    connections are counted (libpq names them from ``PGAPPNAME``): the server also serves
+    what earlier tests of this worker started, which may still be connecting or leaving."""
     import threading
     import time
 
     import psycopg
 
+    mine = f"closed-stores-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("PGAPPNAME", mine)
+
     def connections() -> int:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            sql = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
-            return conn.execute(sql).fetchone()[0]  # type: ignore[index]
+        with psycopg.connect(pg_url, autocommit=True, application_name="counting") as conn:
+            sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            return conn.execute(sql, (mine,)).fetchone()[0]  # type: ignore[index]
 
     def notifiers() -> int:
         return sum(t.name == "eventlanes-notify" and t.is_alive() for t in threading.enumerate())
 
     before, threads = connections(), notifiers()
+    assert before == 0
+    kept = []  # referenced to the end: what a closed store leaks is not freed by the collector
     for i in range(5):
         store = el.open_store(f"{pg_url}?prefix=closed_{os.getpid()}_{i}_")
+        kept.append(store)
         store.append("s", [el.NewEvent("E", {"i": i})])
+        if i == 0:
+            assert connections() > 0  # the stores' connections are the ones counted
         store.close()
     deadline = time.monotonic() + 10
     while (connections(), notifiers()) != (before, threads) and time.monotonic() < deadline:

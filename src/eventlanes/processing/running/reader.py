@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import logging
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from itertools import takewhile
@@ -20,6 +21,8 @@ from ..options import OrderKey
 from ..processor import Processor
 from ..segment import SegmentState
 from ..windowing.pushdown import window_pushdown
+
+log = logging.getLogger("eventlanes.aggregation")
 
 Upto = int | dict[str, int]
 #: what a read gives: events, a range folded in SQL (a Folded list), or one to merge in place
@@ -96,6 +99,9 @@ class BatchReader:
                 folded, upto = self.pushdown.read(after, self, self.in_place and _whole(states))
                 if folded is not None:
                     return (folded if folded else []), upto, upto > after
+            elif log.isEnabledFor(logging.DEBUG):  # why a pushdown's range is read by rows
+                log.debug("read after %d by rows: rows until %d, tokens %s", after,
+                          self.pushdown.rows_until, [t.position for t in held])  # fmt: skip
         if len(self.sources) == 1:
             after = min(token.position for token in held)
             # batch_size is per segment transaction (as a tracking reader's): one read for
