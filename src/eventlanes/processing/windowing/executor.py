@@ -23,7 +23,7 @@ from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
 from ..aggregating.executor import AggregationExecutor
 from ..aggregating.folds import fold_event, returned_value
-from ..aggregating.pushdown.base import KIND, MERGES, Folded, marked
+from ..aggregating.pushdown.base import Folded, marked
 from ..segment import Outcome, SegmentState
 from ..tables.states import Entry
 from ..tables.windows import Checkpoint, Win
@@ -224,8 +224,9 @@ class WindowExecutor(AggregationExecutor):
                 push(start + size, key, start)
             states.append(w.value)
         touched.update(map(_KEY_START, folded.windows))
-        for i, (out, op) in enumerate(self.agg.declaration.fields.items(), 2):  # type: ignore[union-attr]
-            MERGES[KIND[op.kind]](states, folded.windows, out, i)
+        pushdown = folded.reader.pushdown
+        assert pushdown is not None  # the one that folded the range
+        pushdown.merge_fields(states, folded.windows, 2)
         windows_of, lateness = spec.window.windows, spec.lateness
         if spec.late != "count":
             rows = self.late_rows[seg]

@@ -39,9 +39,7 @@ from ..aggregating.pushdown import build
 from ..aggregating.pushdown.base import Folded, RowSource
 from ..aggregating.pushdown.sqlite import (
     SQLitePushdown,
-    Unsafe,
     field_columns,
-    located,
     row_columns,
     text_sql,
     uses,
@@ -129,41 +127,43 @@ class WindowPushdown(SQLitePushdown):
         clock = f"?{first + len(types)}"
         values = ["k", "p", "r", f"{' + '.join(bad)} AS b", f"{time} AS t", *present, *partials]
         future, late = spec.max_future, spec.lateness
+        hops = self.size // self.step
+        # Clean: not late for its earliest window, so for none (each window holds a whole
+        # step); computed once per input, beside its clock and step.
         inputs = (
+            f"SELECT *, (before IS NULL OR last + {self.size - (hops - 1) * self.step} > "
+            f"before - {late}) AS clean FROM ("
             f"SELECT *, coalesce(max(lb, {clock}), lb, {clock}) AS before, "
             f"{start_sql('tc', self.step, self.offset)} AS last FROM ("
             "SELECT *, max(tc) OVER (ORDER BY p ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
             "PRECEDING) AS lb FROM ("
             f"SELECT *, min(t, r + {future}) AS tc, t > r + {future} AS was FROM ("
             f"SELECT {', '.join(values)} FROM (SELECT {', '.join(rows)} FROM {table} "
-            f"WHERE position > ?1 AND position <= ?2 AND type IN ({marks}) LIMIT -1) LIMIT -1)))"
+            f"WHERE position > ?1 AND position <= ?2 AND type IN ({marks}) LIMIT -1) LIMIT -1))))"
         )
-        hops = self.size // self.step
-        # Not late for its earliest window: for none (each window holds a whole step).
-        clean = f"(before IS NULL OR last + {self.size - (hops - 1) * self.step} > before - {late})"
         outs = [f"f{j}" for j in range(len(decl.fields))]
         name = "substr(k, 2, length(k) - 2)"
         # Per key and step, every input (the keys' positions) and the partials of the clean
         # ones (one sort of the range).
-        kept = [a.replace(f"(e{j})", f"(CASE WHEN {clean} THEN e{j} END)", 1)
+        kept = [a.replace(f"(e{j})", f"(CASE WHEN clean THEN e{j} END)", 1)
                 for j, a in enumerate(aggregates)]  # fmt: skip
         grouped = (
             f"SELECT k, last AS s, count(*) AS n, min(p) AS lo, max(p) AS hi, "
-            f"sum({clean}) AS ok, {', '.join(kept)} FROM i GROUP BY k, last"
+            f"sum(clean) AS ok, {', '.join(kept)} FROM i GROUP BY k, last"
         )
         windows = (
             f"SELECT json_group_array(json_array({', '.join([name, 's', *outs])})) FROM g WHERE ok"
         )
         ctes = [f"i AS MATERIALIZED ({inputs})", f"g AS MATERIALIZED ({grouped})"]
         if hops > 1:
-            ctes += self._hopped(decl, hops, clean)
+            ctes += self._hopped(decl, hops)
             windows = windows.replace("FROM g WHERE ok", "FROM m")
         selects = [
             f"(SELECT json_group_array(json_array({name}, n, lo, hi)) FROM (SELECT k, sum(n) "
             "AS n, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY k))",
             f"({windows})",
             f"(SELECT json_group_array(json_array(p, {name}, tc, r, before)) FROM (SELECT * "
-            f"FROM i WHERE NOT {clean} ORDER BY p))",
+            "FROM i WHERE NOT clean ORDER BY p))",
             self._breaks(),
             "max(b)", "count(*)", "sum(was)",
             *(f"sum({c})" for c in counted),
@@ -204,7 +204,7 @@ class WindowPushdown(SQLitePushdown):
             "ORDER BY p))"
         )
 
-    def _hopped(self, decl: Declaration, hops: int, clean: str) -> list[str]:
+    def _hopped(self, decl: Declaration, hops: int) -> list[str]:
         """Hopping windows: each clean group (per key and step) in each of its ``hops``
         windows, and each window of a late input that is still open, merged per window."""
         step, size, late = self.step, self.size, self.spec.lateness
@@ -217,7 +217,7 @@ class WindowPushdown(SQLitePushdown):
         shifted = (
             f"SELECT k, s - x * {step} AS s, {outs} FROM g, h WHERE ok UNION ALL "
             f"SELECT k, last - x * {step} AS s, {', '.join(ones)} FROM i, h "
-            f"WHERE NOT {clean} AND last - x * {step} + {size} > before - {late}"
+            f"WHERE NOT clean AND last - x * {step} + {size} > before - {late}"
         )
         return [
             f"h(x) AS (VALUES {numbers})",
@@ -250,13 +250,7 @@ class WindowPushdown(SQLitePushdown):
         if late_rows and self.spec.late == "amend":  # amendments fold by rows
             return None
         groups: list[list[Any]] = _loads(windows)
-        located_at = [i for i, f in enumerate(self.fields, 2) if f.kind >= 4]
-        try:
-            for g in groups:
-                for i in located_at:
-                    if g[i] is not None:
-                        g[i] = located(g[i], self.fields[i - 2].type)
-        except Unsafe:
+        if not self.locate(groups, 2):
             return None
         return _loads(keys), groups, late_rows, _loads(breaks), clamped or 0
 

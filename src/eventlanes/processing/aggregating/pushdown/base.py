@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ...segment import SegmentState
 
 __all__ = [
-    "KIND", "MERGES", "PLACE_SPAN", "SPAN", "STAGED", "TEXT_SPAN", "Field", "Folded", "NotPlaced",
+    "KIND", "PLACE_SPAN", "SPAN", "STAGED", "TEXT_SPAN", "Field", "Folded", "NotPlaced",
     "Pending", "Pushdown", "RowSource", "marked", "placeable",
 ]  # fmt: skip
 
@@ -280,11 +280,14 @@ class Pushdown(ABC):
             return True
         if not marked(folded, marks, source):
             return False
-        # Field by field, each kind's loop over the groups: no test of the kind per group.
-        states = [entries[key].value for key in map(_KEY, folded)]
-        for i, f in enumerate(self.fields, 4):
-            MERGES[f.kind](states, folded, f.out, i)
+        self.merge_fields([entries[key].value for key in map(_KEY, folded)], folded, 4)
         return True
+
+    def merge_fields(self, states: list[Any], groups: list[list[Any]], first: int) -> None:
+        """Each group's partials (its field ``j`` at ``first + j``) into the state beside it,
+        field by field, each kind's loop over the groups: no test of the kind per group."""
+        for i, f in enumerate(self.fields, first):
+            _MERGES[f.kind](states, groups, f.out, i)
 
     def share(self, folded: Folded, states: list[SegmentState]) -> dict[SegmentState, list[Any]]:
         """Each group to the held segment of its key (by the key's stable hash)."""
@@ -358,4 +361,4 @@ def _lasts(states: list[Any], groups: list[list[Any]], out: str, i: int) -> None
 
 
 #: the merge of one field's partials into the states, by :data:`KIND`
-MERGES = (_counts, _sums, _mins, _maxes, _firsts, _lasts)
+_MERGES = (_counts, _sums, _mins, _maxes, _firsts, _lasts)

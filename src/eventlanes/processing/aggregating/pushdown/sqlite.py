@@ -201,16 +201,20 @@ class SQLitePushdown(Pushdown):
         if bad or named != [p or 0 for p in present]:  # a property named twice in an event
             return None
         groups: list[list[Any]] = _loads(js)
-        placed = [i for i, f in enumerate(self.fields, 4) if f.kind >= 4]
-        if placed:
-            try:
-                for g in groups:
-                    for i in placed:
-                        if g[i] is not None:
-                            g[i] = located(g[i], self.fields[i - 4].type)
-            except Unsafe:
-                return None
-        return groups
+        return groups if self.locate(groups, 4) else None
+
+    def locate(self, groups: list[list[Any]], first: int) -> bool:
+        """The first and last partials of ``groups`` (field ``j`` at ``first + j``) read as
+        ``(position, value)`` in place; False when one is not as the row path reads it."""
+        placed = [i for i, f in enumerate(self.fields, first) if f.kind >= 4]
+        try:
+            for g in groups:
+                for i in placed:
+                    if g[i] is not None:
+                        g[i] = _located(g[i], self.fields[i - first].type)
+        except Unsafe:
+            return False
+        return True
 
     # -- merging in place (the worker's thread) -----------------------------------------------
     def merge_in_place(
@@ -412,7 +416,7 @@ def _plain(text: str, longest: int) -> bool:
     )
 
 
-def located(text: str, type_: type) -> tuple[int, Any]:
+def _located(text: str, type_: type) -> tuple[int, Any]:
     """``printf('%020d', position) || value as JSON``: the position and the value as the row
     path converts it."""
     value = json.loads(text[20:])
