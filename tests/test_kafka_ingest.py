@@ -243,6 +243,61 @@ def test_grown_topic_partitions_are_picked_up(store_url: str, kafka_broker) -> N
     assert sorted(e.data["i"] for e in app.store.iter_events()) == list(range(400))
 
 
+class _Tracked:
+    """A real consumer that says whether it was closed."""
+
+    def __init__(self, real: Any) -> None:
+        self._real, self.closed = real, False
+
+    def close(self) -> None:
+        self.closed = True
+        self._real.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_paused_ingestor_stops_reading_before_it_releases(tmp_path, kafka_broker,
+                                                            monkeypatch) -> None:  # fmt: skip
+    """Released partitions are not read by this node any more: the consumer is closed before
+    the claims are given up, so a topic deleted once they show released (to be created again
+    with more partitions) is read by no consumer still open. Released first, the topic was
+    deleted under an open consumer, which crashes librdkafka 2.16 on Tansu (a segfault that
+    killed a test worker)."""
+    from eventlanes.kafka import client
+    from eventlanes.tokens.base import TokenStore
+
+    consumers: list[_Tracked] = []
+    real_consumer, real_release = client.consumer, TokenStore.release
+
+    def consumer(*args: Any, **kwargs: Any) -> _Tracked:
+        consumers.append(_Tracked(real_consumer(*args, **kwargs)))
+        return consumers[-1]
+
+    open_at_release: list[int] = []
+
+    def release(self: TokenStore, processor: str, *args: Any, **kwargs: Any) -> bool:
+        if processor == "readings-in":
+            open_at_release.append(sum(not c.closed for c in consumers))
+        return real_release(self, processor, *args, **kwargs)
+
+    monkeypatch.setattr(client, "consumer", consumer)
+    monkeypatch.setattr(TokenStore, "release", release)
+    b = kafka_broker.bootstrap
+    topic = create_topic(b, 2)
+    app = _app(f"sqlite:///{tmp_path}/s.db", b, topic)
+    app.start()
+    try:
+        wait_for(lambda: sorted(_tokens(app)) == [0, 1], what="two partitions")
+        wait_for(lambda: any(not c.closed for c in consumers), what="a consumer reading")
+        app.pause("readings-in")
+        wait_for(lambda: not any(s.owner for s in app.tokens.status("readings-in")),
+                 what="partitions released")  # fmt: skip
+        assert open_at_release == [0, 0]
+    finally:
+        app.stop()
+
+
 def _cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess:

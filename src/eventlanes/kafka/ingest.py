@@ -560,6 +560,9 @@ class IngestRunner:
                 self._rebuild = True
 
     def _let_go(self, why: str) -> None:
+        # stop reading first: a released partition is read by no consumer of this node (a
+        # topic deleted under an open consumer crashes librdkafka 2.16 on Tansu)
+        self._close_consumer()
         for p in list(self.claimed):
             log.info("%s: releasing partition %d (%s)", self.name, p, why)
             self._forget(p)
