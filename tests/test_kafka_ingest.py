@@ -243,6 +243,24 @@ def test_grown_topic_partitions_are_picked_up(store_url: str, kafka_broker) -> N
     assert sorted(e.data["i"] for e in app.store.iter_events()) == list(range(400))
 
 
+def test_a_topic_that_does_not_exist_is_refused_and_never_created(tmp_path, kafka_broker) -> None:
+    """Asking about a topic never creates it. Tansu creates a topic a client asks about, as
+    Kafka does with its default ``auto.create.topics.enable``: an ingestor of a misspelt topic
+    got a new empty topic to wait on, and one paused while its topic was deleted (to be created
+    again with more partitions) re-created it with the broker's default partitions."""
+    import uuid
+
+    from confluent_kafka.admin import AdminClient
+
+    b = kafka_broker.bootstrap
+    name = f"misspelt-{uuid.uuid4().hex[:8]}"
+    app = _app(f"sqlite:///{tmp_path}/s.db", b, name)
+    with pytest.raises(el.InvalidInputError, match=f"Kafka topic '{name}' does not exist"):
+        app.start()
+    app.stop()
+    assert name not in AdminClient({"bootstrap.servers": b}).list_topics(timeout=10).topics
+
+
 class _Tracked:
     """A real consumer that says whether it was closed."""
 

@@ -55,11 +55,17 @@ def producer(kafka: Kafka, **extra: Any) -> Any:
 
 
 def admin(kafka: Kafka) -> Any:
+    """The client that describes topics. Asking about a topic must never create it: librdkafka
+    lets an admin client (a producer inside) ask for that by default, and a broker that
+    creates topics it is asked about (Kafka's default ``auto.create.topics.enable``, Tansu)
+    would answer a misspelt or deleted topic with a new one."""
     ck = client_module()
     from confluent_kafka.admin import AdminClient
 
     del ck
-    return AdminClient(_quiet(kafka.resolved()))
+    conf = _quiet(kafka.resolved())
+    conf["allow.auto.create.topics"] = False
+    return AdminClient(conf)
 
 
 def is_transient(exc: BaseException) -> bool:
