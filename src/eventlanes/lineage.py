@@ -136,6 +136,16 @@ def state_chain(name: str, offsets: dict[str, Any]) -> Chain:
     return coordinates_chain(name, source, partition, path)
 
 
+def newest_chain(name: str, offsets: dict[str, Any]) -> Chain:
+    """The chain of a published state whose sources are positions of one log (a downstream
+    stage's: each upstream key a source): the coordinates of the newest input folded into
+    it, by path."""
+    if not offsets:
+        return state_chain(name, offsets)
+    source, (partition, path) = max(offsets.items(), key=lambda kv: (list(kv[1][1]), kv[0]))
+    return coordinates_chain(name, source, partition, path)
+
+
 def coordinates_chain(name: str, source: str, partition: str, path: Any) -> Chain:
     """A chain whose root coordinates are ``(source, partition, path)`` (:func:`coordinates`)."""
     steps = [int(x) for x in path] or [0]

@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import FieldTypeError, InvalidInputError, SparkJobError
 from ..lakehouse import DeltaStates
 from ..processing.aggregating.aggregation import Aggregation
+from ..processing.aggregating.publish import publish_stored
 from ..processing.tables.staging import StagedStates
 from ..tokens import Token
 from ..tokens.claims import Heartbeat, claim_all, node_name, release_all
@@ -365,6 +366,11 @@ def _aggregation(
             for record in records:
                 app.tokens.store(agg.name, record.segment.id, Token(source.end), owner, conn=conn)
 
+        publishers: list[Any] = [agg, *agg.stages]
+        for published in publishers:  # downstream first: before the commit
+            if published.publish is not None:
+                for part in stage.states_of(published.name):
+                    publish_stored(published.publish, published.name, part, published is not agg)
         if target is not None:
             segments = [record.segment.id for record in records]
             target.write(stage.rows(), segments, source.end, staging.staged)

@@ -34,6 +34,7 @@ from ..db.weather import Backoff, is_transient
 from ..errors import EventlanesError, InvalidInputError, SparkJobError
 from ..lakehouse import DeltaStates
 from ..processing.aggregating.aggregation import Aggregation
+from ..processing.aggregating.publish import publish_stored
 from ..processing.tables.states import Entry, StateTable
 from ..schema import require
 from ..signals import run_until_signal
@@ -189,7 +190,14 @@ class ContinuousAggregation:
         finally:
             if spec.stages:
                 folded.unpersist()
-        if self.delta is not None:  # downstream first: the store's commit comes after
+        publishers: list[Any] = [agg, *agg.stages]
+        for published in publishers:  # downstream first: the store's commit after
+            if published.publish is not None:
+                encoded = states.get(published.name, {})
+                rows = [(key, value, offsets) for key, (value, offsets, *_) in
+                        sorted(encoded.items())]  # fmt: skip
+                publish_stored(published.publish, published.name, rows, published is not agg)
+        if self.delta is not None:
             rows = [(n, key, encoded[0]) for n, entries in states.items()
                     for key, encoded in entries.items()]  # fmt: skip
             self.delta.merge(rows, {s: t.position for s, t in current.items()}, end)

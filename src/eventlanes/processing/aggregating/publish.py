@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...errors import InvalidInputError
-from ...lineage import Coordinates, coordinates_chain, state_chain
-from ..tables.states import Entry
+from ...lineage import Coordinates, coordinates_chain, newest_chain, state_chain
+from ..tables.states import Entry, decode
 
 
 def sink_of(name: str, publish: Any, version: int) -> Any:
@@ -50,6 +50,25 @@ def publish_states(
         coords = (newest or {}).get(key)
         chain = (coordinates_chain(name, *coords) if coords is not None
                  else state_chain(name, json.loads(text)))  # fmt: skip
-        records.append((key, entry.value, chain,
-                        [("type", b"AggregateState"), ("aggregation", name.encode())]))  # fmt: skip
+        records.append(_record(name, key, entry.value, chain))
     sink.publish(records)
+
+
+def publish_stored(
+    sink: Any, name: str, rows: Iterable[tuple[str, str, str]], stage: bool = False
+) -> int:
+    """Publish states as stored, ``(key, value JSON, offsets JSON)`` (a Spark run's, which
+    has no entries in hand), as :func:`publish_states` publishes them, so that a consumer
+    drops a state it already had: an aggregation's with the chain of its offsets, a
+    downstream ``stage``'s with its newest input's (as its last write would). How many were
+    published."""
+    chain = newest_chain if stage else state_chain
+    records = [_record(name, key, decode(value), chain(name, decode(offsets)))
+               for key, value, offsets in rows]  # fmt: skip
+    if records:
+        sink.publish(records)
+    return len(records)
+
+
+def _record(name: str, key: str, value: Any, chain: Any) -> tuple[Any, ...]:
+    return key, value, chain, [("type", b"AggregateState"), ("aggregation", name.encode())]

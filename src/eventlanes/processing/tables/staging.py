@@ -148,14 +148,25 @@ class StagedStates:
         a time (PostgreSQL: a server-side cursor; SQLite: the thread's connection, which
         holds the stage), so that a reader's memory does not grow with the states."""
         select = f"SELECT aggregation, key, value FROM {self.stage} ORDER BY aggregation, key"
+        return self._read(select, (), size)
+
+    def states_of(self, name: str, size: int = 20_000) -> Iterator[list[tuple[str, str, str]]]:
+        """The staged (key, value, offsets) of aggregation ``name`` in key order, ``size`` rows
+        at a time (as :meth:`rows`)."""
+        select = self.db.sql(
+            f"SELECT key, value, offsets FROM {self.stage} WHERE aggregation = ? ORDER BY key"
+        )
+        return self._read(select, (name,), size)
+
+    def _read(self, select: str, params: tuple[Any, ...], size: int) -> Iterator[list[Any]]:
         if self.postgres:
             with self._transaction() as conn, conn.cursor(name="eventlanes_stage") as cur:
-                cur.execute(select)
+                cur.execute(select, params)
                 while batch := cur.fetchmany(size):
                     yield batch
             return
         with self.db.connection() as conn:
-            cur = conn.execute(select)
+            cur = conn.execute(select, params)
             while batch := cur.fetchmany(size):
                 yield batch
 
