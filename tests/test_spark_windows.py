@@ -156,6 +156,66 @@ def test_what_spark_does_not_fold_yet_is_refused_before_any_work(spark, tmp_path
     assert not (tmp_path / "e.db").exists()  # refused before the store was opened to claim
 
 
+def published(bootstrap: str, topic: str) -> list[tuple]:
+    """Every record of a topic of windows: (key, start, revision, value, its chain's root),
+    sorted."""
+    import json
+
+    from tests.kafka_helpers import read_all
+
+    found = []
+    for m in (m for recs in read_all(bootstrap, topic, 2).values() for m in recs):
+        v, root = json.loads(m.value()), json.loads(dict(m.headers())["el-source-chain"])[0]
+        assert m.key().decode() == v["key"] and v["final"]
+        found.append((v["key"], v["start_us"], v["revision"], json.dumps(v["value"]), root))
+    return sorted(found, key=lambda r: (*r[:3], r[4]["offset"], r[4]["out"]))
+
+
+@pytest.mark.parametrize("late", ["park", "amend"])
+def test_a_replay_publishes_each_closed_window_as_the_local_engine(
+    spark, kafka_broker, tmp_path, late: str
+) -> None:
+    """``publish=``: a Spark replay publishes each window that closed (those closed longer
+    than ``retain``, which it does not write, too) before it commits, with the root the local
+    engine gives it: kept late inputs publish what a local run publishes, record for record.
+    Amended windows publish their latest revision, as one write of the local engine does:
+    the latest revision of each window is the local engine's. Before, a replay refused
+    ``publish=``."""
+    from tests.kafka_helpers import create_topic
+
+    b = kafka_broker.bootstrap
+    path = tmp_path / "local.db"
+    store = el.open_store(f"sqlite:///{path}")
+    events = attempts(600, seed=21, clamp=590)
+    append(store, events + events[::11])
+    store.close()
+    shutil.copy(path, tmp_path / "spark.db")
+    records = {}
+    for engine in ("local", "spark"):
+        topic = create_topic(b, 2)
+        case = {**CASES["tumbling, store clock, kept, Python fold"], "late": late,
+                "retain": "1m", "publish": el.KafkaSink(el.Kafka(b), topic)}  # fmt: skip
+        app = el.App(f"sqlite:///{tmp_path}/{engine}.db")
+        define(app, "screws", case, segments=3)
+        if engine == "local":
+            run_until_caught_up(app)
+        else:
+            el.spark.replay(app, "screws", spark=spark)
+        records[engine] = published(b, topic)
+        app.close()
+    closed = {(k, start) for k, start, *_ in records["local"]}
+    assert len(closed) > 10
+    if late == "park":
+        assert records["spark"] == records["local"]
+        return
+    latest = {}
+    for k, start, revision, value, _ in records["local"]:
+        latest[(k, start)] = (revision, value)
+    assert max(r for r, _ in latest.values()) > 0  # some windows amended
+    assert {(k, start): (r, v) for k, start, r, v, _ in records["spark"]} == latest
+    assert len(records["spark"]) == len(closed)
+
+
 def test_a_replay_on_spark_connect_equals_the_local_engine(spark_connect, tmp_path) -> None:
     """`eventlanes replay --remote`: the app's module (which the server's executors cannot
     import) shipped, its windows written as the local engine writes them on a copy of the

@@ -41,9 +41,10 @@ from ..processing.aggregating.dedupe import dedupe
 from ..processing.aggregating.folds import fold_event
 from ..processing.aggregating.keying import Keying
 from ..processing.tables.staging import StagedStates
-from ..processing.tables.states import Entry, encode, encode_dropped_by, encode_state
+from ..processing.tables.states import Entry, decode, encode, encode_dropped_by, encode_state
 from ..processing.tables.windows import Checkpoint, StagedWindows, Win
 from ..processing.windowing.clock import recorded_us
+from ..processing.windowing.publish import Closed, closed_windows, window_records
 from ..tokens import Token
 from ..windows.kinds import Session
 from ..windows.spec import Windowing
@@ -57,6 +58,8 @@ from .staging import parts_of
 #: clamped, and the key of those folded (null: a tick, or a type only the clock reads)
 TIMED_SCHEMA = SCHEMA + ", t long, clamped boolean, key string"
 #: a fold's rows: ``window`` (a = start, b = end, c = closed_at, d = revision, text = value),
+#: ``published`` (a closed window to publish: a = start, b = end, c = its root's position,
+#: d = revision, text = value, more = its root's out),
 #: ``late`` (a = position, b = t, c = amended, d = recorded_at, text = its windows), ``state``
 #: (a = dropped, text = value, more = offsets, by = dropped_by) and ``count`` (a = segment,
 #: b = folded, c = late, d = clamped)
@@ -81,7 +84,8 @@ def start_column(t: Any, step: Any, offset: Any = 0) -> Any:
 
 def refuse_windows(proc: Any, continuous: bool = False) -> None:
     """What Spark does not run of a windowed aggregation yet, refused before any work: a
-    continuous run, session windows, closed windows published or folded downstream."""
+    continuous run, session windows, closed windows given to ``on_close`` or folded
+    downstream."""
     if not isinstance(proc, Aggregation) or proc.windowing is None:
         return
     why = None
@@ -89,10 +93,10 @@ def refuse_windows(proc: Any, continuous: bool = False) -> None:
         why = "a continuous Spark run does not fold windows yet (el.spark.replay does)"
     elif isinstance(proc.windowing.window, Session):
         why = "session windows run on the local engine only for now"
-    elif proc.publish is not None or proc.closers or proc.stages:
+    elif proc.closers or proc.stages:
         why = (
-            "it publishes its closed windows (publish=, on_close or downstream stages), which "
-            "a Spark replay does not do yet"
+            "its closed windows feed on_close or downstream stages, which a Spark replay "
+            "does not run yet"
         )
     elif proc.upcasters.into(proc.handled_types()) is not None:
         why = "windows do not read upcast events yet"
@@ -114,13 +118,14 @@ class WindowFold:
     keying: Keying
     initial: Callable[[], Any]
     segments: tuple[tuple[int, int], ...]  # (mask, id) of each segment
+    publishes: bool = False  # closed windows come back as "published" rows too
 
     @classmethod
     def of(cls, agg: Aggregation, source: str, segments: list[Any]) -> WindowFold:
         assert agg.windowing is not None
         held = tuple((s.mask, s.id) for s in segments)
         return cls(agg.name, source, agg.windowing, agg.read_types(), Keying.of(agg),
-                   agg.initial_state, held)  # fmt: skip
+                   agg.initial_state, held, agg.publish is not None)  # fmt: skip
 
     def segment_of(self, key: str) -> int:
         h = stable_hash(key)
@@ -303,6 +308,11 @@ class _KeyFold:
                     w.closed_at = self.closes.closed_at((start - window.offset) // window.step)
         else:
             latest = entry.value.get("t")
+        if fold.publishes:  # each closed window once, its latest revision: one write's rule
+            done = closed_windows([(key, start, w) for start, w in self.wins.items()])
+            for position, i, _, start, w in done:
+                out.append(("published", key, start, w.end, position, w.revision,
+                            encode_state(fold.name, key, w.value), str(i), None))  # fmt: skip
         # closed longer than retain: deleted by the local engine's writes, never written here
         gone = None if latest is None else latest - spec.lateness - spec.retain
         for start in sorted(self.wins):
@@ -420,15 +430,16 @@ def _fold_and_write(
     return events, keys
 
 
-#: per part: windows, late inputs, states, counts
-_Part = tuple[list[Any], list[Any], list[Any], list[Any]]
+#: per part: windows, late inputs, states, counts, windows to publish
+_Part = tuple[list[Any], list[Any], list[Any], list[Any], Closed]
 
 
 def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
     """The fold's rows brought over a bounded part at a time: per part its windows (key,
     start, end, value, closed_at, revision), late inputs (position, key, t, windows, amended,
-    recorded_at), states (key, value, offsets, dropped, dropped_by) and counts (segment,
-    folded, late, clamped)."""
+    recorded_at), states (key, value, offsets, dropped, dropped_by), counts (segment,
+    folded, late, clamped) and the closed windows to publish (as :func:`closed_windows`
+    gives them, each key's in the order of their roots)."""
     for table in parts_of(folded, bound, f"replay of {name}"):
         cols = {c: table.column(c).to_pylist() for c in table.column_names}
         rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
@@ -439,6 +450,8 @@ def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
             [(k, t, more, a, by) for kind, k, a, _, _, _, t, more, by in rows
              if kind == "state"],
             [(seg, f, late, c) for kind, _, seg, f, late, c, _, _, _ in rows if kind == "count"],
+            sorted(((c, int(more), k, a, Win(b, decode(t), d)) for kind, k, a, b, c, d, t, more, _
+                    in rows if kind == "published"), key=lambda p: (p[0], p[1], p[2])),
         )  # fmt: skip
 
 
@@ -487,6 +500,10 @@ def _write(
     tally = _Tally()
     definition = fold.spec.definition()
 
+    def publish(done: Closed) -> None:  # acknowledged before anything commits
+        if agg.publish is not None and done:
+            agg.publish.publish(window_records(name, done))
+
     def finish(conn: Any) -> None:
         for record in records:
             seg = record.segment.id
@@ -498,7 +515,8 @@ def _write(
 
     if rt.db.backend == "sqlite":
         with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
-            for wins, late, states, counts in _rows(folded, rows_bound, name):
+            for wins, late, states, counts, done in _rows(folded, rows_bound, name):
+                publish(done)
                 windows.add(name, wins, late)
                 stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
                 tally.add(states, counts)
@@ -513,7 +531,8 @@ def _write(
     with rt.db.transaction() as conn:
         rt.states.delete_all(conn, name)
         rt.windows.delete_all(conn, name)
-        for wins, late, states, counts in _rows(folded, rows_bound, name):
+        for wins, late, states, counts, done in _rows(folded, rows_bound, name):
+            publish(done)
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)
