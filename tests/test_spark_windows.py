@@ -57,6 +57,11 @@ CASES = {
     "tumbling, store clock, amended, retain 1 min, Python fold": {
         "window": el.tumbling("1m"), "late": "amend", "retain": "1m",
     },
+    "session, store clock, kept, Python fold": {"window": el.session(gap="40s")},
+    "session, key clock, counted, declared": {
+        "window": el.session(gap="25s"), "clock": "key", "late": "count",
+        "fields": {k: f for k, f in FIELDS.items() if k not in ("first", "last")},
+    },
 }  # fmt: skip
 
 
@@ -73,6 +78,14 @@ def define(app: el.App, name: str, case: dict, segments: int) -> el.Aggregation:
     def add(state: dict, event: el.Event) -> None:
         state["ok" if event.data["ok"] else "failed"] += 1
         state["seen"].append(event.position)  # order-sensitive: the fold order shows
+
+    if "session" in case["window"].describe():
+
+        @agg.on_merge
+        def merge(into: dict, other: dict) -> None:  # order-sensitive too
+            into["ok"] += other["ok"]
+            into["failed"] += other["failed"]
+            into["seen"] += other["seen"]
 
     return agg
 
@@ -142,12 +155,38 @@ def test_a_spark_replay_equals_the_local_engine_and_the_local_engine_goes_on(
     assert local.window_counts()["folded"] > counts["folded"]
 
 
+def test_a_session_closes_where_the_clock_first_reaches_its_end_on_spark(spark, tmp_path) -> None:
+    """A session closes at the first position whose time reaches its end plus the lateness,
+    also when that time is exactly the threshold and ends a range of positions Spark reads
+    the clock in (8 events, 4 ranges of 2): as the local engine closes it."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    opts = dict(key="robot", time=el.event_time("ts", unit="ms"), window=el.session(gap="40s"),
+                lateness="20s", on="ScrewAttempted", fields={"n": el.count()})  # fmt: skip
+    local, sparked = (app.aggregation(n, **opts) for n in ("local", "sparked"))
+    seconds = [("a", 0), ("b", 60), ("b", 61), ("c", 62), ("c", 100), ("b", 110), ("a", 111),
+               ("c", 200)]  # fmt: skip
+    for robot, s in seconds:  # one event per append: positions 1 to 8
+        app.store.append(robot, [E("ScrewAttempted", {"robot": robot, "ts": s * 1000})])
+    el.spark.replay(app, "sparked", spark=spark, partitions=1)
+    run_until_caught_up(app)
+    closes = {n: stored(app, n)[0] for n in ("local", "sparked")}
+    assert ("a", 0, 2) in closes["local"]  # [0 s, 40 s) closed by the 60 s input, position 2
+    assert closes["sparked"] == closes["local"]
+    keys = ["a", "b", "c"]
+    assert results(app, sparked, keys) == results(app, local, keys)
+
+
 def test_what_spark_does_not_fold_yet_is_refused_before_any_work(spark, tmp_path) -> None:
     app = el.App(f"sqlite:///{tmp_path}/e.db")
     opts = dict(key="robot", time=el.event_time("ts", unit="ms"), initial=dict)
     app.aggregation("sessions", window=el.session(gap="1m"), **opts)
     app.aggregation("published", window=el.tumbling("1m"), **opts)
-    for name, why in [("sessions", "session windows"), ("published", "on_close")]:
+    sink = el.KafkaSink(el.Kafka("127.0.0.1:9"), "out")  # nothing is published: refused first
+    sessions = app.aggregation("sessions-published", window=el.session(gap="1m"),
+                               publish=sink, **opts)  # fmt: skip
+    sessions.on_merge(lambda into, other: None)
+    for name, why in [("sessions", "give a merge function"), ("published", "on_close"),
+                      ("sessions-published", "session windows that publish")]:  # fmt: skip
         agg = app.get(name)
         if name == "published":
             agg.on_close(lambda window: [])
@@ -219,7 +258,8 @@ def test_a_replay_publishes_each_closed_window_as_the_local_engine(
 def test_a_replay_on_spark_connect_equals_the_local_engine(spark_connect, tmp_path) -> None:
     """`eventlanes replay --remote`: the app's module (which the server's executors cannot
     import) shipped, its windows written as the local engine writes them on a copy of the
-    store."""
+    store; sessions too (their closes found by Spark's window functions on Connect)."""
+    from tests.apps.sessions_app import define as sessions
     from tests.apps.windows_app import define as screws
     from tests.test_spark_connect import cli
 
@@ -242,6 +282,14 @@ def test_a_replay_on_spark_connect_equals_the_local_engine(spark_connect, tmp_pa
     want = results(local, local.get("screws"), keys)
     assert want[2]["late"] > 0 and want[2]["duplicate"] == len(events[::13])
     assert results(replayed, agg, keys) == want
+    result = cli(spark_connect, "replay", "tests.apps.sessions_app:app", "sessions", "--remote",
+                 spark_connect.url, url=url)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    sessions(local, "sessions")
+    run_until_caught_up(local)
+    want = results(local, local.get("sessions"), keys)
+    assert want[2]["late"] > 0 and any(w[3] for ws in want[0].values() for w in ws)
+    assert results(replayed, sessions(replayed, "sessions"), keys) == want
 
 
 def test_a_naive_event_time_fails_the_replay_naming_the_event(spark, tmp_path) -> None:

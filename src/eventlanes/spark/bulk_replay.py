@@ -73,7 +73,12 @@ def functions_of(proc: Any) -> list[Callable[..., Any]]:
     if isinstance(proc, Aggregation):
         agg: Any
         for agg in (proc, *proc.stages):
-            found += [agg.key, getattr(agg, "initial_state", None), getattr(agg, "initial", None)]
+            found += [
+                agg.key,
+                getattr(agg, "initial_state", None),
+                getattr(agg, "initial", None),
+                getattr(agg, "merger", None),
+            ]
             found += [f for fs in agg.folds.by_type.values() for f in fs] + list(agg.folds.any)
     else:
         found += proc.handlers.handlers()

@@ -16,8 +16,10 @@ writes them with every segment's clock row and token in one transaction; on SQLi
 are staged first (temporary tables of its connection, no lock on the store), and the
 transaction only moves them in.
 
-Session windows, and windows that are published or feed stages, stay on the local engine for
-now: refused before any work.
+A session's end is known only once its key is folded: with the store's clock, where each
+session the clock passed closed is found afterwards, by Spark, from the positions where the
+clock grew (:func:`session_closes`). Windows that feed ``on_close`` or downstream stages, and
+sessions that publish, stay on the local engine for now: refused before any work.
 
 The window start formula as a Spark column (:func:`start_column`) is kept equal to Python's
 and SQL's (:mod:`eventlanes.windows.kinds`) on integer microseconds; Spark's own ``window()``
@@ -27,47 +29,31 @@ works on TimestampType with the session's rules, and the engines must agree bit 
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from itertools import chain, groupby
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError, SparkJobError
-from ..events import Event, datas
-from ..hashing import stable_hash
 from ..processing.aggregating.aggregation import Aggregation
-from ..processing.aggregating.dedupe import dedupe
-from ..processing.aggregating.folds import fold_event
-from ..processing.aggregating.keying import Keying
 from ..processing.tables.staging import StagedStates
-from ..processing.tables.states import Entry, decode, encode, encode_dropped_by, encode_state
+from ..processing.tables.states import decode
 from ..processing.tables.windows import Checkpoint, StagedWindows, Win
-from ..processing.windowing.clock import recorded_us
-from ..processing.windowing.publish import Closed, closed_windows, window_records
+from ..processing.windowing.publish import Closed, window_records
+from ..processing.windowing.sessions import merge_of
 from ..tokens import Token
 from ..windows.kinds import Session
 from ..windows.spec import Windowing
-from ..windows.ticks import TICK
-from ..windows.time import clamped
 from .input import check_read
-from .source import FIELDS, SCHEMA
 from .staging import parts_of
-
-#: the read's rows with each clock input's clamped time (null: none valid), whether it was
-#: clamped, and the key of those folded (null: a tick, or a type only the clock reads)
-TIMED_SCHEMA = SCHEMA + ", t long, clamped boolean, key string"
-#: a fold's rows: ``window`` (a = start, b = end, c = closed_at, d = revision, text = value),
-#: ``published`` (a closed window to publish: a = start, b = end, c = its root's position,
-#: d = revision, text = value, more = its root's out),
-#: ``late`` (a = position, b = t, c = amended, d = recorded_at, text = its windows), ``state``
-#: (a = dropped, text = value, more = offsets, by = dropped_by) and ``count`` (a = segment,
-#: b = folded, c = late, d = clamped)
-OUT_SCHEMA = (
-    "kind string, key string, a long, b long, c long, d long, text string, more string, by string"
+from .window_fold import (
+    OUT_NAMES,
+    OUT_SCHEMA,
+    TIMED_SCHEMA,
+    Closes,
+    WindowFold,
+    fold_windows,
+    timed,
 )
-OUT_NAMES = OUT_SCHEMA.replace(",", "").split()[::2]
-_T, _CLAMPED, _KEY, _BEFORE = 8, 9, 10, 11  # columns after the event's own eight
+
 BUCKETS_PER_PARTITION = 4
 
 
@@ -84,15 +70,16 @@ def start_column(t: Any, step: Any, offset: Any = 0) -> Any:
 
 def refuse_windows(proc: Any, continuous: bool = False) -> None:
     """What Spark does not run of a windowed aggregation yet, refused before any work: a
-    continuous run, session windows, closed windows given to ``on_close`` or folded
+    continuous run, sessions that publish, closed windows given to ``on_close`` or folded
     downstream."""
     if not isinstance(proc, Aggregation) or proc.windowing is None:
         return
+    merge_of(proc)  # sessions without a merge function: as the local engine refuses them
     why = None
     if continuous:
         why = "a continuous Spark run does not fold windows yet (el.spark.replay does)"
-    elif isinstance(proc.windowing.window, Session):
-        why = "session windows run on the local engine only for now"
+    elif isinstance(proc.windowing.window, Session) and proc.publish is not None:
+        why = "session windows that publish (publish=) run on the local engine only for now"
     elif proc.closers or proc.stages:
         why = (
             "its closed windows feed on_close or downstream stages, which a Spark replay "
@@ -106,239 +93,13 @@ def refuse_windows(proc: Any, continuous: bool = False) -> None:
         )
 
 
-@dataclass(frozen=True)
-class WindowFold:
-    """What executors need of a windowed aggregation: functions and names only (it pickles
-    without the App)."""
-
-    name: str
-    source: str  # the store's events table: an unchained event's root source
-    spec: Windowing
-    types: frozenset[str] | None  # what the clock reads (the folded types, ticks)
-    keying: Keying
-    initial: Callable[[], Any]
-    segments: tuple[tuple[int, int], ...]  # (mask, id) of each segment
-    publishes: bool = False  # closed windows come back as "published" rows too
-
-    @classmethod
-    def of(cls, agg: Aggregation, source: str, segments: list[Any]) -> WindowFold:
-        assert agg.windowing is not None
-        held = tuple((s.mask, s.id) for s in segments)
-        return cls(agg.name, source, agg.windowing, agg.read_types(), Keying.of(agg),
-                   agg.initial_state, held, agg.publish is not None)  # fmt: skip
-
-    def segment_of(self, key: str) -> int:
-        h = stable_hash(key)
-        return next(i for mask, i in self.segments if h & mask == i)
-
-
-def timed(fold: WindowFold, batches: Iterator[Any]) -> Iterator[Any]:
-    """The clock's inputs of each batch with their times (as :class:`StoreClock` reads them:
-    null where none is valid) and the folded ones' keys (as the local engine keys them)."""
-    import pyarrow as pa
-
-    spec, wanted = fold.spec, fold.types
-    for batch in batches:
-        cols = [batch.column(i).to_pylist() for i in range(len(FIELDS))]
-        events = [Event(*row) for row in zip(*cols, strict=True)]
-        picked = [i for i, e in enumerate(events) if wanted is None or e.type in wanted]
-        if not picked:
-            continue
-        inputs = [events[i] for i in picked]
-        recorded = list(map(recorded_us, inputs))
-        times = spec.time.times(inputs)
-        if spec.idle_close is not None:  # a tick's time: its recorded_at less the lag
-            times = [r - spec.tick_lag if e.type == TICK else t
-                     for e, t, r in zip(inputs, times, recorded, strict=True)]  # fmt: skip
-        mine, keys, _ = fold.keying.keyed([e for e in inputs if e.type != TICK])
-        key_of = dict(zip((e.position for e in mine), keys, strict=True))
-        found = [None if t is None else clamped(t, r, spec.max_future)
-                 for t, r in zip(times, recorded, strict=True)]  # fmt: skip
-        kept = batch.select(list(range(len(FIELDS)))).take(pa.array(picked, pa.int64()))
-        extra = [
-            pa.array([None if c is None else c[0] for c in found], pa.int64()),
-            pa.array([None if c is None else c[1] for c in found], pa.bool_()),
-            pa.array([key_of.get(e.position) for e in inputs], pa.string()),
-        ]
-        yield pa.RecordBatch.from_arrays([*kept.columns, *extra],
-                                         names=[*FIELDS, "t", "clamped", "key"])  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Closes:
-    """Where the store's clock closes windows: for each step ``k`` of the grid some input's
-    time reached (``steps``, increasing), the first position whose time reached the threshold
-    of window ``k`` or a later one (``first``: a suffix minimum); ``latest``: the clock at the
-    end (None: no time)."""
-
-    steps: list[int]
-    first: list[int]
-    latest: int | None
-
-    def closed_at(self, step: int) -> int | None:
-        """The position where the window of grid step ``step`` closed (None: still open)."""
-        i = bisect_left(self.steps, step)
-        return self.first[i] if i < len(self.first) else None
-
-
-def fold_windows(fold: WindowFold, closes: Closes, batches: Iterator[Any]) -> Iterator[Any]:
-    """Rows sorted by (key, position), of ``TIMED_SCHEMA`` plus ``before`` (the store clock's
-    time before each; null with a key's clock): each key folded as the local engine folds it."""
-    out: list[tuple[Any, ...]] = []
-    counts: dict[int, list[int]] = {}
-    rows = chain.from_iterable(zip(*(b.column(i).to_pylist() for i in range(b.num_columns)),
-                                   strict=True) for b in batches)  # fmt: skip
-    for key, group in groupby(rows, key=lambda r: r[_KEY]):
-        _KeyFold(fold, key, list(group), closes).emit(out, counts)
-        if len(out) >= 5000:
-            yield _batch(out)
-    out += [("count", None, seg, *n, None, None, None) for seg, n in sorted(counts.items())]
-    if out:
-        yield _batch(out)
-
-
-def _batch(out: list[tuple[Any, ...]]) -> Any:
-    import pyarrow as pa
-
-    types = [pa.string(), pa.string(), *[pa.int64()] * 4, pa.string(), pa.string(), pa.string()]
-    cols = zip(*out, strict=True)
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(c, type=t) for c, t in zip(cols, types, strict=True)],
-        names=OUT_NAMES,
-    )
-    out.clear()
-    return batch
-
-
-class _KeyFold:
-    """One key's inputs folded into its windows, in position order: the rules of
-    ``WindowExecutor._fold_windows`` over a key whose windows are all in hand."""
-
-    def __init__(self, fold: WindowFold, key: str, rows: list[tuple[Any, ...]],
-                 closes: Closes) -> None:  # fmt: skip
-        self.fold, self.key, self.rows, self.closes = fold, key, rows, closes
-        self.wins: dict[int, Win] = {}
-        self.late: list[tuple[Any, ...]] = []
-        self.folded = self.late_count = self.clamped = 0
-
-    # long: one pass per input, its windows, lateness and clock side by side (as the executor)
-    def fold_all(self) -> Entry:
-        fold, key, wins = self.fold, self.key, self.wins
-        spec = fold.spec
-        lateness, late_mode, store = spec.lateness, spec.late, spec.clock == "store"
-        windows_of, initial = spec.window.windows, fold.initial  # type: ignore[union-attr]
-        events = [Event(*r[:_T]) for r in self.rows]
-        entry = Entry({})
-        accepted = dedupe(events, [key] * len(events), {key: entry}, fold.source)
-        book = entry.value
-        decl = fold.keying.declaration
-        pending: list[tuple[Event, Any]] | None = [] if decl is not None else None
-        for i in accepted:
-            event, row = events[i], self.rows[i]
-            t, was = row[_T], row[_CLAMPED]
-            if t is None:  # no valid time: the error the local engine stops on, naming it
-                t, was = clamped(spec.time.of(event), recorded_us(event), spec.max_future)
-            self.clamped += bool(was)
-            latest = row[_BEFORE] if store else book.get("t")
-            mark = None if latest is None else latest - lateness
-            missed: list[tuple[int, int]] = []
-            for start, end in windows_of(t):
-                if mark is not None and end <= mark:
-                    missed.append((start, end))
-                    continue
-                w = wins.get(start)
-                if w is None:
-                    w = wins[start] = Win(end, initial())
-                if pending is not None:
-                    pending.append((event, w.value))
-                else:
-                    self._fold_one(w.value, event)
-            if missed:
-                self.late_count += 1
-                if late_mode == "amend" and pending:
-                    self._declared(pending)
-                amended = late_mode == "amend" and self._amend(event, missed, mark)
-                if late_mode != "count":
-                    self.late.append((event.position, t, missed, amended, recorded_us(event)))
-            else:
-                self.folded += 1
-            if not store and (latest is None or t > latest):  # the key's own clock
-                book["t"] = t
-                for w in wins.values():
-                    if w.closed_at is None and w.end <= t - lateness:
-                        w.closed_at = event.position
-        if pending:
-            self._declared(pending)
-        return entry
-
-    def _fold_one(self, value: Any, event: Event) -> None:
-        fold_event(self.fold.name, self.fold.keying.folds, self.key, value, event)
-
-    def _declared(self, pending: list[tuple[Event, Any]]) -> None:
-        decl = self.fold.keying.declaration
-        assert decl is not None
-        picked = [e for e, _ in pending]
-        decl.fold_into(picked, datas(picked), [self.key] * len(picked), [v for _, v in pending])
-        pending.clear()
-
-    def _amend(self, event: Event, missed: list[tuple[int, int]], mark: int | None) -> bool:
-        """A late input folded into the closed windows it missed, each a new revision; False
-        past ``retain`` (as ``WindowExecutor._amend``)."""
-        if not self.fold.spec.amendable(missed, mark):
-            return False
-        for start, end in missed:
-            w = self.wins.get(start)
-            if w is None:  # closed with nothing in it: it opens as revision 0, closed
-                w = self.wins[start] = Win(end, self.fold.initial(), -1, event.position)
-            self._fold_one(w.value, event)
-            w.revision += 1
-            w.amended_at = event.position
-        return True
-
-    def emit(self, out: list[tuple[Any, ...]], counts: dict[int, list[int]]) -> None:
-        """Fold, close, expire, and add the key's rows to ``out`` and its counts to its
-        segment's."""
-        entry = self.fold_all()
-        fold, key, spec = self.fold, self.key, self.fold.spec
-        window: Any = spec.window
-        if spec.clock == "store":
-            latest = self.closes.latest
-            for start, w in self.wins.items():
-                if w.closed_at is None:
-                    w.closed_at = self.closes.closed_at((start - window.offset) // window.step)
-        else:
-            latest = entry.value.get("t")
-        if fold.publishes:  # each closed window once, its latest revision: one write's rule
-            done = closed_windows([(key, start, w) for start, w in self.wins.items()])
-            for position, i, _, start, w in done:
-                out.append(("published", key, start, w.end, position, w.revision,
-                            encode_state(fold.name, key, w.value), str(i), None))  # fmt: skip
-        # closed longer than retain: deleted by the local engine's writes, never written here
-        gone = None if latest is None else latest - spec.lateness - spec.retain
-        for start in sorted(self.wins):
-            w = self.wins[start]
-            if w.closed_at is not None and gone is not None and w.end < gone:
-                continue
-            out.append(("window", key, start, w.end, w.closed_at, w.revision,
-                        encode_state(fold.name, key, w.value), None, None))  # fmt: skip
-        for position, t, missed, amended, recorded in self.late:
-            out.append(("late", key, position, t, int(amended), recorded, json.dumps(missed),
-                        None, None))  # fmt: skip
-        out.append(("state", key, entry.dropped, None, None, None,
-                    encode_state(fold.name, key, entry.value), encode(entry.offsets),
-                    encode_dropped_by(entry.dropped_by)))  # fmt: skip
-        n = counts.setdefault(fold.segment_of(key), [0, 0, 0])
-        n[0] += self.folded
-        n[1] += self.late_count
-        n[2] += self.clamped
-
-
 def _clock_columns(
     timed_df: Any, spec: Windowing, end: int, buckets: int
-) -> tuple[Any, Closes, int]:
-    """``timed_df`` with ``before`` (the store clock's time before each row's position), where
-    the clock closes windows, and how many inputs are folded: two small jobs, their answers
-    on the driver."""
+) -> tuple[Any, Closes, int, list[int | None]]:
+    """``timed_df`` with ``bucket`` (of positions) and ``before`` (the store clock's time
+    before each row's position), where the clock closes windows (sessions: only the clock at
+    the end), how many inputs are folded, and the clock at each bucket's end: two small jobs
+    (one for sessions), their answers on the driver."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -353,12 +114,16 @@ def _clock_columns(
         top = tops.get(b)
         if top is not None and (running is None or top > running):
             running = top
-    window: Any = spec.window
     base = F.element_at(F.array(*[F.lit(v).cast("long") for v in below]),
                         F.col("bucket").cast("int") + 1)  # fmt: skip
     within = F.max("t").over(
         Window.partitionBy("bucket").orderBy("position").rowsBetween(Window.unboundedPreceding, -1)
     )
+    inputs = sum(r[2] for r in found)
+    with_clock = df.withColumn("before", F.greatest(base, within))
+    window: Any = spec.window
+    if isinstance(window, Session):
+        return with_clock, Closes([], [], running), inputs, [*below[1:], running]
     # the grid step of the last window whose threshold (end + lateness) a time reaches
     x = F.col("t") - F.lit(window.offset + window.size + spec.lateness)
     step = ((x - F.pmod(x, F.lit(window.step))) / F.lit(window.step)).cast("long")
@@ -370,8 +135,40 @@ def _clock_columns(
     for _, first in reversed(firsts):
         suffix.append(first if not suffix else min(first, suffix[-1]))
     closes = Closes([k for k, _ in firsts], suffix[::-1], running)
-    inputs = sum(r[2] for r in found)
-    return df.withColumn("before", F.greatest(base, within)).drop("bucket"), closes, inputs
+    return with_clock, closes, inputs, [*below[1:], running]
+
+
+def session_closes(
+    with_clock: Any, folded: Any, lateness: int, latest: int | None, reached: list[int | None]
+) -> Any:
+    """``(kind, key, a, closed)`` of each session of ``folded`` the store's clock passed: the
+    first position whose time reaches its end plus the lateness. That position is where the
+    clock grew (its time is above the clock before it), in the first bucket whose clock
+    (``reached``, at each bucket's end) reaches the threshold: within a bucket, the thresholds
+    and those positions sorted by time together, largest first, each threshold takes the
+    smallest position seen so far."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    floor = -(2**63)  # a bucket before any time: below every threshold
+    marks = F.array(*[F.lit(floor if v is None else v).cast("long") for v in reached])
+    x = F.col("b") + F.lit(lateness)
+    passed = folded.where((F.col("kind") == "window") & F.col("c").isNull()
+                          & (x <= F.lit(latest).cast("long")))  # fmt: skip
+    thresholds = passed.select(
+        F.size(F.filter(marks, lambda m: m < x)).cast("long").alias("bucket"), x.alias("v"),
+        F.lit(1).alias("side"), F.lit(None).cast("long").alias("position"), "key", "a",
+    )  # fmt: skip
+    grew = F.col("t").isNotNull() & (F.col("before").isNull() | (F.col("t") > F.col("before")))
+    breaks = with_clock.where(grew).select(
+        "bucket", F.col("t").alias("v"), F.lit(0).alias("side"), "position",
+        F.lit(None).cast("string").alias("key"), F.lit(None).cast("long").alias("a"),
+    )  # fmt: skip
+    order = Window.partitionBy("bucket").orderBy(F.desc("v"), "side")
+    first = F.min("position").over(order.rowsBetween(Window.unboundedPreceding, 0))
+    both = breaks.unionByName(thresholds).withColumn("closed", first)
+    return both.where(F.col("side") == 1).select(F.lit("window").alias("kind"), "key", "a",
+                                                  "closed")  # fmt: skip
 
 
 def replay_windows(
@@ -407,11 +204,13 @@ def _fold_and_write(
     spec = fold.spec
     if spec.clock == "store":
         buckets = n * BUCKETS_PER_PARTITION
-        with_clock, closes, expected = _clock_columns(timed_df, spec, source.end, buckets)
+        with_clock, closes, expected, reached = _clock_columns(timed_df, spec, source.end,
+                                                               buckets)  # fmt: skip
     else:  # each key's clock: its own earlier inputs, read in the fold
         with_clock = timed_df.withColumn("before", F.lit(None).cast("long"))
         closes, expected = Closes([], [], None), timed_df.where(F.col("key").isNotNull()).count()
-    inputs = with_clock.where(F.col("key").isNotNull())
+        reached = []
+    inputs = with_clock.drop("bucket").where(F.col("key").isNotNull())
     folded = (
         inputs.repartition(n, "key")
         .sortWithinPartitions("key", "position")
@@ -424,7 +223,12 @@ def _fold_and_write(
     kept = folded.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         total = kept.count()
-        keys = _write(app, agg, fold, kept, total, expected, source.end, closes, owner, records)
+        rows = kept
+        if isinstance(spec.window, Session) and spec.clock == "store":
+            closed = session_closes(with_clock, kept, spec.lateness, closes.latest, reached)
+            rows = (kept.join(closed, ["kind", "key", "a"], "left")
+                    .withColumn("c", F.coalesce("c", "closed")).select(*OUT_NAMES))  # fmt: skip
+        keys = _write(app, agg, fold, rows, total, expected, source.end, closes, owner, records)
     finally:
         kept.unpersist()
     return events, keys
@@ -504,6 +308,21 @@ def _write(
         if agg.publish is not None and done:
             agg.publish.publish(window_records(name, done))
 
+    passed = None  # sessions: the clock every session ending before it must have closed at
+    if isinstance(fold.spec.window, Session) and fold.spec.clock == "store":
+        passed = None if closes.latest is None else closes.latest - fold.spec.lateness
+
+    def check(wins: list[Any]) -> None:
+        if passed is None:
+            return
+        for key, start, end, _, closed_at, _ in wins:
+            if closed_at is None and end <= passed:  # a close lost: nothing written
+                raise SparkJobError(
+                    f"{name}: the session of key {key!r} starting at {start} ended before the "
+                    "clock at the replay's end, but Spark gave no position where it closed: "
+                    "nothing was written"
+                )
+
     def finish(conn: Any) -> None:
         for record in records:
             seg = record.segment.id
@@ -517,6 +336,7 @@ def _write(
         with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
             for wins, late, states, counts, done in _rows(folded, rows_bound, name):
                 publish(done)
+                check(wins)
                 windows.add(name, wins, late)
                 stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
                 tally.add(states, counts)
@@ -533,6 +353,7 @@ def _write(
         rt.windows.delete_all(conn, name)
         for wins, late, states, counts, done in _rows(folded, rows_bound, name):
             publish(done)
+            check(wins)
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)

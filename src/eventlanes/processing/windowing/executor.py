@@ -14,7 +14,6 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ...callables import name_of
 from ...errors import InvalidInputError
 from ...events import Event, datas
 from ...windows.kinds import Session
@@ -31,6 +30,7 @@ from .clock import StoreClock, recorded_us
 from .ends import Ends
 from .publish import closed_windows, on_close, stage_outputs, window_records
 from .pushdown import WindowRange
+from .sessions import join_session, merge_of
 from .ticker import Ticker
 
 if TYPE_CHECKING:
@@ -57,13 +57,7 @@ class WindowExecutor(AggregationExecutor):
             )
         #: session windows: how two sessions an input bridges merge their states
         self.session = spec.window if isinstance(spec.window, Session) else None
-        self.merge: Any = agg.declaration.merge if agg.declaration is not None else agg.merger
-        if self.session is not None and self.merge is None:
-            raise InvalidInputError(
-                f"aggregation {agg.name!r} has session windows: an input that bridges two "
-                "sessions of a key merges their states; give a merge function "
-                "(@agg.on_merge: fn(into, other))"
-            )
+        self.merge: Any = merge_of(agg)
         self.fresh_state = dict  # a key's row: its clock (clock="key") besides its offsets
         self.window_initial = agg.initial_state
         self.clock = None
@@ -391,34 +385,17 @@ class WindowExecutor(AggregationExecutor):
         """The session of ``key`` that now holds an input at ``t``: a new one, or the
         ``joined`` ones (in time order) merged into the first, spanning them and ``t``; the
         rows of the starts it no longer has are deleted with the next write."""
-        assert self.session is not None
+        assert self.session is not None and self.merge is not None
         mine, dropped = self.open[seg][key], self.dropped_rows[seg]
-        end = t + self.session.gap
-        if not joined:
-            start, w = t, Win(end, self.window_initial())
-        else:
-            start, w = min(t, joined[0][0]), joined[0][1]
-            for _, other in joined[1:]:
-                merged = self.merge(w.value, other.value)
-                if merged is not None and merged is not w.value:  # dropped: refused, not lost
-                    raise InvalidInputError(
-                        f"aggregation {self.name!r}, key {key!r}: on_merge "
-                        f"{name_of(self.merge)} returned {type(merged).__name__}: it merges "
-                        "other into into in place (returns None or into), it does not "
-                        "return a new state"
-                    )
-                end = max(end, other.end)
-            for s, _ in joined:
-                del mine[s]
-                dropped.add((key, s))
-                self.touched[seg].discard((key, s))
-            end = max(end, w.end)
-        w.end = end
-        mine[start] = w
+        start, w = join_session(self.name, key, self.merge, mine, joined, t, self.session.gap,
+                                self.window_initial)  # fmt: skip
+        for s, _ in joined:
+            dropped.add((key, s))
+            self.touched[seg].discard((key, s))
         dropped.discard((key, start))
         self.touched[seg].add((key, start))
         if self.clock is not None:
-            self.ends[seg].push(end, key, start)
+            self.ends[seg].push(w.end, key, start)
         return w
 
     def _fold_declared(

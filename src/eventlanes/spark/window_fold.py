@@ -1,0 +1,344 @@
+"""What executors run of a windowed aggregation's Spark replay: each read row's time and key
+(:func:`timed`), then each key's inputs, in position order, deduped and folded by the local
+engine's rules into its windows (:func:`fold_windows`), late inputs, entry and counts, as rows
+of :data:`OUT_SCHEMA`. :mod:`.windows` plans the jobs and writes what comes back.
+
+Tumbling and hopping windows close where the store's clock (:class:`Closes`) or the key's own
+says. A session's end is known only once its key is folded, so with the store's clock its
+row comes back open (``c`` null) when the clock has passed it, and the driver fills in where
+it closed (:func:`.windows.session_closes`).
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import chain, groupby
+from typing import Any
+
+from ..events import Event, datas
+from ..hashing import stable_hash
+from ..processing.aggregating.aggregation import Aggregation
+from ..processing.aggregating.dedupe import dedupe
+from ..processing.aggregating.folds import fold_event
+from ..processing.aggregating.keying import Keying
+from ..processing.tables.states import Entry, encode, encode_dropped_by, encode_state
+from ..processing.tables.windows import Win
+from ..processing.windowing.clock import recorded_us
+from ..processing.windowing.publish import closed_windows
+from ..processing.windowing.sessions import join_session, merge_of
+from ..windows.kinds import Session
+from ..windows.spec import Windowing
+from ..windows.ticks import TICK
+from ..windows.time import clamped
+from .source import FIELDS, SCHEMA
+
+#: the read's rows with each clock input's clamped time (null: none valid), whether it was
+#: clamped, and the key of those folded (null: a tick, or a type only the clock reads)
+TIMED_SCHEMA = SCHEMA + ", t long, clamped boolean, key string"
+#: a fold's rows: ``window`` (a = start, b = end, c = closed_at, d = revision, text = value),
+#: ``published`` (a closed window to publish: a = start, b = end, c = its root's position,
+#: d = revision, text = value, more = its root's out),
+#: ``late`` (a = position, b = t, c = amended, d = recorded_at, text = its windows), ``state``
+#: (a = dropped, text = value, more = offsets, by = dropped_by) and ``count`` (a = segment,
+#: b = folded, c = late, d = clamped)
+OUT_SCHEMA = (
+    "kind string, key string, a long, b long, c long, d long, text string, more string, by string"
+)
+OUT_NAMES = OUT_SCHEMA.replace(",", "").split()[::2]
+_T, _CLAMPED, _KEY, _BEFORE = 8, 9, 10, 11  # columns after the event's own eight
+
+
+@dataclass(frozen=True)
+class WindowFold:
+    """What executors need of a windowed aggregation: functions and names only (it pickles
+    without the App)."""
+
+    name: str
+    source: str  # the store's events table: an unchained event's root source
+    spec: Windowing
+    types: frozenset[str] | None  # what the clock reads (the folded types, ticks)
+    keying: Keying
+    initial: Callable[[], Any]
+    segments: tuple[tuple[int, int], ...]  # (mask, id) of each segment
+    publishes: bool = False  # closed windows come back as "published" rows too
+    merge: Callable[[Any, Any], Any] | None = None  # sessions: two states an input bridges
+
+    @classmethod
+    def of(cls, agg: Aggregation, source: str, segments: list[Any]) -> WindowFold:
+        assert agg.windowing is not None
+        held = tuple((s.mask, s.id) for s in segments)
+        merge = merge_of(agg)
+        return cls(agg.name, source, agg.windowing, agg.read_types(), Keying.of(agg),
+                   agg.initial_state, held, agg.publish is not None, merge)  # fmt: skip
+
+    def segment_of(self, key: str) -> int:
+        h = stable_hash(key)
+        return next(i for mask, i in self.segments if h & mask == i)
+
+
+def timed(fold: WindowFold, batches: Iterator[Any]) -> Iterator[Any]:
+    """The clock's inputs of each batch with their times (as :class:`StoreClock` reads them:
+    null where none is valid) and the folded ones' keys (as the local engine keys them)."""
+    import pyarrow as pa
+
+    spec, wanted = fold.spec, fold.types
+    for batch in batches:
+        cols = [batch.column(i).to_pylist() for i in range(len(FIELDS))]
+        events = [Event(*row) for row in zip(*cols, strict=True)]
+        picked = [i for i, e in enumerate(events) if wanted is None or e.type in wanted]
+        if not picked:
+            continue
+        inputs = [events[i] for i in picked]
+        recorded = list(map(recorded_us, inputs))
+        times = spec.time.times(inputs)
+        if spec.idle_close is not None:  # a tick's time: its recorded_at less the lag
+            times = [r - spec.tick_lag if e.type == TICK else t
+                     for e, t, r in zip(inputs, times, recorded, strict=True)]  # fmt: skip
+        mine, keys, _ = fold.keying.keyed([e for e in inputs if e.type != TICK])
+        key_of = dict(zip((e.position for e in mine), keys, strict=True))
+        found = [None if t is None else clamped(t, r, spec.max_future)
+                 for t, r in zip(times, recorded, strict=True)]  # fmt: skip
+        kept = batch.select(list(range(len(FIELDS)))).take(pa.array(picked, pa.int64()))
+        extra = [
+            pa.array([None if c is None else c[0] for c in found], pa.int64()),
+            pa.array([None if c is None else c[1] for c in found], pa.bool_()),
+            pa.array([key_of.get(e.position) for e in inputs], pa.string()),
+        ]
+        yield pa.RecordBatch.from_arrays([*kept.columns, *extra],
+                                         names=[*FIELDS, "t", "clamped", "key"])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Closes:
+    """Where the store's clock closes windows: for each step ``k`` of the grid some input's
+    time reached (``steps``, increasing), the first position whose time reached the threshold
+    of window ``k`` or a later one (``first``: a suffix minimum); ``latest``: the clock at the
+    end (None: no time)."""
+
+    steps: list[int]
+    first: list[int]
+    latest: int | None
+
+    def closed_at(self, step: int) -> int | None:
+        """The position where the window of grid step ``step`` closed (None: still open)."""
+        i = bisect_left(self.steps, step)
+        return self.first[i] if i < len(self.first) else None
+
+
+def fold_windows(fold: WindowFold, closes: Closes, batches: Iterator[Any]) -> Iterator[Any]:
+    """Rows sorted by (key, position), of ``TIMED_SCHEMA`` plus ``before`` (the store clock's
+    time before each; null with a key's clock): each key folded as the local engine folds it."""
+    out: list[tuple[Any, ...]] = []
+    counts: dict[int, list[int]] = {}
+    rows = chain.from_iterable(zip(*(b.column(i).to_pylist() for i in range(b.num_columns)),
+                                   strict=True) for b in batches)  # fmt: skip
+    for key, group in groupby(rows, key=lambda r: r[_KEY]):
+        _KeyFold(fold, key, list(group), closes).emit(out, counts)
+        if len(out) >= 5000:
+            yield _batch(out)
+    out += [("count", None, seg, *n, None, None, None) for seg, n in sorted(counts.items())]
+    if out:
+        yield _batch(out)
+
+
+def _batch(out: list[tuple[Any, ...]]) -> Any:
+    import pyarrow as pa
+
+    types = [pa.string(), pa.string(), *[pa.int64()] * 4, pa.string(), pa.string(), pa.string()]
+    cols = zip(*out, strict=True)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(c, type=t) for c, t in zip(cols, types, strict=True)],
+        names=OUT_NAMES,
+    )
+    out.clear()
+    return batch
+
+
+class _KeyFold:
+    """One key's inputs folded into its windows, in position order: the rules of
+    ``WindowExecutor._fold_windows`` over a key whose windows are all in hand."""
+
+    def __init__(self, fold: WindowFold, key: str, rows: list[tuple[Any, ...]],
+                 closes: Closes) -> None:  # fmt: skip
+        self.fold, self.key, self.rows, self.closes = fold, key, rows, closes
+        self.wins: dict[int, Win] = {}
+        self.late: list[tuple[Any, ...]] = []
+        self.folded = self.late_count = self.clamped = 0
+
+    def _accepted(self) -> tuple[Entry, list[Event], list[int]]:
+        """The key's entry, its inputs as events, and the indexes of those not duplicates."""
+        events = [Event(*r[:_T]) for r in self.rows]
+        entry = Entry({})
+        accepted = dedupe(events, [self.key] * len(events), {self.key: entry}, self.fold.source)
+        return entry, events, accepted
+
+    def _time(self, event: Event, row: tuple[Any, ...]) -> int:
+        """An input's clamped time (counted when clamped)."""
+        t, was = row[_T], row[_CLAMPED]
+        if t is None:  # no valid time: the error the local engine stops on, naming it
+            spec = self.fold.spec
+            t, was = clamped(spec.time.of(event), recorded_us(event), spec.max_future)
+        self.clamped += bool(was)
+        return int(t)
+
+    def _key_clock(self, book: dict[str, Any], latest: int | None, t: int, at: int) -> None:
+        """``clock="key"``: the key's clock moves on to ``t``; what it passes closes at ``at``."""
+        if latest is None or t > latest:
+            book["t"] = t
+            for w in self.wins.values():
+                if w.closed_at is None and w.end <= t - self.fold.spec.lateness:
+                    w.closed_at = at
+
+    # long: one pass per input, its windows, lateness and clock side by side (as the executor)
+    def fold_all(self) -> Entry:
+        fold, wins = self.fold, self.wins
+        spec = fold.spec
+        if isinstance(spec.window, Session):
+            return self.fold_sessions(spec.window)
+        lateness, late_mode, store = spec.lateness, spec.late, spec.clock == "store"
+        windows_of, initial = spec.window.windows, fold.initial
+        entry, events, accepted = self._accepted()
+        book = entry.value
+        decl = fold.keying.declaration
+        pending: list[tuple[Event, Any]] | None = [] if decl is not None else None
+        for i in accepted:
+            event, row = events[i], self.rows[i]
+            t = self._time(event, row)
+            latest = row[_BEFORE] if store else book.get("t")
+            mark = None if latest is None else latest - lateness
+            missed: list[tuple[int, int]] = []
+            for start, end in windows_of(t):
+                if mark is not None and end <= mark:
+                    missed.append((start, end))
+                    continue
+                w = wins.get(start)
+                if w is None:
+                    w = wins[start] = Win(end, initial())
+                if pending is not None:
+                    pending.append((event, w.value))
+                else:
+                    self._fold_one(w.value, event)
+            if missed:
+                self.late_count += 1
+                if late_mode == "amend" and pending:
+                    self._declared(pending)
+                amended = late_mode == "amend" and self._amend(event, missed, mark)
+                if late_mode != "count":
+                    self.late.append((event.position, t, missed, amended, recorded_us(event)))
+            else:
+                self.folded += 1
+            if not store:
+                self._key_clock(book, latest, t, event.position)
+        if pending:
+            self._declared(pending)
+        return entry
+
+    def fold_sessions(self, session: Session) -> Entry:
+        """Session windows, one input at a time (as ``WindowExecutor._fold_sessions``): it
+        joins (and bridges) the open sessions of its key that its own ``[t, t + gap)``
+        overlaps, else it opens one; it is late when it overlaps a closed one, or when its
+        own would be closed already. A session is closed once the clock before an input
+        passed its end (the local engine marks it so at that input's batch end, or earlier)."""
+        fold, wins = self.fold, self.wins
+        spec = fold.spec
+        gap, lateness, store = session.gap, spec.lateness, spec.clock == "store"
+        entry, events, accepted = self._accepted()
+        book = entry.value
+        for i in accepted:
+            event, row = events[i], self.rows[i]
+            t = self._time(event, row)
+            latest = row[_BEFORE] if store else book.get("t")
+            mark = None if latest is None else latest - lateness
+            overlapping = sorted((s, w) for s, w in wins.items() if s < t + gap and t < w.end)
+            joined = [(s, w) for s, w in overlapping
+                      if w.closed_at is None and (mark is None or w.end > mark)]  # fmt: skip
+            if len(joined) < len(overlapping) or (
+                not joined and mark is not None and t + gap <= mark
+            ):
+                self.late_count += 1
+                if spec.late != "count":
+                    self.late.append((event.position, t, [(t, t + gap)], False,
+                                      recorded_us(event)))  # fmt: skip
+            else:
+                self.folded += 1
+                merge = fold.merge
+                assert merge is not None  # the executor refuses sessions without one
+                _, w = join_session(fold.name, self.key, merge, wins, joined, t, gap,
+                                    fold.initial)  # fmt: skip
+                self._fold_one(w.value, event)
+            if not store:
+                self._key_clock(book, latest, t, event.position)
+        return entry
+
+    def _fold_one(self, value: Any, event: Event) -> None:
+        fold_event(self.fold.name, self.fold.keying.folds, self.key, value, event)
+
+    def _declared(self, pending: list[tuple[Event, Any]]) -> None:
+        decl = self.fold.keying.declaration
+        assert decl is not None
+        picked = [e for e, _ in pending]
+        decl.fold_into(picked, datas(picked), [self.key] * len(picked), [v for _, v in pending])
+        pending.clear()
+
+    def _amend(self, event: Event, missed: list[tuple[int, int]], mark: int | None) -> bool:
+        """A late input folded into the closed windows it missed, each a new revision; False
+        past ``retain`` (as ``WindowExecutor._amend``)."""
+        if not self.fold.spec.amendable(missed, mark):
+            return False
+        for start, end in missed:
+            w = self.wins.get(start)
+            if w is None:  # closed with nothing in it: it opens as revision 0, closed
+                w = self.wins[start] = Win(end, self.fold.initial(), -1, event.position)
+            self._fold_one(w.value, event)
+            w.revision += 1
+            w.amended_at = event.position
+        return True
+
+    def emit(self, out: list[tuple[Any, ...]], counts: dict[int, list[int]]) -> None:
+        """Fold, close, expire, and add the key's rows to ``out`` and its counts to its
+        segment's."""
+        entry = self.fold_all()
+        fold, key, spec = self.fold, self.key, self.fold.spec
+        window: Any = spec.window
+        session = isinstance(window, Session)
+        # a session the store's clock passed: closed, where is the driver's to say
+        passed = set()
+        if spec.clock == "store":
+            latest = self.closes.latest
+            for start, w in self.wins.items():
+                if session:
+                    if latest is not None and w.end + spec.lateness <= latest:
+                        passed.add(start)
+                elif w.closed_at is None:
+                    w.closed_at = self.closes.closed_at((start - window.offset) // window.step)
+        else:
+            latest = entry.value.get("t")
+        if fold.publishes:  # each closed window once, its latest revision: one write's rule
+            done = closed_windows([(key, start, w) for start, w in self.wins.items()])
+            for position, i, _, start, w in done:
+                out.append(("published", key, start, w.end, position, w.revision,
+                            encode_state(fold.name, key, w.value), str(i), None))  # fmt: skip
+        # closed longer than retain (a session: at least its gap): deleted by the local
+        # engine's writes, never written here
+        retain = max(spec.retain, window.gap) if session else spec.retain
+        gone = None if latest is None else latest - spec.lateness - retain
+        for start in sorted(self.wins):
+            w = self.wins[start]
+            closed = w.closed_at is not None or start in passed
+            if closed and gone is not None and w.end < gone:
+                continue
+            out.append(("window", key, start, w.end, w.closed_at, w.revision,
+                        encode_state(fold.name, key, w.value), None, None))  # fmt: skip
+        for position, t, missed, amended, recorded in self.late:
+            out.append(("late", key, position, t, int(amended), recorded, json.dumps(missed),
+                        None, None))  # fmt: skip
+        out.append(("state", key, entry.dropped, None, None, None,
+                    encode_state(fold.name, key, entry.value), encode(entry.offsets),
+                    encode_dropped_by(entry.dropped_by)))  # fmt: skip
+        n = counts.setdefault(fold.segment_of(key), [0, 0, 0])
+        n[0] += self.folded
+        n[1] += self.late_count
+        n[2] += self.clamped
