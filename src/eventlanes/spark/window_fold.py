@@ -27,7 +27,6 @@ from ..processing.aggregating.keying import Keying
 from ..processing.tables.states import Entry, encode, encode_dropped_by, encode_state
 from ..processing.tables.windows import Win
 from ..processing.windowing.clock import recorded_us
-from ..processing.windowing.publish import closed_windows
 from ..processing.windowing.sessions import join_session, merge_of
 from ..windows.kinds import Session
 from ..windows.spec import Windowing
@@ -40,7 +39,7 @@ from .source import FIELDS, SCHEMA
 TIMED_SCHEMA = SCHEMA + ", t long, clamped boolean, key string"
 #: a fold's rows: ``window`` (a = start, b = end, c = closed_at, d = revision, text = value),
 #: ``published`` (a closed window to publish: a = start, b = end, c = its root's position,
-#: d = revision, text = value, more = its root's out),
+#: d = revision, text = value),
 #: ``late`` (a = position, b = t, c = amended, d = recorded_at, text = its windows), ``state``
 #: (a = dropped, text = value, more = offsets, by = dropped_by) and ``count`` (a = segment,
 #: b = folded, c = late, d = clamped)
@@ -317,10 +316,11 @@ class _KeyFold:
         else:
             latest = entry.value.get("t")
         if fold.publishes:  # each closed window once, its latest revision: one write's rule
-            done = closed_windows([(key, start, w) for start, w in self.wins.items()])
-            for position, i, _, start, w in done:
-                out.append(("published", key, start, w.end, position, w.revision,
-                            encode_state(fold.name, key, w.value), str(i), None))  # fmt: skip
+            for start, w in self.wins.items():
+                root = w.closed_at if w.amended_at is None else w.amended_at
+                if root is not None or start in passed:  # a passed session's: the driver's
+                    out.append(("published", key, start, w.end, root, w.revision,
+                                encode_state(fold.name, key, w.value), None, None))  # fmt: skip
         # closed longer than retain (a session: at least its gap): deleted by the local
         # engine's writes, never written here
         retain = max(spec.retain, window.gap) if session else spec.retain

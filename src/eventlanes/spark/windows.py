@@ -18,8 +18,8 @@ transaction only moves them in.
 
 A session's end is known only once its key is folded: with the store's clock, where each
 session the clock passed closed is found afterwards, by Spark, from the positions where the
-clock grew (:func:`session_closes`). Windows that feed ``on_close`` or downstream stages, and
-sessions that publish, stay on the local engine for now: refused before any work.
+clock grew (:func:`session_closes`). Windows that feed ``on_close`` or downstream stages stay
+on the local engine for now: refused before any work.
 
 The window start formula as a Spark column (:func:`start_column`) is kept equal to Python's
 and SQL's (:mod:`eventlanes.windows.kinds`) on integer microseconds; Spark's own ``window()``
@@ -37,7 +37,7 @@ from ..processing.aggregating.aggregation import Aggregation
 from ..processing.tables.staging import StagedStates
 from ..processing.tables.states import decode
 from ..processing.tables.windows import Checkpoint, StagedWindows, Win
-from ..processing.windowing.publish import Closed, window_records
+from ..processing.windowing.publish import closed_windows, window_records
 from ..processing.windowing.sessions import merge_of
 from ..tokens import Token
 from ..windows.kinds import Session
@@ -70,16 +70,13 @@ def start_column(t: Any, step: Any, offset: Any = 0) -> Any:
 
 def refuse_windows(proc: Any, continuous: bool = False) -> None:
     """What Spark does not run of a windowed aggregation yet, refused before any work: a
-    continuous run, sessions that publish, closed windows given to ``on_close`` or folded
-    downstream."""
+    continuous run, closed windows given to ``on_close`` or folded downstream."""
     if not isinstance(proc, Aggregation) or proc.windowing is None:
         return
     merge_of(proc)  # sessions without a merge function: as the local engine refuses them
     why = None
     if continuous:
         why = "a continuous Spark run does not fold windows yet (el.spark.replay does)"
-    elif isinstance(proc.windowing.window, Session) and proc.publish is not None:
-        why = "session windows that publish (publish=) run on the local engine only for now"
     elif proc.closers or proc.stages:
         why = (
             "its closed windows feed on_close or downstream stages, which a Spark replay "
@@ -141,7 +138,8 @@ def _clock_columns(
 def session_closes(
     with_clock: Any, folded: Any, lateness: int, latest: int | None, reached: list[int | None]
 ) -> Any:
-    """``(kind, key, a, closed)`` of each session of ``folded`` the store's clock passed: the
+    """``(kind, key, a, closed)`` of each session of ``folded`` (its row, and the row that
+    publishes it) the store's clock passed: the
     first position whose time reaches its end plus the lateness. That position is where the
     clock grew (its time is above the clock before it), in the first bucket whose clock
     (``reached``, at each bucket's end) reaches the threshold: within a bucket, the thresholds
@@ -153,22 +151,22 @@ def session_closes(
     floor = -(2**63)  # a bucket before any time: below every threshold
     marks = F.array(*[F.lit(floor if v is None else v).cast("long") for v in reached])
     x = F.col("b") + F.lit(lateness)
-    passed = folded.where((F.col("kind") == "window") & F.col("c").isNull()
-                          & (x <= F.lit(latest).cast("long")))  # fmt: skip
+    kinds = F.col("kind").isin("window", "published")
+    passed = folded.where(kinds & F.col("c").isNull() & (x <= F.lit(latest).cast("long")))
     thresholds = passed.select(
         F.size(F.filter(marks, lambda m: m < x)).cast("long").alias("bucket"), x.alias("v"),
-        F.lit(1).alias("side"), F.lit(None).cast("long").alias("position"), "key", "a",
+        F.lit(1).alias("side"), F.lit(None).cast("long").alias("position"), "kind", "key", "a",
     )  # fmt: skip
     grew = F.col("t").isNotNull() & (F.col("before").isNull() | (F.col("t") > F.col("before")))
+    none = F.lit(None).cast("string")
     breaks = with_clock.where(grew).select(
-        "bucket", F.col("t").alias("v"), F.lit(0).alias("side"), "position",
-        F.lit(None).cast("string").alias("key"), F.lit(None).cast("long").alias("a"),
+        "bucket", F.col("t").alias("v"), F.lit(0).alias("side"), "position", none.alias("kind"),
+        none.alias("key"), F.lit(None).cast("long").alias("a"),
     )  # fmt: skip
     order = Window.partitionBy("bucket").orderBy(F.desc("v"), "side")
     first = F.min("position").over(order.rowsBetween(Window.unboundedPreceding, 0))
     both = breaks.unionByName(thresholds).withColumn("closed", first)
-    return both.where(F.col("side") == 1).select(F.lit("window").alias("kind"), "key", "a",
-                                                  "closed")  # fmt: skip
+    return both.where(F.col("side") == 1).select("kind", "key", "a", "closed")
 
 
 def replay_windows(
@@ -235,15 +233,15 @@ def _fold_and_write(
 
 
 #: per part: windows, late inputs, states, counts, windows to publish
-_Part = tuple[list[Any], list[Any], list[Any], list[Any], Closed]
+_Part = tuple[list[Any], list[Any], list[Any], list[Any], list[tuple[str, int, Win]]]
 
 
 def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
     """The fold's rows brought over a bounded part at a time: per part its windows (key,
     start, end, value, closed_at, revision), late inputs (position, key, t, windows, amended,
     recorded_at), states (key, value, offsets, dropped, dropped_by), counts (segment,
-    folded, late, clamped) and the closed windows to publish (as :func:`closed_windows`
-    gives them, each key's in the order of their roots)."""
+    folded, late, clamped) and the closed windows to publish (key, start, window whose
+    ``closed_at`` is its root's position)."""
     for table in parts_of(folded, bound, f"replay of {name}"):
         cols = {c: table.column(c).to_pylist() for c in table.column_names}
         rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
@@ -254,8 +252,8 @@ def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
             [(k, t, more, a, by) for kind, k, a, _, _, _, t, more, by in rows
              if kind == "state"],
             [(seg, f, late, c) for kind, _, seg, f, late, c, _, _, _ in rows if kind == "count"],
-            sorted(((c, int(more), k, a, Win(b, decode(t), d)) for kind, k, a, b, c, d, t, more, _
-                    in rows if kind == "published"), key=lambda p: (p[0], p[1], p[2])),
+            [(k, a, Win(b, decode(t), d, c)) for kind, k, a, b, c, d, t, _, _ in rows
+             if kind == "published"],
         )  # fmt: skip
 
 
@@ -304,7 +302,16 @@ def _write(
     tally = _Tally()
     definition = fold.spec.definition()
 
-    def publish(done: Closed) -> None:  # acknowledged before anything commits
+    def publish(closed: list[tuple[str, int, Win]]) -> None:  # acknowledged before any commit
+        for key, start, w in closed:
+            if w.closed_at is None:  # a close lost: nothing published, nothing written
+                raise SparkJobError(
+                    f"{name}: the window of key {key!r} starting at {start} closed, but Spark "
+                    "gave no position where it did: nothing was written"
+                )
+        # a key's windows are all in one part: the index among those it published at a
+        # position is the local engine's
+        done = closed_windows(closed)
         if agg.publish is not None and done:
             agg.publish.publish(window_records(name, done))
 
