@@ -281,6 +281,36 @@ class _Tally:
             )
 
 
+def _publish(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> None:
+    """Publish closed windows (key, start, window whose ``closed_at`` is its root's position),
+    acknowledged before anything commits; one with no position stops the replay."""
+    for key, start, w in closed:
+        if w.closed_at is None:  # a close lost: nothing published, nothing written
+            raise SparkJobError(
+                f"{agg.name}: the window of key {key!r} starting at {start} closed, but Spark "
+                "gave no position where it did: nothing was written"
+            )
+    # a key's windows are all in one part: the index among those it published at a position
+    # is the local engine's
+    done = closed_windows(closed)
+    if agg.publish is not None and done:
+        agg.publish.publish(window_records(agg.name, done))
+
+
+def _check_closed(name: str, passed: int | None, wins: list[Any]) -> None:
+    """Sessions with the store's clock: each one ending at or before ``passed`` came back
+    with the position where it closed, or nothing is written."""
+    if passed is None:
+        return
+    for key, start, end, _, closed_at, _ in wins:
+        if closed_at is None and end <= passed:
+            raise SparkJobError(
+                f"{name}: the session of key {key!r} starting at {start} ended before the "
+                "clock at the replay's end, but Spark gave no position where it closed: "
+                "nothing was written"
+            )
+
+
 def _write(
     app: Any,
     agg: Aggregation,
@@ -302,33 +332,9 @@ def _write(
     tally = _Tally()
     definition = fold.spec.definition()
 
-    def publish(closed: list[tuple[str, int, Win]]) -> None:  # acknowledged before any commit
-        for key, start, w in closed:
-            if w.closed_at is None:  # a close lost: nothing published, nothing written
-                raise SparkJobError(
-                    f"{name}: the window of key {key!r} starting at {start} closed, but Spark "
-                    "gave no position where it did: nothing was written"
-                )
-        # a key's windows are all in one part: the index among those it published at a
-        # position is the local engine's
-        done = closed_windows(closed)
-        if agg.publish is not None and done:
-            agg.publish.publish(window_records(name, done))
-
     passed = None  # sessions: the clock every session ending before it must have closed at
     if isinstance(fold.spec.window, Session) and fold.spec.clock == "store":
         passed = None if closes.latest is None else closes.latest - fold.spec.lateness
-
-    def check(wins: list[Any]) -> None:
-        if passed is None:
-            return
-        for key, start, end, _, closed_at, _ in wins:
-            if closed_at is None and end <= passed:  # a close lost: nothing written
-                raise SparkJobError(
-                    f"{name}: the session of key {key!r} starting at {start} ended before the "
-                    "clock at the replay's end, but Spark gave no position where it closed: "
-                    "nothing was written"
-                )
 
     def finish(conn: Any) -> None:
         for record in records:
@@ -342,8 +348,8 @@ def _write(
     if rt.db.backend == "sqlite":
         with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
             for wins, late, states, counts, done in _rows(folded, rows_bound, name):
-                publish(done)
-                check(wins)
+                _publish(agg, done)
+                _check_closed(name, passed, wins)
                 windows.add(name, wins, late)
                 stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
                 tally.add(states, counts)
@@ -359,8 +365,8 @@ def _write(
         rt.states.delete_all(conn, name)
         rt.windows.delete_all(conn, name)
         for wins, late, states, counts, done in _rows(folded, rows_bound, name):
-            publish(done)
-            check(wins)
+            _publish(agg, done)
+            _check_closed(name, passed, wins)
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)
