@@ -62,7 +62,8 @@ class WindowFold:
     keying: Keying
     initial: Callable[[], Any]
     segments: tuple[tuple[int, int], ...]  # (mask, id) of each segment
-    publishes: bool = False  # closed windows come back as "published" rows too
+    #: closed windows come back as "published" rows too (for a sink, stages, on_close)
+    publishes: bool = False
     merge: Callable[[Any, Any], Any] | None = None  # sessions: two states an input bridges
 
     @classmethod
@@ -70,8 +71,9 @@ class WindowFold:
         assert agg.windowing is not None
         held = tuple((s.mask, s.id) for s in segments)
         merge = merge_of(agg)
+        feeds = agg.publish is not None or bool(agg.stages or agg.closers)
         return cls(agg.name, source, agg.windowing, agg.read_types(), Keying.of(agg),
-                   agg.initial_state, held, agg.publish is not None, merge)  # fmt: skip
+                   agg.initial_state, held, feeds, merge)  # fmt: skip
 
     def segment_of(self, key: str) -> int:
         h = stable_hash(key)

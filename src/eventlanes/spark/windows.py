@@ -18,8 +18,9 @@ transaction only moves them in.
 
 A session's end is known only once its key is folded: with the store's clock, where each
 session the clock passed closed is found afterwards, by Spark, from the positions where the
-clock grew (:func:`session_closes`). Windows that feed ``on_close`` or downstream stages stay
-on the local engine for now: refused before any work.
+clock grew (:func:`session_closes`). The closed windows are published (``publish=``), folded
+into the downstream stages and given to ``on_close`` on the driver as the parts come over;
+the stages' states and the events ``on_close`` returns are written with the rest.
 
 The window start formula as a Spark column (:func:`start_column`) is kept equal to Python's
 and SQL's (:mod:`eventlanes.windows.kinds`) on integer microseconds; Spark's own ``window()``
@@ -34,10 +35,18 @@ from typing import Any
 
 from ..errors import InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
+from ..processing.aggregating.downstream import by_stage, fold_downstream
+from ..processing.aggregating.publish import publish_states
 from ..processing.tables.staging import StagedStates
-from ..processing.tables.states import decode
+from ..processing.tables.states import Entry, decode
 from ..processing.tables.windows import Checkpoint, StagedWindows, Win
-from ..processing.windowing.publish import closed_windows, window_records
+from ..processing.windowing.publish import (
+    Closed,
+    closed_windows,
+    on_close,
+    stage_outputs,
+    window_records,
+)
 from ..processing.windowing.sessions import merge_of
 from ..tokens import Token
 from ..windows.kinds import Session
@@ -70,18 +79,13 @@ def start_column(t: Any, step: Any, offset: Any = 0) -> Any:
 
 def refuse_windows(proc: Any, continuous: bool = False) -> None:
     """What Spark does not run of a windowed aggregation yet, refused before any work: a
-    continuous run, closed windows given to ``on_close`` or folded downstream."""
+    continuous run, upcast inputs."""
     if not isinstance(proc, Aggregation) or proc.windowing is None:
         return
     merge_of(proc)  # sessions without a merge function: as the local engine refuses them
     why = None
     if continuous:
         why = "a continuous Spark run does not fold windows yet (el.spark.replay does)"
-    elif proc.closers or proc.stages:
-        why = (
-            "its closed windows feed on_close or downstream stages, which a Spark replay "
-            "does not run yet"
-        )
     elif proc.upcasters.into(proc.handled_types()) is not None:
         why = "windows do not read upcast events yet"
     if why is not None:
@@ -281,9 +285,10 @@ class _Tally:
             )
 
 
-def _publish(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> None:
+def _publish(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> Closed:
     """Publish closed windows (key, start, window whose ``closed_at`` is its root's position),
-    acknowledged before anything commits; one with no position stops the replay."""
+    acknowledged before anything commits, and return them with their roots; one with no
+    position stops the replay."""
     for key, start, w in closed:
         if w.closed_at is None:  # a close lost: nothing published, nothing written
             raise SparkJobError(
@@ -295,6 +300,45 @@ def _publish(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> None:
     done = closed_windows(closed)
     if agg.publish is not None and done:
         agg.publish.publish(window_records(agg.name, done))
+    return done
+
+
+class _Downstream:
+    """What a replay's closed windows feed besides a sink, held on the driver until the
+    commit: each downstream stage's states (folded by the local engine's rule, starting from
+    none: a replay replaces them) and the ``on_close`` functions' events."""
+
+    def __init__(self, agg: Aggregation) -> None:
+        self.agg = agg
+        self.entries: dict[str, dict[str, Entry]] = {s.name: {} for s in agg.stages}
+        self.newest: dict[str, dict[str, Any]] = {s.name: {} for s in agg.stages}
+        self.runs: list[tuple[str, list[Any]]] = []
+
+    def add(self, done: Closed) -> None:
+        agg = self.agg
+        if agg.stages and done:
+            for stage, keyed in by_stage(stage_outputs(agg.name, agg.stages, done)):
+                newest = fold_downstream(stage, keyed, self.entries[stage.name])
+                self.newest[stage.name].update(newest)
+        if agg.closers and done:
+            self.runs += on_close(agg.name, agg.closers, done)
+
+    def publish(self) -> None:
+        """The stages' states, to their sinks, acknowledged before anything commits."""
+        for stage in self.agg.stages:
+            newest = self.newest[stage.name]
+            if stage.publish is not None and newest:
+                publish_states(stage.publish, stage.name, self.entries[stage.name], newest,
+                               None, newest)  # fmt: skip
+
+    def write(self, conn: Any, states: Any, store: Any) -> None:
+        """In the replay's transaction: the stages' states replace theirs, the events are
+        appended."""
+        for stage in self.agg.stages:
+            states.delete_all(conn, stage.name)
+            states.save(conn, stage.name, self.entries[stage.name])
+        if self.runs:
+            store.append_runs(self.runs, conn=conn)
 
 
 def _check_closed(name: str, passed: int | None, wins: list[Any]) -> None:
@@ -336,7 +380,10 @@ def _write(
     if isinstance(fold.spec.window, Session) and fold.spec.clock == "store":
         passed = None if closes.latest is None else closes.latest - fold.spec.lateness
 
+    downstream = _Downstream(agg)
+
     def finish(conn: Any) -> None:
+        downstream.write(conn, rt.states, rt.store)
         for record in records:
             seg = record.segment.id
             f, late_n, c = tally.counts.get(seg, [0, 0, 0])
@@ -347,13 +394,14 @@ def _write(
 
     if rt.db.backend == "sqlite":
         with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
-            for wins, late, states, counts, done in _rows(folded, rows_bound, name):
-                _publish(agg, done)
+            for wins, late, states, counts, closed in _rows(folded, rows_bound, name):
+                downstream.add(_publish(agg, closed))
                 _check_closed(name, passed, wins)
                 windows.add(name, wins, late)
                 stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
                 tally.add(states, counts)
             tally.check(name, inputs)
+            downstream.publish()
 
             def move(conn: Any) -> None:
                 windows.move(conn, name)
@@ -364,13 +412,14 @@ def _write(
     with rt.db.transaction() as conn:
         rt.states.delete_all(conn, name)
         rt.windows.delete_all(conn, name)
-        for wins, late, states, counts, done in _rows(folded, rows_bound, name):
-            _publish(agg, done)
+        for wins, late, states, counts, closed in _rows(folded, rows_bound, name):
+            downstream.add(_publish(agg, closed))
             _check_closed(name, passed, wins)
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)
             tally.add(states, counts)
         tally.check(name, inputs)  # raised: rolled back
+        downstream.publish()
         finish(conn)
     return tally.keys

@@ -15,9 +15,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ClaimLostError
-from ...events import Event, NewEvent, recorded_raw, types
-from ...lineage import Coordinates, coordinates, is_newer, record
-from ...policies import state_key
+from ...events import Event, NewEvent, types
+from ...lineage import Coordinates, coordinates
 from ...segments import Segment
 from ...tracing import spans
 from ..executors.base import Executor
@@ -27,7 +26,8 @@ from ..tables.states import Entry, encode_all
 from .aggregation import Aggregation, Fold, Stage
 from .cache import StateCache
 from .dedupe import Marks, dedupe
-from .folds import check_fresh_state, check_output, not_awaitable, output_event, returned_value
+from .downstream import by_stage, fold_downstream
+from .folds import check_fresh_state, check_output, not_awaitable, returned_value
 from .keying import Keying
 from .publish import Offsets, publish_states
 from .pushdown import base as ranges
@@ -538,33 +538,11 @@ class AggregationExecutor(Executor):
             return
         db = self.runtime.db
         with db.transaction() as conn:
-            by_stage: dict[str, list[tuple[Stage, Coordinates, NewEvent, Event]]] = {}
-            for item in pending:
-                by_stage.setdefault(item[0].name, []).append(item)
-            for name, items in by_stage.items():
-                stage = items[0][0]
-                keyed = [
-                    (state_key(stage.key(out), f"stage {name!r}", src), coords, out, src)
-                    for _, coords, out, src in items
-                ]
+            for stage, keyed in by_stage(pending):
                 keys = sorted({k for k, *_ in keyed})
-                entries = self.table.lock(conn, name, keys, stage.initial)
-                newest: dict[str, Coordinates] = {}
-                for key, coords, out, src in keyed:
-                    entry = entries.get(key)
-                    if entry is None:
-                        entry = entries[key] = Entry(stage.initial())
-                    if not is_newer(entry.offsets, coords):
-                        entry.drop(coords[0])
-                        continue
-                    event = output_event(out, src.position, coords[0], coords[2], recorded_raw(src))
-                    value = entry.value
-                    for fold in stage.folds.for_type(event.type):
-                        if (produced := fold(value, event)) is not None and produced is not value:
-                            returned_value(name, key, event, fold, produced)  # no stages here
-                    record(entry.offsets, coords)
-                    newest[key] = coords
+                entries = self.table.lock(conn, stage.name, keys, stage.initial)
+                newest = fold_downstream(stage, keyed, entries)
                 if stage.publish is not None and newest:  # acknowledged before this commits
-                    publish_states(stage.publish, name, entries, newest, None, newest)
-                self.table.save(conn, name, entries)
+                    publish_states(stage.publish, stage.name, entries, newest, None, newest)
+                self.table.save(conn, stage.name, entries)
         self.outputs.pop(seg, None)
