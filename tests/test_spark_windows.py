@@ -39,6 +39,12 @@ def attempts(n: int, seed: int, robots: int = 5, first: int = 0, clamp: int = -1
     return out
 
 
+def recorded(e: el.Event) -> int:
+    from eventlanes.processing.windowing.clock import recorded_us
+
+    return recorded_us(e)
+
+
 def append(store: el.EventStore, events: list[E], per: int = 40) -> None:
     for i in range(0, len(events), per):
         store.append(f"cell-{i // per % 3}", events[i : i + per])
@@ -222,6 +228,40 @@ def test_a_replay_feeds_stages_and_on_close_as_the_local_engine(spark, store_url
                                          e.data["ok"]))  # fmt: skip
     assert len(closes["local"]) > 10
     assert sorted(closes["sparked"]) == sorted(closes["local"])
+
+
+def test_calendar_days_across_a_clock_change_on_spark_equal_the_local_engine(
+    spark, tmp_path
+) -> None:
+    """Days of Europe/Paris over five days around the spring change (a 23-hour day), inputs
+    up to 3 hours out of order (some late by the store's clock): Spark's windows, closes and
+    late inputs equal the local engine's, and the counts equal the plain loop's
+    (:mod:`eventlanes.windows.reference`)."""
+    from eventlanes.windows.reference import count_windows
+
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    window = el.calendar("day", tz="Europe/Paris")
+    case = {"window": window, "lateness": "1h", "retain": "40000d"}
+    local, sparked = (define(app, n, case, segments=2) for n in ("local", "sparked"))
+    rng = random.Random(41)
+    base = 1_774_569_600_000  # 2026-03-27T00:00:00Z, in ms
+    events = [E("ScrewAttempted", {"robot": f"r{rng.randrange(3)}", "ok": rng.random() < 0.8,
+                                   "ts": base + i * 600_000 - rng.randrange(3 * 3_600_000)})
+              for i in range(700)]  # fmt: skip
+    append(app.store, events)
+    el.spark.replay(app, "sparked", spark=spark)
+    run_until_caught_up(app)
+    keys = ["r0", "r1", "r2"]
+    want = results(app, local, keys)
+    assert results(app, sparked, keys) == want
+    lengths = {w[1] - w[0] for ws in want[0].values() for w in ws}
+    assert 23 * 3_600_000_000 in lengths and 24 * 3_600_000_000 in lengths
+    inputs = [(e.position, e.data["robot"], e.data["ts"] * 1000, recorded(e))
+              for e in app.store.iter_events()]  # fmt: skip
+    ref = count_windows(inputs, window, 3_600_000_000, 3_600_000_000)
+    counted = {(k, w[0], w[1]): w[2]["ok"] + w[2]["failed"] for k, ws in want[0].items()
+               for w in ws}  # fmt: skip
+    assert counted == ref.counts and len(ref.late) == want[2]["late"] > 0
 
 
 def test_what_spark_does_not_fold_yet_is_refused_before_any_work(spark, tmp_path) -> None:

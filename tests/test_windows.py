@@ -119,6 +119,69 @@ def _micros(value: datetime) -> int:
     return (local - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
+#: zones with daylight-saving changes of an hour (north, south), one that moved its clocks at
+#: midnight (Sao Paulo until 2019: the midnight of the change did not exist), none
+ZONES = ["Europe/Paris", "America/New_York", "Australia/Sydney", "America/Sao_Paulo", "UTC",
+         "Asia/Kolkata"]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(t=st.integers(min_value=-(10**16), max_value=2 * 10**17),
+       unit=st.sampled_from(["day", "week", "month"]), tz=st.sampled_from(ZONES))  # fmt: skip
+def test_a_calendar_window_holds_its_time_and_meets_its_neighbours(
+    t: int, unit: str, tz: str
+) -> None:
+    """Calendar windows cut time into back-to-back windows (before 1970 and around
+    daylight-saving changes too), each from a local midnight (or the first instant of a day
+    whose midnight did not exist) to the next."""
+    from zoneinfo import ZoneInfo
+
+    window = el.calendar(unit, tz=tz)
+    [(start, end)] = window.windows(t)
+    assert start <= t < end
+    assert window.windows(start) == [(start, end)] == window.windows(end - 1)
+    assert window.windows(end)[0][0] == end and window.windows(start - 1)[0][1] == start
+    local = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=start)).astimezone(
+        ZoneInfo(tz)
+    )
+    before = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=start - 1)).astimezone(
+        ZoneInfo(tz)
+    )
+    assert (local.hour, local.minute) == (0, 0) or local.date() != before.date()
+    first = {"day": True, "week": local.weekday() == 0, "month": local.day == 1}[unit]
+    assert first
+    if unit == "day" and tz != "Asia/Kolkata":  # an hour's change at most, in these zones
+        assert end - start in (23 * H, 24 * H, 25 * H)
+
+
+def test_calendar_days_follow_daylight_saving_and_bad_ones_are_refused() -> None:
+    paris = el.calendar("day", tz="Europe/Paris")
+
+    def day(iso: str) -> tuple[str, float]:
+        t = int(datetime.fromisoformat(iso).timestamp()) * S
+        [(start, end)] = paris.windows(t)
+        return datetime.fromtimestamp(start / S, UTC).isoformat(), (end - start) / H
+
+    assert day("2026-03-29T12:00:00+02:00") == ("2026-03-28T23:00:00+00:00", 23.0)
+    assert day("2026-10-25T12:00:00+01:00") == ("2026-10-24T22:00:00+00:00", 25.0)
+    assert day("2026-10-25T00:00:00+02:00") == ("2026-10-24T22:00:00+00:00", 25.0)
+    assert day("2026-10-24T23:59:59+02:00") == ("2026-10-23T22:00:00+00:00", 24.0)
+    sao_paulo = el.calendar("day", tz="America/Sao_Paulo")  # 2018-11-04 00:00 did not exist
+    [(start, end)] = sao_paulo.windows(int(datetime(2018, 11, 4, 12, tzinfo=UTC).timestamp()) * S)
+    assert datetime.fromtimestamp(start / S, UTC) == datetime(2018, 11, 4, 3, tzinfo=UTC)
+    assert (end - start) / H == 23.0
+    assert el.calendar("month", tz="UTC").windows(0) == [(0, 31 * D)]
+    assert el.calendar("week", tz="UTC").windows(0) == [(-3 * D, 4 * D)]  # from Monday
+    assert paris.describe() == "calendar(day, tz=Europe/Paris)"
+    for bad, message in [(("hour",), "the unit must be one of"),
+                         (("day", "Mars/Olympus"), "no such time zone"),
+                         (("day", ""), "tz must name a time zone")]:  # fmt: skip
+        with pytest.raises(el.InvalidInputError, match=message):
+            el.calendar(*bad)
+    with pytest.raises(el.InvalidInputError, match="outside the years 1 to 9998"):
+        paris.windows(10**18)
+
+
 @pytest.mark.parametrize(
     ("value", "us"),
     [("30s", 30 * S), ("1m", M), ("1h30m", H + 30 * M), ("250ms", 250_000), ("1d", D),

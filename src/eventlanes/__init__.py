@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported a
         TokenStore,
         open_token_store,
     )
-    from .windows.kinds import hopping, session, tumbling
+    from .windows.kinds import calendar, hopping, session, tumbling
     from .windows.spec import LateEvent, WindowResult
     from .windows.ticks import TICK
     from .windows.time import event_time, recorded_time
@@ -79,6 +79,7 @@ __version__ = "0.1.0"
 __all__ = [
     "TICK",
     "tumbling",
+    "calendar",
     "hopping",
     "session",
     "event_time",
@@ -217,6 +218,7 @@ _HOMES = {
     "TokenRecord": ".tokens",
     "TokenStore": ".tokens",
     "open_token_store": ".tokens",
+    "calendar": ".windows.kinds",
     "hopping": ".windows.kinds",
     "session": ".windows.kinds",
     "tumbling": ".windows.kinds",

@@ -3,10 +3,11 @@
 engine's rules into its windows (:func:`fold_windows`), late inputs, entry and counts, as rows
 of :data:`OUT_SCHEMA`. :mod:`.windows` plans the jobs and writes what comes back.
 
-Tumbling and hopping windows close where the store's clock (:class:`Closes`) or the key's own
-says. A session's end is known only once its key is folded, so with the store's clock its
-row comes back open (``c`` null) when the clock has passed it, and the driver fills in where
-it closed (:func:`.windows.session_closes`).
+Tumbling and hopping windows close where the store's clock (:class:`Closes`, on their grid)
+or the key's own says. A session's end is known only once its key is folded, and calendar
+windows are on no grid, so with the store's clock their rows come back open (``c`` null) when
+the clock has passed them, and the driver fills in where they closed
+(:func:`.windows.closes_by_end`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..processing.tables.states import Entry, encode, encode_dropped_by, encode_
 from ..processing.tables.windows import Win
 from ..processing.windowing.clock import recorded_us
 from ..processing.windowing.sessions import join_session, merge_of
-from ..windows.kinds import Session
+from ..windows.kinds import Hopping, Session, Tumbling
 from ..windows.spec import Windowing
 from ..windows.ticks import TICK
 from ..windows.time import clamped
@@ -304,14 +305,18 @@ class _KeyFold:
         entry = self.fold_all()
         fold, key, spec = self.fold, self.key, self.fold.spec
         window: Any = spec.window
-        session = isinstance(window, Session)
-        # a session the store's clock passed: closed, where is the driver's to say
+        session, grid = isinstance(window, Session), isinstance(window, Tumbling | Hopping)
+        # a window off the grid the store's clock passed: closed, where is the driver's to say
         passed = set()
         if spec.clock == "store":
             latest = self.closes.latest
             for start, w in self.wins.items():
-                if session:
-                    if latest is not None and w.end + spec.lateness <= latest:
+                if not grid:
+                    if (
+                        w.closed_at is None
+                        and latest is not None
+                        and (w.end + spec.lateness <= latest)
+                    ):
                         passed.add(start)
                 elif w.closed_at is None:
                     w.closed_at = self.closes.closed_at((start - window.offset) // window.step)
@@ -320,7 +325,7 @@ class _KeyFold:
         if fold.publishes:  # each closed window once, its latest revision: one write's rule
             for start, w in self.wins.items():
                 root = w.closed_at if w.amended_at is None else w.amended_at
-                if root is not None or start in passed:  # a passed session's: the driver's
+                if root is not None or start in passed:  # a passed one's: the driver's
                     out.append(("published", key, start, w.end, root, w.revision,
                                 encode_state(fold.name, key, w.value), None, None))  # fmt: skip
         # closed longer than retain (a session: at least its gap): deleted by the local

@@ -16,11 +16,12 @@ writes them with every segment's clock row and token in one transaction; on SQLi
 are staged first (temporary tables of its connection, no lock on the store), and the
 transaction only moves them in.
 
-A session's end is known only once its key is folded: with the store's clock, where each
-session the clock passed closed is found afterwards, by Spark, from the positions where the
-clock grew (:func:`session_closes`). The closed windows are published (``publish=``), folded
-into the downstream stages and given to ``on_close`` on the driver as the parts come over;
-the stages' states and the events ``on_close`` returns are written with the rest.
+A session's end is known only once its key is folded, and calendar windows are on no grid:
+with the store's clock, where each of those the clock passed closed is found afterwards, by
+Spark, from the positions where the clock grew (:func:`closes_by_end`). The closed windows
+are published (``publish=``), folded into the downstream stages and given to ``on_close`` on
+the driver as the parts come over; the stages' states and the events ``on_close`` returns
+are written with the rest.
 
 The window start formula as a Spark column (:func:`start_column`) is kept equal to Python's
 and SQL's (:mod:`eventlanes.windows.kinds`) on integer microseconds; Spark's own ``window()``
@@ -49,7 +50,7 @@ from ..processing.windowing.publish import (
 )
 from ..processing.windowing.sessions import merge_of
 from ..tokens import Token
-from ..windows.kinds import Session
+from ..windows.kinds import Hopping, Tumbling
 from ..windows.spec import Windowing
 from .input import check_read
 from .staging import parts_of
@@ -94,13 +95,19 @@ def refuse_windows(proc: Any, continuous: bool = False) -> None:
         )
 
 
+def off_grid(spec: Windowing) -> bool:
+    """Windows whose closes the store's clock gives only once their ends are known (sessions,
+    calendar windows): :func:`closes_by_end` finds them."""
+    return spec.clock == "store" and not isinstance(spec.window, Tumbling | Hopping)
+
+
 def _clock_columns(
     timed_df: Any, spec: Windowing, end: int, buckets: int
 ) -> tuple[Any, Closes, int, list[int | None]]:
     """``timed_df`` with ``bucket`` (of positions) and ``before`` (the store clock's time
-    before each row's position), where the clock closes windows (sessions: only the clock at
+    before each row's position), where the clock closes windows (off a grid: only the clock at
     the end), how many inputs are folded, and the clock at each bucket's end: two small jobs
-    (one for sessions), their answers on the driver."""
+    (one off a grid), their answers on the driver."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -123,7 +130,7 @@ def _clock_columns(
     inputs = sum(r[2] for r in found)
     with_clock = df.withColumn("before", F.greatest(base, within))
     window: Any = spec.window
-    if isinstance(window, Session):
+    if not isinstance(window, Tumbling | Hopping):  # no grid: found by closes_by_end
         return with_clock, Closes([], [], running), inputs, [*below[1:], running]
     # the grid step of the last window whose threshold (end + lateness) a time reaches
     x = F.col("t") - F.lit(window.offset + window.size + spec.lateness)
@@ -139,11 +146,11 @@ def _clock_columns(
     return with_clock, closes, inputs, [*below[1:], running]
 
 
-def session_closes(
+def closes_by_end(
     with_clock: Any, folded: Any, lateness: int, latest: int | None, reached: list[int | None]
 ) -> Any:
-    """``(kind, key, a, closed)`` of each session of ``folded`` (its row, and the row that
-    publishes it) the store's clock passed: the
+    """``(kind, key, a, closed)`` of each window of ``folded`` off a grid (a session, a
+    calendar window: its row, and the row that publishes it) the store's clock passed: the
     first position whose time reaches its end plus the lateness. That position is where the
     clock grew (its time is above the clock before it), in the first bucket whose clock
     (``reached``, at each bucket's end) reaches the threshold: within a bucket, the thresholds
@@ -226,8 +233,8 @@ def _fold_and_write(
     try:
         total = kept.count()
         rows = kept
-        if isinstance(spec.window, Session) and spec.clock == "store":
-            closed = session_closes(with_clock, kept, spec.lateness, closes.latest, reached)
+        if off_grid(spec):
+            closed = closes_by_end(with_clock, kept, spec.lateness, closes.latest, reached)
             rows = (kept.join(closed, ["kind", "key", "a"], "left")
                     .withColumn("c", F.coalesce("c", "closed")).select(*OUT_NAMES))  # fmt: skip
         keys = _write(app, agg, fold, rows, total, expected, source.end, closes, owner, records)
@@ -342,14 +349,14 @@ class _Downstream:
 
 
 def _check_closed(name: str, passed: int | None, wins: list[Any]) -> None:
-    """Sessions with the store's clock: each one ending at or before ``passed`` came back
-    with the position where it closed, or nothing is written."""
+    """Windows off a grid with the store's clock: each one ending at or before ``passed``
+    came back with the position where it closed, or nothing is written."""
     if passed is None:
         return
     for key, start, end, _, closed_at, _ in wins:
         if closed_at is None and end <= passed:
             raise SparkJobError(
-                f"{name}: the session of key {key!r} starting at {start} ended before the "
+                f"{name}: the window of key {key!r} starting at {start} ended before the "
                 "clock at the replay's end, but Spark gave no position where it closed: "
                 "nothing was written"
             )
@@ -376,8 +383,8 @@ def _write(
     tally = _Tally()
     definition = fold.spec.definition()
 
-    passed = None  # sessions: the clock every session ending before it must have closed at
-    if isinstance(fold.spec.window, Session) and fold.spec.clock == "store":
+    passed = None  # off a grid: the clock every window ending before it must have closed at
+    if off_grid(fold.spec):
         passed = None if closes.latest is None else closes.latest - fold.spec.lateness
 
     downstream = _Downstream(agg)

@@ -1,6 +1,7 @@
 """Window kinds and which windows an event time falls in: ``tumbling(size)``,
-``hopping(size, every=)`` and ``session(gap=)``; half-open ``[start, end)`` in integer
-microseconds, aligned on the epoch (plus an optional ``offset``).
+``hopping(size, every=)``, ``session(gap=)`` and ``calendar(unit, tz=)``; half-open
+``[start, end)`` in integer microseconds, aligned on the epoch (plus an optional ``offset``),
+or, for calendar windows, on local midnights of a named time zone.
 
 The one formula, ``start = t - floormod(t - offset, step)``, is written here for Python (whose
 ``%`` is a floor modulo, right before 1970 too), in :mod:`.sql` for SQLite and PostgreSQL (whose
@@ -11,10 +12,17 @@ the three equal over random times.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import InvalidInputError
 from .durations import micros, shown
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_US = timedelta(microseconds=1)
+#: calendar windows' units
+CALENDAR_UNITS = ("day", "week", "month")
 
 
 def window_start(t: int, step: int, offset: int = 0) -> int:
@@ -97,7 +105,61 @@ class Session:
         return f"session(gap={shown(self.gap)})"
 
 
-Window = Tumbling | Hopping | Session
+@dataclass(frozen=True)
+class Calendar:
+    """Back-to-back windows of whole calendar days, weeks (Monday to Monday) or months of a
+    named time zone, each from a local midnight to the next: a day is 23 or 25 hours long
+    across a daylight-saving change. A midnight that does not exist (a zone that moves its
+    clocks at midnight) starts its day at the first instant the day has."""
+
+    unit: str
+    tz: str
+
+    def windows(self, t: int) -> list[tuple[int, int]]:
+        """The window ``[start, end)`` that holds ``t``."""
+        zone = ZoneInfo(self.tz)
+        try:
+            first = self._first((EPOCH + t * ONE_US).astimezone(zone).date())
+            start = self._midnight(first, zone)
+            if start > t:  # a local date that comes back after its midnight (clocks set back)
+                first = self._first(first - timedelta(days=1))
+                start = self._midnight(first, zone)
+            after = self._after(first)
+            end = self._midnight(after, zone)
+            if end <= t:  # the next day's midnight came first (clocks set back across it)
+                first, start, after = after, end, self._after(after)
+                end = self._midnight(after, zone)
+        except (OverflowError, ValueError) as exc:
+            raise InvalidInputError(
+                f"{self.describe()}: the time {t} (microseconds since the epoch) is outside the "
+                "years 1 to 9998 a calendar window can hold"
+            ) from exc
+        return [(start, end)]
+
+    def _first(self, day: date) -> date:
+        """The first day of the window holding local date ``day``."""
+        if self.unit == "week":
+            return day - timedelta(days=day.weekday())
+        return day.replace(day=1) if self.unit == "month" else day
+
+    def _after(self, first: date) -> date:
+        """The first day of the next window."""
+        if self.unit == "month":
+            return date(first.year + first.month // 12, first.month % 12 + 1, 1)
+        return first + timedelta(days=7 if self.unit == "week" else 1)
+
+    @staticmethod
+    def _midnight(day: date, zone: ZoneInfo) -> int:
+        # fold=0: a midnight that does not exist maps to the first instant after the gap
+        local = datetime(day.year, day.month, day.day, tzinfo=zone)
+        return (local - EPOCH) // ONE_US
+
+    def describe(self) -> str:
+        """What versions compare: a change of window is a new version."""
+        return f"calendar({self.unit}, tz={self.tz})"
+
+
+Window = Tumbling | Hopping | Session | Calendar
 
 
 def tumbling(size: Any, offset: Any = "0s") -> Tumbling:
@@ -122,3 +184,22 @@ def hopping(size: Any, every: Any, offset: Any = "0s") -> Hopping:
 def session(gap: Any) -> Session:
     """A key's events less than ``gap`` apart form one window, ``[first, last + gap)``."""
     return Session(micros(gap, "session(gap)"))
+
+
+def calendar(unit: str, tz: str = "UTC") -> Calendar:
+    r"""Windows of whole calendar ``unit``\ s (``"day"``, ``"week"`` from Monday, ``"month"``)
+    in the IANA time zone ``tz`` (``"Europe/Paris"``): local midnight to local midnight."""
+    if unit not in CALENDAR_UNITS:
+        raise InvalidInputError(
+            f"calendar({unit!r}): the unit must be one of {', '.join(map(repr, CALENDAR_UNITS))}"
+        )
+    if not isinstance(tz, str) or not tz:
+        raise InvalidInputError(f"calendar({unit!r}, tz={tz!r}): tz must name a time zone")
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidInputError(
+            f"calendar({unit!r}, tz={tz!r}): no such time zone (an IANA name such as "
+            "'Europe/Paris' or 'UTC')"
+        ) from exc
+    return Calendar(unit, tz)

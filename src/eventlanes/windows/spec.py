@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from .durations import micros, shown
-from .kinds import Hopping, Session, Tumbling
+from .kinds import Calendar, Hopping, Session, Tumbling
 from .time import EPOCH, EventTime, datetime_micros, recorded_time
 
 #: what happens to an input late for a window already closed: kept in the late table and
@@ -25,7 +25,7 @@ DEFAULT_RETAIN = "1h"
 
 @dataclass(frozen=True)
 class Windowing:
-    window: Tumbling | Hopping | Session
+    window: Tumbling | Hopping | Session | Calendar
     time: EventTime
     lateness: int
     max_future: int
@@ -93,10 +93,10 @@ def windowing(
                 "tick_lag belong to a windowed aggregation: pass window= too"
             )
         return None
-    if not isinstance(window, Tumbling | Hopping | Session):
+    if not isinstance(window, Tumbling | Hopping | Session | Calendar):
         raise InvalidInputError(
-            f"{what}: window must be el.tumbling(...), el.hopping(...) or el.session(...), got "
-            f"{window!r}"
+            f"{what}: window must be el.tumbling(...), el.hopping(...), el.session(...) or "
+            f"el.calendar(...), got {window!r}"
         )
     time = recorded_time() if time is None else time
     if not isinstance(time, EventTime):

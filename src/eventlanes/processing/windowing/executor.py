@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
 from ...events import Event, datas
-from ...windows.kinds import Session
+from ...windows.kinds import Hopping, Session, Tumbling
 from ...windows.time import clamped
 from ..aggregating.aggregation import Aggregation
 from ..aggregating.dedupe import dedupe
@@ -203,7 +203,7 @@ class WindowExecutor(AggregationExecutor):
         """The windows of a range folded in SQLite into the open ones (a new one opened, and
         queued to close), its late inputs kept (or counted) and the counts moved on."""
         spec, clock = self.spec, self.clock
-        assert clock is not None and not isinstance(spec.window, Session)
+        assert clock is not None and isinstance(spec.window, Tumbling | Hopping)  # pushdown
         open_, ends, touched = self.open[seg], self.ends[seg], self.touched[seg]
         initial, size, push = self.window_initial, spec.window.size, ends.push
         states = []
