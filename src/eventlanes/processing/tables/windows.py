@@ -18,6 +18,7 @@ from .states import CHUNK, decode, encode_states, execute_many
 #: closed windows past their retention deleted per write: bounded, so a write after a long
 #: pause does not hold its transaction for a sweep of the whole table
 EXPIRE_BATCH = 10_000
+KEYS_PER_STATEMENT = 500  # keys of one IN list (SQLite allows 32,766 parameters)
 
 
 @dataclass(slots=True)
@@ -61,10 +62,6 @@ class WindowTable:
                 revision = excluded.revision, updated_at = excluded.updated_at"""
         )
         self._drop = q(f"DELETE FROM {s} WHERE aggregation = ? AND key = ? AND start_us = ?")
-        self._closed_overlap = q(
-            f"""SELECT 1 FROM {s} WHERE aggregation = ? AND key = ? AND closed_at IS NOT NULL
-                AND start_us < ? AND end_us > ? LIMIT 1"""
-        )
         self._open = q(
             f"""SELECT key, start_us, end_us, value, revision FROM {s} WHERE aggregation = ?
                 AND closed_at IS NULL AND (routing_hash & ?) = ?"""
@@ -135,9 +132,26 @@ class WindowTable:
         moved earlier (a row that was never written is no error)."""
         execute_many(conn, self._drop, [(name, key, start) for key, start in rows])
 
-    def closed_overlap(self, conn: Any, name: str, key: str, lo: int, hi: int) -> bool:
-        """A closed window of ``key`` overlaps ``[lo, hi)``."""
-        return conn.execute(self._closed_overlap, (name, key, hi, lo)).fetchone() is not None
+    def closed_within(
+        self, conn: Any, name: str, spans: dict[str, tuple[int, int]]
+    ) -> dict[str, list[tuple[int, int]]]:
+        """The closed windows ``(start, end)`` of each key of ``spans`` that overlap its
+        ``[lo, hi)``: a few statements for a batch's keys, rather than one per input."""
+        found: dict[str, list[tuple[int, int]]] = {}
+        if not spans:
+            return found
+        keys, lo = sorted(spans), min(lo for lo, _ in spans.values())
+        for i in range(0, len(keys), KEYS_PER_STATEMENT):
+            part = keys[i : i + KEYS_PER_STATEMENT]
+            sql = self.db.sql(
+                f"SELECT key, start_us, end_us FROM {self.states} WHERE aggregation = ? AND "
+                f"closed_at IS NOT NULL AND end_us > ? AND key IN ({', '.join('?' * len(part))})"
+            )
+            for key, start, end in conn.execute(sql, (name, lo, *part)):
+                low, high = spans[key]
+                if start < high and end > low:
+                    found.setdefault(key, []).append((start, end))
+        return found
 
     def expire(
         self, conn: Any, name: str, before: int, segment: Segment, limit: int = EXPIRE_BATCH

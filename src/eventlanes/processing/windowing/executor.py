@@ -58,6 +58,10 @@ class WindowExecutor(AggregationExecutor):
         #: session windows: how two sessions an input bridges merge their states
         self.session = spec.window if isinstance(spec.window, Session) else None
         self.merge: Any = merge_of(agg)
+        #: sessions, per batch: each key's inputs' span, and the closed sessions of the table
+        #: that overlap it (read once, when an input first needs them)
+        self._spans: dict[str, tuple[int, int]] = {}
+        self._stored: dict[str, list[tuple[int, int]]] | None = None
         self.fresh_state = dict  # a key's row: its clock (clock="key") besides its offsets
         self.window_initial = agg.initial_state
         self.clock = None
@@ -339,6 +343,11 @@ class WindowExecutor(AggregationExecutor):
         gap, lateness, store = self.session.gap, spec.lateness, self.clock
         open_, cp = self.open[seg], self.checkpoints[seg]
         timed, before = self._clocked(st, events)
+        spans: dict[str, tuple[int, int]] = {}  # each key's inputs' [t, t + gap), all of them
+        for (t, _), key in zip(timed, keys, strict=True):
+            lo, hi = spans.get(key, (t, t + gap))
+            spans[key] = (min(lo, t), max(hi, t + gap))
+        self._spans, self._stored = spans, None
         for i, (event, key) in enumerate(zip(events, keys, strict=True)):
             t, was = timed[i]
             if was:
@@ -378,8 +387,10 @@ class WindowExecutor(AggregationExecutor):
             passed = w.closed_at is not None or w.end <= mark
             if passed and s < hi and t < w.end:
                 return True
-        with self.runtime.db.connection() as conn:
-            return self.windows.closed_overlap(conn, self.name, key, t, hi)
+        if self._stored is None:  # the batch's keys' closed sessions, read once when needed
+            with self.runtime.db.connection() as conn:
+                self._stored = self.windows.closed_within(conn, self.name, self._spans)
+        return any(s < hi and t < e for s, e in self._stored.get(key, ()))
 
     def _join(self, seg: int, key: str, joined: list[tuple[int, Win]], t: int) -> Win:
         """The session of ``key`` that now holds an input at ``t``: a new one, or the
