@@ -264,6 +264,46 @@ def test_a_continuous_micro_batch_publishes_the_states_it_writes(
         assert {k: v for k, (v, *_) in newest_records(b, topic).items()} == stored
 
 
+def test_a_micro_batch_roots_a_stages_state_in_an_input_it_folded(
+    spark, kafka_broker, tmp_path
+) -> None:
+    """A stage's state fed by two upstream keys whose inputs came from a topic's two
+    partitions (paths that cannot be compared): a micro-batch that moves only one of them
+    publishes the state with that one's coordinates, so a consumer that drops repeats by
+    chain takes it. Before, the root was the largest path of all, the other key's (from the
+    first micro-batch), and the changed state went out as a repeat."""
+    from eventlanes.spark.continuous import ContinuousAggregation
+    from eventlanes.tokens.claims import claim_all
+    from tests.kafka_helpers import create_topic, read_all
+
+    b = kafka_broker.bootstrap
+    topics = {name: create_topic(b, 1) for name in ("robots", "factories")}
+    app = published_app(f"sqlite:///{tmp_path}/cont.db", b, topics)
+
+    def screwed(robot: str, partition: int, offset: int) -> E:
+        chain = {"source_chain": [{"source": "t", "partition": partition, "offset": offset}]}
+        return E("ScrewsFastened", {"robot": robot, "ok": 1}, chain)
+
+    # "ra" and "rb" feed one factory (f2); "ra"'s offset is far above "rb"'s
+    app.store.append("cell", [screwed("ra", 0, 100_000), screwed("rb", 1, 10)])
+    app.store.append("cell", [screwed("rb", 1, 11)])
+    runner = ContinuousAggregation(app, "robots", spark=spark, max_rows=2)
+    app.initialize("robots")
+    runner._records = claim_all(app.tokens, "robots", runner.owner)
+    try:
+        assert runner.run_batch() and runner.run_batch() and not runner.run_batch()
+    finally:
+        runner.stop()
+    records = [m for m in read_all(b, topics["factories"], 1)[0] if m.key() == b"f2"]
+    values = [json.loads(m.value()) for m in records]
+    roots = [json.loads(dict(m.headers())["el-source-chain"])[0] for m in records]
+    assert values == [{"ok": 2}, {"ok": 3}]
+    assert [(r["source"], r["offset"]) for r in roots] == [
+        ("robots:ra", 100_000),
+        ("robots:rb", 11),
+    ]
+
+
 def test_a_continuous_micro_batch_keeps_a_resets_replay_end(spark, tmp_path) -> None:
     """A micro-batch that ends below a reset's replay end moves each token on with it: the
     segments still say how far their replay goes (they were set to plain positions)."""

@@ -196,7 +196,12 @@ class ContinuousAggregation:
                 encoded = states.get(published.name, {})
                 rows = [(key, value, offsets) for key, (value, offsets, *_) in
                         sorted(encoded.items())]  # fmt: skip
-                publish_stored(published.publish, published.name, rows, published is not agg)
+                stage = published is not agg
+                before = None
+                if stage:  # what it held: the sources this micro-batch moved root its chain
+                    with app.db.connection() as conn:
+                        before = app.aggregate_states.load(conn, published.name, sorted(encoded))
+                publish_stored(published.publish, published.name, rows, stage, before)
         if self.delta is not None:
             rows = [(n, key, encoded[0]) for n, entries in states.items()
                     for key, encoded in entries.items()]  # fmt: skip

@@ -325,8 +325,11 @@ class _Downstream:
         agg = self.agg
         if agg.stages and done:
             for stage, keyed in by_stage(stage_outputs(agg.name, agg.stages, done)):
-                newest = fold_downstream(stage, keyed, self.entries[stage.name])
-                self.newest[stage.name].update(newest)
+                mine = self.newest[stage.name]
+                for key, coords in fold_downstream(stage, keyed, self.entries[stage.name]).items():
+                    held = mine.get(key)  # the newest by position: parts come by upstream key
+                    if held is None or tuple(coords[2]) > tuple(held[2]):
+                        mine[key] = coords
         if agg.closers and done:
             self.runs += on_close(agg.name, agg.closers, done)
 

@@ -109,8 +109,10 @@ class Session:
 class Calendar:
     """Back-to-back windows of whole calendar days, weeks (Monday to Monday) or months of a
     named time zone, each from a local midnight to the next: a day is 23 or 25 hours long
-    across a daylight-saving change. A midnight that does not exist (a zone that moves its
-    clocks at midnight) starts its day at the first instant the day has."""
+    across a daylight-saving change. A midnight that does not exist starts its day where it
+    would be on the clock before the change: the day's first instant when the change is at
+    midnight (São Paulo until 2019), half an hour in when it skipped from 23:30 (Toronto,
+    1919)."""
 
     unit: str
     tz: str

@@ -55,16 +55,32 @@ def publish_states(
 
 
 def publish_stored(
-    sink: Any, name: str, rows: Iterable[tuple[str, str, str]], stage: bool = False
+    sink: Any,
+    name: str,
+    rows: Iterable[tuple[str, str, str]],
+    stage: bool = False,
+    before: dict[str, Entry] | None = None,
 ) -> int:
     """Publish states as stored, ``(key, value JSON, offsets JSON)`` (a Spark run's, which
     has no entries in hand), as :func:`publish_states` publishes them, so that a consumer
     drops a state it already had: an aggregation's with the chain of its offsets, a
-    downstream ``stage``'s with its newest input's (as its last write would). How many were
-    published."""
-    chain = newest_chain if stage else state_chain
-    records = [_record(name, key, decode(value), chain(name, decode(offsets)))
-               for key, value, offsets in rows]  # fmt: skip
+    downstream ``stage``'s with the newest input this write folded into it (as the local
+    engine's write does): of the sources whose coordinates moved since ``before`` (the
+    stored entries, None: nothing stored). A stage's sources are upstream keys whose paths
+    need not be comparable (a Kafka offset of one partition, of another), so the newest of
+    all could be one this write did not move, and a consumer would drop the new state as a
+    repeat. How many were published."""
+    records = []
+    for key, value, text in rows:
+        offsets = decode(text)
+        if stage:
+            held = before.get(key) if before is not None else None
+            old = held.offsets if held is not None else {}
+            moved = {s: c for s, c in offsets.items() if old.get(s) != c}
+            chain = newest_chain(name, moved or offsets)
+        else:
+            chain = state_chain(name, offsets)
+        records.append(_record(name, key, decode(value), chain))
     if records:
         sink.publish(records)
     return len(records)

@@ -58,10 +58,6 @@ class WindowExecutor(AggregationExecutor):
         #: session windows: how two sessions an input bridges merge their states
         self.session = spec.window if isinstance(spec.window, Session) else None
         self.merge: Any = merge_of(agg)
-        #: sessions, per batch: each key's inputs' span, and the closed sessions of the table
-        #: that overlap it (read once, when an input first needs them)
-        self._spans: dict[str, tuple[int, int]] = {}
-        self._stored: dict[str, list[tuple[int, int]]] | None = None
         self.fresh_state = dict  # a key's row: its clock (clock="key") besides its offsets
         self.window_initial = agg.initial_state
         self.clock = None
@@ -347,7 +343,9 @@ class WindowExecutor(AggregationExecutor):
         for (t, _), key in zip(timed, keys, strict=True):
             lo, hi = spans.get(key, (t, t + gap))
             spans[key] = (min(lo, t), max(hi, t + gap))
-        self._spans, self._stored = spans, None
+        # the closed sessions of the table these inputs may overlap, read once when one needs
+        # them; this call's own (segments of one executor fold on threads of their own)
+        stored: list[dict[str, list[tuple[int, int]]]] = []
         for i, (event, key) in enumerate(zip(events, keys, strict=True)):
             t, was = timed[i]
             if was:
@@ -363,7 +361,7 @@ class WindowExecutor(AggregationExecutor):
                 and t < w.end and (mark is None or w.end > mark)
             )  # fmt: skip
             late = not joined and mark is not None and t + gap <= mark
-            if late or self._in_closed(seg, key, t, mark):  # a closed one is not overlapped
+            if late or self._in_closed(seg, key, t, mark, spans, stored):  # closed: no overlap
                 cp.late += 1
                 if spec.late != "count":
                     row = (event.position, key, t, [(t, t + gap)], False, recorded_us(event))
@@ -374,11 +372,20 @@ class WindowExecutor(AggregationExecutor):
             if store is None and (latest is None or t > latest):  # the key's own clock
                 self._key_clock_moves(seg, key, book, t, event.position)
 
-    def _in_closed(self, seg: int, key: str, t: int, mark: int | None) -> bool:
+    def _in_closed(
+        self,
+        seg: int,
+        key: str,
+        t: int,
+        mark: int | None,
+        spans: dict[str, tuple[int, int]],
+        stored: list[dict[str, list[tuple[int, int]]]],
+    ) -> bool:
         """An input at ``t`` overlaps a closed session of ``key`` (its own ``[t, t + gap)``
-        does): held here (closed, or passed by the clock, not written yet), or in the table.
-        A closed session ended at or before the clock (``mark``): an input at or past it
-        overlaps none, and most inputs are (the table is read only for the others)."""
+        does): held here (closed, or passed by the clock, not written yet), or in the table
+        (read into ``stored`` once per batch, for the keys' ``spans``). A closed session ended
+        at or before the clock (``mark``): an input at or past it overlaps none, and most
+        inputs are (the table is read only for the others)."""
         assert self.session is not None
         if mark is None or t >= mark:
             return False
@@ -387,10 +394,10 @@ class WindowExecutor(AggregationExecutor):
             passed = w.closed_at is not None or w.end <= mark
             if passed and s < hi and t < w.end:
                 return True
-        if self._stored is None:  # the batch's keys' closed sessions, read once when needed
+        if not stored:
             with self.runtime.db.connection() as conn:
-                self._stored = self.windows.closed_within(conn, self.name, self._spans)
-        return any(s < hi and t < e for s, e in self._stored.get(key, ()))
+                stored.append(self.windows.closed_within(conn, self.name, spans))
+        return any(s < hi and t < e for s, e in stored[0].get(key, ()))
 
     def _join(self, seg: int, key: str, joined: list[tuple[int, Win]], t: int) -> Win:
         """The session of ``key`` that now holds an input at ``t``: a new one, or the
