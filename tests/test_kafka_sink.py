@@ -13,7 +13,7 @@ import pytest
 
 import eventlanes as el
 from tests.kafka_helpers import create_topic, read_all, run_until_ingested
-from tests.processing_helpers import wait_for
+from tests.processing_helpers import run_until_caught_up, wait_for
 
 
 def _topic_records(b: str, topic: str, partitions: int) -> list[Any]:
@@ -164,6 +164,37 @@ def test_aggregation_states_are_published(tmp_path, kafka_broker) -> None:
         pass
     else:
         raise AssertionError("a bad topic name must be refused")
+
+
+def test_a_state_is_published_with_a_root_its_write_moved(tmp_path, kafka_broker) -> None:
+    """A state fed by two sources (its store's own events and events re-appended from
+    "up"): a write that moves only the second publishes the state with that one's
+    coordinates, so a consumer that drops repeats by chain takes it. Before, the root was the
+    first source's by name, which the write had not moved: the changed state went out as a
+    repeat of the one before."""
+    b = kafka_broker.bootstrap
+    topic = create_topic(b, 1)
+    app = el.App(f"sqlite:///{tmp_path}/s.db", claim_timeout=2)
+    totals = app.aggregation("totals", key="k", initial=lambda: {"n": 0},
+                             publish=el.KafkaSink(el.Kafka(b), topic))  # fmt: skip
+
+    @totals.on("Counted")
+    def add(state: dict[str, int], event: el.Event) -> None:
+        state["n"] += 1
+
+    def up(offset: int) -> el.NewEvent:
+        chain = {"source_chain": [{"source": "up", "partition": "", "offset": offset}]}
+        return el.NewEvent("Counted", {"k": "a"}, chain)
+
+    app.store.append("s", [el.NewEvent("Counted", {"k": "a"}), up(5)])
+    run_until_caught_up(app, 60)
+    app.store.append("s", [up(6)])  # only "up" moves
+    run_until_caught_up(app, 60)
+    records = _topic_records(b, topic, 1)
+    values = [json.loads(m.value()) for m in records]
+    roots = [json.loads(dict(m.headers())["el-source-chain"])[0] for m in records]
+    assert values == [{"n": 2}, {"n": 3}]
+    assert [(r["source"], r["offset"]) for r in roots] == [(app.store.events_table, 1), ("up", 6)]
 
 
 def test_versions_of_what_publishes_are_refused(tmp_path) -> None:

@@ -196,12 +196,10 @@ class ContinuousAggregation:
                 encoded = states.get(published.name, {})
                 rows = [(key, value, offsets) for key, (value, offsets, *_) in
                         sorted(encoded.items())]  # fmt: skip
-                stage = published is not agg
-                before = None
-                if stage:  # what it held: the sources this micro-batch moved root its chain
-                    with app.db.connection() as conn:
-                        before = app.aggregate_states.load(conn, published.name, sorted(encoded))
-                publish_stored(published.publish, published.name, rows, stage, before)
+                with app.db.connection() as conn:  # what it held: a source moved is the root
+                    before = app.aggregate_states.load(conn, published.name, sorted(encoded))
+                publish_stored(published.publish, published.name, rows, published is not agg,
+                               before)  # fmt: skip
         if self.delta is not None:
             rows = [(n, key, encoded[0]) for n, entries in states.items()
                     for key, encoded in entries.items()]  # fmt: skip

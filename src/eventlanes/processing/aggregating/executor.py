@@ -491,7 +491,10 @@ class AggregationExecutor(Executor):
         """Publish what a write of ``st`` stores (its changed states here), acknowledged
         before it commits."""
         if self.agg.publish is not None:
-            publish_states(self.agg.publish, self.name, entries, changed, offsets)
+            keys = sorted(k for k in changed if k in entries)
+            with self.runtime.db.connection() as conn:  # what the last write stored
+                before = self.table.load(conn, self.name, keys)
+            publish_states(self.agg.publish, self.name, entries, keys, offsets, None, before)
 
     def write_more(self, conn: Any, st: SegmentState) -> None:
         """What else a write of ``st`` stores in its transaction, before its token (a

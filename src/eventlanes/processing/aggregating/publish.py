@@ -36,9 +36,11 @@ def publish_states(
     keys: Iterable[str],
     offsets: Offsets | None,
     newest: dict[str, Coordinates] | None = None,
+    before: dict[str, Entry] | None = None,
 ) -> None:
     """Publish the states of ``keys`` (acknowledged before the caller commits them), each with
-    the coordinates of the newest input folded into it (``newest``, else its offsets)."""
+    the coordinates of the newest input folded into it (``newest``), else of a source its
+    write moved since ``before`` (the stored entries: see :func:`moved`)."""
     keys = sorted(k for k in keys if k in entries)
     picked = [entries[k] for k in keys]
     if offsets is not None:
@@ -48,10 +50,23 @@ def publish_states(
     records = []
     for key, entry, text in zip(keys, picked, texts, strict=True):
         coords = (newest or {}).get(key)
-        chain = (coordinates_chain(name, *coords) if coords is not None
-                 else state_chain(name, json.loads(text)))  # fmt: skip
+        if coords is not None:
+            chain = coordinates_chain(name, *coords)
+        else:
+            chain = state_chain(name, moved(json.loads(text), before, key))
         records.append(_record(name, key, entry.value, chain))
     sink.publish(records)
+
+
+def moved(offsets: dict[str, Any], before: dict[str, Entry] | None, key: str) -> dict[str, Any]:
+    """The sources of a state's ``offsets`` that its write moved since ``before`` (its stored
+    entry; all of them when none is stored). The published chain's root is one of them: a
+    consumer drops a state whose root it has seen, so a root the write did not move (the
+    first source by name, when another one moved) would make the changed state a repeat."""
+    held = before.get(key) if before is not None else None
+    if held is None:
+        return offsets
+    return {s: c for s, c in offsets.items() if held.offsets.get(s) != c} or offsets
 
 
 def publish_stored(
@@ -62,24 +77,15 @@ def publish_stored(
     before: dict[str, Entry] | None = None,
 ) -> int:
     """Publish states as stored, ``(key, value JSON, offsets JSON)`` (a Spark run's, which
-    has no entries in hand), as :func:`publish_states` publishes them, so that a consumer
-    drops a state it already had: an aggregation's with the chain of its offsets, a
-    downstream ``stage``'s with the newest input this write folded into it (as the local
-    engine's write does): of the sources whose coordinates moved since ``before`` (the
-    stored entries, None: nothing stored). A stage's sources are upstream keys whose paths
-    need not be comparable (a Kafka offset of one partition, of another), so the newest of
-    all could be one this write did not move, and a consumer would drop the new state as a
-    repeat. How many were published."""
+    has no entries in hand), as :func:`publish_states` publishes them, rooted in a source
+    the write moved since ``before`` (the stored entries; None: nothing stored): an
+    aggregation's the first of those by name, a downstream ``stage``'s the newest by path
+    (its sources are upstream keys, whose paths need not be comparable: a Kafka offset of
+    one partition, of another). How many were published."""
     records = []
     for key, value, text in rows:
-        offsets = decode(text)
-        if stage:
-            held = before.get(key) if before is not None else None
-            old = held.offsets if held is not None else {}
-            moved = {s: c for s, c in offsets.items() if old.get(s) != c}
-            chain = newest_chain(name, moved or offsets)
-        else:
-            chain = state_chain(name, offsets)
+        sources = moved(decode(text), before, key)
+        chain = newest_chain(name, sources) if stage else state_chain(name, sources)
         records.append(_record(name, key, decode(value), chain))
     if records:
         sink.publish(records)
