@@ -137,9 +137,9 @@ def state_chain(name: str, offsets: dict[str, Any]) -> Chain:
 
 
 def newest_chain(name: str, offsets: dict[str, Any]) -> Chain:
-    """The chain of a published state whose sources are positions of one log (a downstream
-    stage's: each upstream key a source): the coordinates of the newest input folded into
-    it, by path."""
+    """The chain of a published state rooted in the source of ``offsets`` with the largest
+    path (a downstream stage's sources are upstream keys: the newest input folded, where
+    their paths are positions of one log)."""
     if not offsets:
         return state_chain(name, offsets)
     source, (partition, path) = max(offsets.items(), key=lambda kv: (list(kv[1][1]), kv[0]))

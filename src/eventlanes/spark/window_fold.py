@@ -311,23 +311,14 @@ class _KeyFold:
         if spec.clock == "store":
             latest = self.closes.latest
             for start, w in self.wins.items():
-                if not grid:
-                    if (
-                        w.closed_at is None
-                        and latest is not None
-                        and (w.end + spec.lateness <= latest)
-                    ):
-                        passed.add(start)
-                elif w.closed_at is None:
+                if w.closed_at is not None:
+                    continue
+                if grid:
                     w.closed_at = self.closes.closed_at((start - window.offset) // window.step)
+                elif latest is not None and w.end + spec.lateness <= latest:
+                    passed.add(start)
         else:
             latest = entry.value.get("t")
-        if fold.publishes:  # each closed window once, its latest revision: one write's rule
-            for start, w in self.wins.items():
-                root = w.closed_at if w.amended_at is None else w.amended_at
-                if root is not None or start in passed:  # a passed one's: the driver's
-                    out.append(("published", key, start, w.end, root, w.revision,
-                                encode_state(fold.name, key, w.value), None, None))  # fmt: skip
         # closed longer than retain (a session: at least its gap): deleted by the local
         # engine's writes, never written here
         retain = max(spec.retain, window.gap) if session else spec.retain
@@ -335,10 +326,18 @@ class _KeyFold:
         for start in sorted(self.wins):
             w = self.wins[start]
             closed = w.closed_at is not None or start in passed
-            if closed and gone is not None and w.end < gone:
+            # each closed window published once, its latest revision: one write's rule
+            published = fold.publishes and closed
+            written = not (closed and gone is not None and w.end < gone)
+            if not (published or written):
                 continue
-            out.append(("window", key, start, w.end, w.closed_at, w.revision,
-                        encode_state(fold.name, key, w.value), None, None))  # fmt: skip
+            text = encode_state(fold.name, key, w.value)
+            if published:  # a passed one's root position is the driver's to fill in
+                root = w.closed_at if w.amended_at is None else w.amended_at
+                out.append(("published", key, start, w.end, root, w.revision, text, None, None))
+            if written:
+                out.append(("window", key, start, w.end, w.closed_at, w.revision, text, None,
+                            None))  # fmt: skip
         for position, t, missed, amended, recorded in self.late:
             out.append(("late", key, position, t, int(amended), recorded, json.dumps(missed),
                         None, None))  # fmt: skip

@@ -152,7 +152,7 @@ class Calendar:
 
     @staticmethod
     def _midnight(day: date, zone: ZoneInfo) -> int:
-        # fold=0: a midnight that does not exist maps to the first instant after the gap
+        # fold=0: a midnight that does not exist reads on the clock before the change
         local = datetime(day.year, day.month, day.day, tzinfo=zone)
         return (local - EPOCH) // ONE_US
 
