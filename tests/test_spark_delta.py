@@ -254,3 +254,20 @@ def test_a_continuous_run_keeps_the_table_current_and_finishes_a_lost_batch(
     assert positions(uri, "counts", 2) == [320, 320] and commits(uri) == 4
     assert table_rows(uri) == rows(app, "counts")
     assert len(rows(app, "counts")) == 26
+
+
+def test_a_windowed_aggregation_is_refused_a_delta_table_before_any_work(
+    spark, tmp_path: Path
+) -> None:
+    """A Delta table holds a keyed aggregation's states: a windowed one's replay with one said
+    nothing and wrote no table (its windows went to the store only)."""
+    app = el.App(f"sqlite:///{tmp_path}/events.db")
+    app.aggregation("per-minute", key="robot", on="Fastened", fields={"n": el.count()},
+                    window=el.tumbling("1m"))  # fmt: skip
+    app.store.append("r1", [E("Fastened", {"robot": "r1"})])
+    uri = str(tmp_path / "t")
+    with pytest.raises(el.InvalidInputError, match=r"'per-minute' is windowed: .*Delta"):
+        el.spark.replay(app, "per-minute", delta=uri, spark=spark)
+    assert not (tmp_path / "t").exists()
+    assert [s.token.position for s in app.tokens.status("per-minute")] == []  # nothing moved
+    app.close()

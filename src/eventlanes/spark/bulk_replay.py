@@ -206,6 +206,11 @@ def _delta_target(proc: Any, uri: str | None, options: Mapping[str, str] | None)
             f"{proc.name!r}: a Delta table holds an aggregation's states; this is a projection "
             "(its handlers write its own tables)"
         )
+    if proc.windowing is not None:  # its windows are rows of their own, not keyed states
+        raise InvalidInputError(
+            f"aggregation {proc.name!r} is windowed: a Delta table holds keyed states, and its "
+            "windows are written to the store only (agg.windows(), the window_states table)"
+        )
     return DeltaStates(uri, proc.name, proc.declaration, options)
 
 
