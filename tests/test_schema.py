@@ -314,3 +314,37 @@ def test_app_migrate_covers_a_token_store_in_another_database(tmp_path) -> None:
     assert versions(events) == versions(tokens) == ALL_VERSIONS
     assert [m.applied for m in app.migrate()] == [(), ()]
     app.close()
+
+
+def test_a_token_store_in_another_database_is_refused_what_commits_with_its_token(
+    tmp_path,
+) -> None:
+    """Exactly-once processors and aggregations commit their writes with their token, in the
+    store's database: with the tokens elsewhere, each batch rolled back as a lost claim and
+    ran again, its side effects repeated for ever, and status showed no error. They are
+    refused at start now; an at-least-once processor runs there as before."""
+    events, tokens = f"sqlite:///{tmp_path}/events.db", f"sqlite:///{tmp_path}/tokens.db"
+    app = el.App(events, token_store=tokens)
+    app.migrate()
+    seen: list[int] = []
+    app.processor("p").on("Hit")(lambda event, ctx: seen.append(event.position))
+    app.aggregation("c", key="k", on="Hit", fields={"n": el.count()})
+    app.processor("lanes", guarantee="at-least-once").on("Hit")(
+        lambda event, ctx: seen.append(-event.position)
+    )
+    app.store.append("s", [el.NewEvent("Hit", {"k": "a"})])
+    for name, kind in [("p", "processor"), ("c", "aggregation")]:
+        with pytest.raises(
+            el.InvalidInputError,
+            match=f"{kind} '{name}' is exactly-once: .* token_store= is another",
+        ):
+            app.start([name])
+        assert not app.running
+    assert seen == []
+    app.start(["lanes"])
+    try:
+        app.wait_until_caught_up(30, ["lanes"])
+    finally:
+        app.stop()
+    assert seen == [-1]
+    app.close()

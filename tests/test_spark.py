@@ -253,7 +253,7 @@ def test_a_continuous_micro_batch_publishes_the_states_it_writes(
     load(app.store, 600, seed=5)
     runner = ContinuousAggregation(app, "robots", spark=spark, max_rows=400)
     app.initialize("robots")  # as start() does
-    runner._records = claim_all(app.tokens, "robots", runner.owner)
+    runner.records = claim_all(app.tokens, "robots", runner.owner)
     try:  # two micro-batches, by hand (start() would loop, racing the check)
         assert runner.run_batch() and runner.run_batch() and not runner.run_batch()
     finally:
@@ -289,7 +289,7 @@ def test_a_micro_batch_roots_a_stages_state_in_an_input_it_folded(
     app.store.append("cell", [screwed("rb", 1, 11)])
     runner = ContinuousAggregation(app, "robots", spark=spark, max_rows=2)
     app.initialize("robots")
-    runner._records = claim_all(app.tokens, "robots", runner.owner)
+    runner.records = claim_all(app.tokens, "robots", runner.owner)
     try:
         assert runner.run_batch() and runner.run_batch() and not runner.run_batch()
     finally:
@@ -317,7 +317,7 @@ def test_a_continuous_micro_batch_keeps_a_resets_replay_end(spark, tmp_path) -> 
     app.reset("screws", context="rebuild")
     runner = ContinuousAggregation(app, "screws", spark=spark, max_rows=100)
     # One micro-batch, by hand (start() would run them all in a loop, racing the check).
-    runner._records = claim_all(app.tokens, "screws", runner.owner)
+    runner.records = claim_all(app.tokens, "screws", runner.owner)
     try:
         assert runner.run_batch()
     finally:

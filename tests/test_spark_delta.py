@@ -217,7 +217,7 @@ def test_a_continuous_run_keeps_the_table_current_and_finishes_a_lost_batch(
 
     def runner(max_rows: int | None) -> ContinuousAggregation:
         made = ContinuousAggregation(app, "counts", spark=spark, delta=uri, max_rows=max_rows)
-        made._records = claim_all(app.tokens, "counts", made.owner)  # batches by hand
+        made.records = claim_all(app.tokens, "counts", made.owner)  # batches by hand
         return made
 
     def lose_a_batch() -> None:

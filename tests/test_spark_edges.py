@@ -104,3 +104,33 @@ def test_executors_read_sqlite_without_a_second_sqlite_library(
     assert el.spark.replay(app, "totals", spark=spark).events == 3
     assert totals.get("s") == {"n": 3}
     app.close()
+
+
+def test_an_aggregation_of_several_sources_is_refused_on_spark_before_any_work(
+    spark, tmp_path
+) -> None:
+    """Spark reads the app's own store. An aggregation with ``sources=`` was replayed (and run
+    by micro-batches) from that store alone: its states missed the other store's events, and
+    its token was written without a position for it, as if there were none. Refused now,
+    nothing written."""
+    from eventlanes.spark.continuous import ContinuousAggregation
+
+    other = f"sqlite:///{tmp_path}/other.db"
+    app = el.App(f"sqlite:///{tmp_path}/main.db")
+    agg = app.aggregation("counts", key="k", initial=lambda: {"n": 0},
+                          sources={"legacy": other})  # fmt: skip
+
+    @agg.on("Hit")
+    def hit(state: dict, event: el.Event) -> None:
+        state["n"] += 1
+
+    app.store.append("s1", [el.NewEvent("Hit", {"k": "a"})])
+    with el.open_store(other) as legacy:
+        legacy.append("s2", [el.NewEvent("Hit", {"k": "a"})] * 2)
+    why = r"'counts' reads several sources .*: Spark reads this app's store only"
+    with pytest.raises(el.InvalidInputError, match=why):
+        el.spark.replay(app, "counts", spark=spark)
+    with pytest.raises(el.InvalidInputError, match=why):
+        ContinuousAggregation(app, "counts", spark=spark)
+    assert agg.get("a") is None and app.tokens.status("counts") == []
+    app.close()

@@ -448,7 +448,7 @@ def test_parts_come_over_without_holding_the_stores_write_lock(
     el.spark.replay(app, "sparked", spark=spark)  # over rows of its own: they are replaced
     assert results(app, sparked, keys) == results(app, local, keys)
     before = stored(app, "sparked"), [s.position for s in app.status("sparked").segments]
-    monkeypatch.setattr(spark_windows._Tally, "check", lambda *_: (_ for _ in ()).throw(
+    monkeypatch.setattr(spark_windows.Tally, "check", lambda *_: (_ for _ in ()).throw(
         el.SparkJobError("inputs do not add up")))  # fmt: skip
     with pytest.raises(el.SparkJobError, match="do not add up"):
         el.spark.replay(app, "sparked", spark=spark)

@@ -29,6 +29,7 @@ from .processing.aggregating.aggregation import Aggregation
 from .processing.aggregating.declarative import Op
 from .processing.options import (
     AggregationOptions,
+    Guarantee,
     ProcessorOptions,
     RepublisherOptions,
     refuse_unknown,
@@ -43,7 +44,7 @@ from .registry import Registry
 from .schema import Migrated
 from .signals import Stopping, run_until_signal
 from .store import EventStore
-from .tokens import DEFAULT_CLAIM_TIMEOUT, TokenStore
+from .tokens import DEFAULT_CLAIM_TIMEOUT, SQLTokenStore, TokenStore
 from .upcasting import Upcasters
 from .windows.spec import DEFAULT_RETAIN
 
@@ -334,6 +335,7 @@ class App(Operations):
         ingest = [i.name for i in found]
         if not selected and not ingest:
             raise InvalidInputError("this app defines no processor to run")
+        self._refuse_tokens_elsewhere(selected)
         static = static_mode(node_index, nodes)
         chosen = self._observe(
             observer, metrics_port, [*(p.name for p in selected), *ingest], metrics_host
@@ -341,6 +343,22 @@ class App(Operations):
         if chosen is not None:
             self.runtime.observer = chosen
         self.node.start(selected, found, static, balance, on_ready)
+
+    def _refuse_tokens_elsewhere(self, selected: list[Processor]) -> None:
+        """What commits its writes with its token, refused a token store in another database
+        (its batches would roll back as lost claims and run again, for ever)."""
+        rt = self.runtime
+        tokens = rt.tokens
+        if not isinstance(tokens, SQLTokenStore) or tokens.db.url.target == rt.db.url.target:
+            return  # another store's tokens in the same database commit there too
+        for proc in selected:
+            if proc.guarantee is not Guarantee.AT_LEAST_ONCE:
+                kind = "aggregation" if isinstance(proc, Aggregation) else "processor"
+                raise InvalidInputError(
+                    f"{kind} {proc.name!r} is exactly-once: what it writes commits with its "
+                    "token in the event store's database, and this app's token_store= is "
+                    "another (leave token_store= unset)"
+                )
 
     def check_ingestors(self, names: list[str] | None = None) -> None:
         """Raise (one clear error) unless every ingestor's broker answers with its topic."""

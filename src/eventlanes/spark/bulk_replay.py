@@ -48,12 +48,12 @@ from .fold import (
     fold_stage,
     spec_of,
 )
-from .input import ReplayInput, check_read, keyed_of, read_input, upcasters_of
+from .input import ReplayInput, check_read, keyed_of, read_input, refuse_sources, upcasters_of
 from .projections import replay_projection
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 from .staging import Staging
-from .windows import refuse_windows, replay_windows
+from .windows import refuse_windowed_delta, refuse_windows, replay_windows
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -119,6 +119,7 @@ def replay(
     NAME``, child of the caller's), never one per event."""
     tracer = spans.tracer()
     refuse_windows(app.get(name))
+    refuse_sources(app.get(name))
     target = _delta_target(app.get(name), delta, delta_options)
     args = (app, name, spark, master, parquet, partitions, wait, conf, py_files, archives,
             remote, target)  # fmt: skip
@@ -207,10 +208,7 @@ def _delta_target(proc: Any, uri: str | None, options: Mapping[str, str] | None)
             "(its handlers write its own tables)"
         )
     if proc.windowing is not None:  # its windows are rows of their own, not keyed states
-        raise InvalidInputError(
-            f"aggregation {proc.name!r} is windowed: a Delta table holds keyed states, and its "
-            "windows are written to the store only (agg.windows(), the window_states table)"
-        )
+        refuse_windowed_delta(proc)
     return DeltaStates(uri, proc.name, proc.declaration, options)
 
 

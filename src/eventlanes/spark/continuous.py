@@ -49,11 +49,12 @@ from .bulk_replay import (
     save_states,
 )
 from .fold import spec_of
-from .input import check_read, upcasters_of
+from .input import check_read, refuse_sources, upcasters_of
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 from .source import read_events
-from .windows import refuse_windows
+from .window_batches import fold_window_batch, refuse_continuous
+from .windows import refuse_windowed_delta, refuse_windows
 
 log = logging.getLogger("eventlanes.spark")
 
@@ -77,7 +78,8 @@ class StoredStates:
 
 class ContinuousAggregation:
     """One aggregation kept up to date on Spark: ``start()``, ``stop()``; ``error`` is set if
-    a micro-batch failed (the loop then stops; nothing of that batch was written)."""
+    a micro-batch failed (the loop then stops; nothing of that batch was written). A windowed
+    one's micro-batches: :mod:`.window_batches`."""
 
     def __init__(
         self,
@@ -94,7 +96,11 @@ class ContinuousAggregation:
         agg = app.get(name)
         if not isinstance(agg, Aggregation):
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
-        refuse_windows(agg, continuous=True)
+        refuse_windows(agg)
+        refuse_sources(agg)
+        refuse_continuous(agg)
+        if delta and agg.windowing is not None:
+            refuse_windowed_delta(agg)
         #: the Delta table kept current (written by a replay first), or None
         self.delta = DeltaStates(delta, agg.name, agg.declaration, delta_options) if delta else None
         self.app, self.agg = app, agg
@@ -109,7 +115,7 @@ class ContinuousAggregation:
         self.batches = app.db.table("spark_batches")
         require(app.db, "spark_batches")  # the table: eventlanes.schema.v1_initial
         self.error: BaseException | None = None
-        self._records: list = []
+        self.records: list = []
         self._beat: Heartbeat | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -119,7 +125,7 @@ class ContinuousAggregation:
         preflight(self.spark, functions_of(agg), self.url, head=app.store.head())
         # The local engine must not run this aggregation at the same time: hold every claim.
         app.initialize(agg.name)
-        self._records = claim_all(app.tokens, agg.name, self.owner, self.wait, None)
+        self.records = claim_all(app.tokens, agg.name, self.owner, self.wait, None)
         self._beat = Heartbeat(app.tokens, agg.name, self.owner, announce=False).start()
         if self.delta is not None:  # a table that cannot follow the store: said at once
             try:
@@ -175,6 +181,9 @@ class ContinuousAggregation:
         if span is not None:
             span.set_attributes({spans.MESSAGE_COUNT: expected, spans.POSITION: after + 1,
                                  spans.POSITION_LAST: end, spans.TOKEN: end})  # fmt: skip
+        if agg.windowing is not None:
+            fold_window_batch(self, current, end)
+            return True
         df, read = read_events(self.spark, self.url, after, end, self.n, None, upcasters_of(agg))
         spec = spec_of(agg, app.store.events_table)
         folded = fold_aggregation(spec, df, self.n, StoredStates(self.url, agg.name))
@@ -204,22 +213,26 @@ class ContinuousAggregation:
             rows = [(n, key, encoded[0]) for n, entries in states.items()
                     for key, encoded in entries.items()]  # fmt: skip
             self.delta.merge(rows, {s: t.position for s, t in current.items()}, end)
-        db = app.db
-        with db.transaction() as conn:
-            next_id = db.sql(f"SELECT coalesce(max(batch_id), -1) + 1 FROM {self.batches} "
-                             "WHERE aggregation = ?")  # fmt: skip
-            (batch_id,) = conn.execute(next_id, (agg.name,)).fetchone()
-            conn.execute(
-                db.sql(f"INSERT INTO {self.batches} (aggregation, batch_id, end_position) "
-                       "VALUES (?, ?, ?)"), (agg.name, batch_id, end),
-            )  # fmt: skip
+        with app.db.transaction() as conn:
+            self.record_batch(conn, end)
             for name in states:
                 save_states(app, conn, name, states)
-            for record in self._records:  # fenced: a stolen claim fails the whole commit
+            for record in self.records:  # fenced: a stolen claim fails the whole commit
                 # advance keeps what lies past ``end`` (a reset's replay ends, per part)
                 token = current.get(record.segment.id, Token(0)).advance(end)
                 app.tokens.store(agg.name, record.segment.id, token, self.owner, conn=conn)
         return True
+
+    def record_batch(self, conn: Any, end: int) -> None:
+        """The batch's row in ``spark_batches``, in its transaction."""
+        db, name = self.app.db, self.agg.name
+        next_id = db.sql(f"SELECT coalesce(max(batch_id), -1) + 1 FROM {self.batches} "
+                         "WHERE aggregation = ?")  # fmt: skip
+        (batch_id,) = conn.execute(next_id, (name,)).fetchone()
+        conn.execute(
+            db.sql(f"INSERT INTO {self.batches} (aggregation, batch_id, end_position) "
+                   "VALUES (?, ?, ?)"), (name, batch_id, end),
+        )  # fmt: skip
 
     def stop(self) -> None:
         self._stop.set()
@@ -228,8 +241,8 @@ class ContinuousAggregation:
         self._threads = []
         if self._beat is not None:
             self._beat.stop()
-        release_all(self.app.tokens, self.agg.name, self.owner, self._records)
-        self._records = []
+        release_all(self.app.tokens, self.agg.name, self.owner, self.records)
+        self.records = []
 
 
 def plan(app: Any, names: list[str]) -> tuple[list[str], list[str]]:

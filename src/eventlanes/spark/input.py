@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SparkJobError
+from ..errors import InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
 from ..upcasting import Upcasters
 from ..upcasting.arrow import upcast_batch
@@ -118,6 +118,17 @@ def _settle(future: Future[None], fn: Callable[..., None], *args: Any) -> None:
         future.set_exception(exc)
     else:
         future.set_result(None)
+
+
+def refuse_sources(proc: Any) -> None:
+    """An aggregation of several sources, refused before any work: Spark reads the app's own
+    store, and a token without the other sources' positions would say they hold nothing."""
+    if isinstance(proc, Aggregation) and proc.sources:
+        raise InvalidInputError(
+            f"aggregation {proc.name!r} reads several sources ({', '.join(sorted(proc.sources))}"
+            " besides this store): Spark reads this app's store only (eventlanes run --engine "
+            "local)"
+        )
 
 
 def upcasters_of(proc: Any) -> Upcasters | None:

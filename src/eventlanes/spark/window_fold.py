@@ -16,7 +16,7 @@ import json
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import chain, groupby
+from itertools import chain, groupby, islice
 from typing import Any
 
 from ..events import Event, datas
@@ -130,15 +130,27 @@ class Closes:
         return self.first[i] if i < len(self.first) else None
 
 
-def fold_windows(fold: WindowFold, closes: Closes, batches: Iterator[Any]) -> Iterator[Any]:
+#: what a continuous run's fold starts from: each key's stored entry and open windows
+Stored = Callable[[list[str]], dict[str, tuple[Entry, dict[int, Win]]]]
+KEYS_PER_LOAD = 500  # keys whose stored windows one continuous fold reads at a time
+
+
+def fold_windows(
+    fold: WindowFold, closes: Closes, batches: Iterator[Any], stored: Stored | None = None
+) -> Iterator[Any]:
     """Rows sorted by (key, position), of ``TIMED_SCHEMA`` plus ``before`` (the store clock's
-    time before each; null with a key's clock): each key folded as the local engine folds it."""
+    time before each; null with a key's clock): each key folded as the local engine folds it,
+    from nothing (a replay) or from what ``stored`` loads (a continuous run's micro-batch)."""
     out: list[tuple[Any, ...]] = []
     counts: dict[int, list[int]] = {}
     rows = chain.from_iterable(zip(*(b.column(i).to_pylist() for i in range(b.num_columns)),
                                    strict=True) for b in batches)  # fmt: skip
-    for key, group in groupby(rows, key=lambda r: r[_KEY]):
-        _KeyFold(fold, key, list(group), closes).emit(out, counts)
+    groups = ((key, list(group)) for key, group in groupby(rows, key=lambda r: r[_KEY]))
+    while chunk := list(islice(groups, KEYS_PER_LOAD if stored is not None else 1)):
+        loaded = stored([key for key, _ in chunk]) if stored is not None else None
+        for key, group in chunk:
+            start = None if loaded is None else loaded.get(key, (Entry({}), {}))
+            _KeyFold(fold, key, group, closes, start).emit(out, counts)
         if len(out) >= 5000:
             yield _batch(out)
     out += [("count", None, seg, *n, None, None, None) for seg, n in sorted(counts.items())]
@@ -161,19 +173,30 @@ def _batch(out: list[tuple[Any, ...]]) -> Any:
 
 class _KeyFold:
     """One key's inputs folded into its windows, in position order: the rules of
-    ``WindowExecutor._fold_windows`` over a key whose windows are all in hand."""
+    ``WindowExecutor._fold_windows`` over a key whose windows are all in hand. ``stored``: its
+    entry and open windows (a continuous run), of which only those this fold changed or closed
+    come back (``touched``)."""
 
-    def __init__(self, fold: WindowFold, key: str, rows: list[tuple[Any, ...]],
-                 closes: Closes) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fold: WindowFold,
+        key: str,
+        rows: list[tuple[Any, ...]],
+        closes: Closes,
+        stored: tuple[Entry, dict[int, Win]] | None = None,
+    ) -> None:
         self.fold, self.key, self.rows, self.closes = fold, key, rows, closes
-        self.wins: dict[int, Win] = {}
+        self.stored = stored is not None
+        self.entry, self.wins = stored if stored is not None else (Entry({}), {})
+        self.dropped_before = self.entry.dropped
+        self.touched: set[int] = set()
         self.late: list[tuple[Any, ...]] = []
         self.folded = self.late_count = self.clamped = 0
 
     def _accepted(self) -> tuple[Entry, list[Event], list[int]]:
         """The key's entry, its inputs as events, and the indexes of those not duplicates."""
         events = [Event(*r[:_T]) for r in self.rows]
-        entry = Entry({})
+        entry = self.entry
         accepted = dedupe(events, [self.key] * len(events), {self.key: entry}, self.fold.source)
         return entry, events, accepted
 
@@ -219,6 +242,7 @@ class _KeyFold:
                 w = wins.get(start)
                 if w is None:
                     w = wins[start] = Win(end, initial())
+                self.touched.add(start)
                 if pending is not None:
                     pending.append((event, w.value))
                 else:
@@ -315,6 +339,8 @@ class _KeyFold:
                     continue
                 if grid:
                     w.closed_at = self.closes.closed_at((start - window.offset) // window.step)
+                    if w.closed_at is not None:
+                        self.touched.add(start)
                 elif latest is not None and w.end + spec.lateness <= latest:
                     passed.add(start)
         else:
@@ -322,8 +348,11 @@ class _KeyFold:
         # closed longer than retain (a session: at least its gap): deleted by the local
         # engine's writes, never written here
         retain = max(spec.retain, window.gap) if session else spec.retain
-        gone = None if latest is None else latest - spec.lateness - retain
+        # (a continuous run writes what it closed: the driver expires it, as the local engine)
+        gone = None if latest is None or self.stored else latest - spec.lateness - retain
         for start in sorted(self.wins):
+            if self.stored and start not in self.touched:
+                continue  # a stored window this batch neither changed nor closed
             w = self.wins[start]
             closed = w.closed_at is not None or start in passed
             # each closed window published once, its latest revision: one write's rule
@@ -341,7 +370,7 @@ class _KeyFold:
         for position, t, missed, amended, recorded in self.late:
             out.append(("late", key, position, t, int(amended), recorded, json.dumps(missed),
                         None, None))  # fmt: skip
-        out.append(("state", key, entry.dropped, None, None, None,
+        out.append(("state", key, entry.dropped, entry.dropped - self.dropped_before, None, None,
                     encode_state(fold.name, key, entry.value), encode(entry.offsets),
                     encode_dropped_by(entry.dropped_by)))  # fmt: skip
         n = counts.setdefault(fold.segment_of(key), [0, 0, 0])

@@ -31,8 +31,8 @@ works on TimestampType with the session's rules, and the engines must agree bit 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from ..errors import InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
@@ -78,21 +78,25 @@ def start_column(t: Any, step: Any, offset: Any = 0) -> Any:
     return t - F.pmod(t - col(offset), col(step))
 
 
-def refuse_windows(proc: Any, continuous: bool = False) -> None:
-    """What Spark does not run of a windowed aggregation yet, refused before any work: a
-    continuous run, upcast inputs."""
+def refuse_windows(proc: Any) -> None:
+    """What Spark does not run of a windowed aggregation yet, refused before any work: upcast
+    inputs (a continuous run refuses more: :func:`.window_batches.refuse_continuous`)."""
     if not isinstance(proc, Aggregation) or proc.windowing is None:
         return
     merge_of(proc)  # sessions without a merge function: as the local engine refuses them
-    why = None
-    if continuous:
-        why = "a continuous Spark run does not fold windows yet (el.spark.replay does)"
-    elif proc.upcasters.into(proc.handled_types()) is not None:
-        why = "windows do not read upcast events yet"
-    if why is not None:
+    if proc.upcasters.into(proc.handled_types()) is not None:
         raise InvalidInputError(
-            f"aggregation {proc.name!r} is windowed: {why} (eventlanes run --engine local)"
+            f"aggregation {proc.name!r} is windowed: windows do not read upcast events yet "
+            "(eventlanes run --engine local)"
         )
+
+
+def refuse_windowed_delta(proc: Aggregation) -> NoReturn:
+    """A Delta table for a windowed aggregation, refused before any work."""
+    raise InvalidInputError(
+        f"aggregation {proc.name!r} is windowed: a Delta table holds keyed states, and its "
+        "windows are written to the store only (agg.windows(), the window_states table)"
+    )
 
 
 def off_grid(spec: Windowing) -> bool:
@@ -101,22 +105,29 @@ def off_grid(spec: Windowing) -> bool:
     return spec.clock == "store" and not isinstance(spec.window, Tumbling | Hopping)
 
 
-def _clock_columns(
-    timed_df: Any, spec: Windowing, end: int, buckets: int
+def clock_columns(
+    timed_df: Any,
+    spec: Windowing,
+    end: int,
+    buckets: int,
+    start: tuple[int, int | None] = (0, None),
+    folds_after: int = 0,
 ) -> tuple[Any, Closes, int, list[int | None]]:
-    """``timed_df`` with ``bucket`` (of positions) and ``before`` (the store clock's time
-    before each row's position), where the clock closes windows (off a grid: only the clock at
-    the end), how many inputs are folded, and the clock at each bucket's end: two small jobs
-    (one off a grid), their answers on the driver."""
+    """``timed_df`` (the rows after ``start[0]``, whose clock is ``start[1]``) with ``bucket``
+    (of positions) and ``before`` (the store clock's time before each row's position), where
+    the clock closes windows (off a grid: only the clock at the end), how many inputs past
+    ``folds_after`` are folded, and the clock at each bucket's end: two small jobs (one off a
+    grid), their answers on the driver."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    bucket = ((F.col("position") - 1) * buckets / F.lit(max(end, 1))).cast("long")
+    first, running = start
+    bucket = ((F.col("position") - first - 1) * buckets / F.lit(max(end - first, 1))).cast("long")
     df = timed_df.withColumn("bucket", bucket)
-    found = df.groupBy("bucket").agg(F.max("t"), F.count("key")).collect()
+    folded = F.when(F.col("position") > folds_after, F.col("key"))
+    found = df.groupBy("bucket").agg(F.max("t"), F.count(folded)).collect()
     tops = {r[0]: r[1] for r in found}
     below: list[int | None] = []
-    running: int | None = None
     for b in range(buckets):  # the largest time in the buckets before each
         below.append(running)
         top = tops.get(b)
@@ -213,7 +224,7 @@ def _fold_and_write(
     spec = fold.spec
     if spec.clock == "store":
         buckets = n * BUCKETS_PER_PARTITION
-        with_clock, closes, expected, reached = _clock_columns(timed_df, spec, source.end,
+        with_clock, closes, expected, reached = clock_columns(timed_df, spec, source.end,
                                                                buckets)  # fmt: skip
     else:  # each key's clock: its own earlier inputs, read in the fold
         with_clock = timed_df.withColumn("before", F.lit(None).cast("long"))
@@ -243,16 +254,17 @@ def _fold_and_write(
     return events, keys
 
 
-#: per part: windows, late inputs, states, counts, windows to publish
-_Part = tuple[list[Any], list[Any], list[Any], list[Any], list[tuple[str, int, Win]]]
+#: per part: windows, late inputs, states, counts, windows to publish, inputs dropped (as
+#: duplicates) by this fold
+Part = tuple[list[Any], list[Any], list[Any], list[Any], list[tuple[str, int, Win]], int]
 
 
-def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
+def fold_rows(folded: Any, bound: int, name: str) -> Iterator[Part]:
     """The fold's rows brought over a bounded part at a time: per part its windows (key,
     start, end, value, closed_at, revision), late inputs (position, key, t, windows, amended,
     recorded_at), states (key, value, offsets, dropped, dropped_by), counts (segment,
-    folded, late, clamped) and the closed windows to publish (key, start, window whose
-    ``closed_at`` is its root's position)."""
+    folded, late, clamped), the closed windows to publish (key, start, window whose
+    ``closed_at`` is its root's position) and how many inputs the fold dropped."""
     for table in parts_of(folded, bound, f"replay of {name}"):
         cols = {c: table.column(c).to_pylist() for c in table.column_names}
         rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
@@ -265,10 +277,11 @@ def _rows(folded: Any, bound: int, name: str) -> Iterator[_Part]:
             [(seg, f, late, c) for kind, _, seg, f, late, c, _, _, _ in rows if kind == "count"],
             [(k, a, Win(b, decode(t), d, c)) for kind, k, a, b, c, d, t, _, _ in rows
              if kind == "published"],
+            sum(b for kind, _, _, b, _, _, _, _, _ in rows if kind == "state"),
         )  # fmt: skip
 
 
-class _Tally:
+class Tally:
     """What the parts held: the counts per segment, states and their dropped inputs; the
     check that every input read is accounted for."""
 
@@ -276,9 +289,10 @@ class _Tally:
         self.counts: dict[int, list[int]] = {}
         self.keys = self.dropped = 0
 
-    def add(self, states: list[Any], counts: list[Any]) -> None:
+    def add(self, states: list[Any], counts: list[Any], dropped: int | None = None) -> None:
+        """``dropped``: the inputs dropped by this fold (else the states' totals: a replay's)."""
         self.keys += len(states)
-        self.dropped += sum(s[3] for s in states)
+        self.dropped += sum(s[3] for s in states) if dropped is None else dropped
         for seg, f, late, c in counts:
             n = self.counts.setdefault(seg, [0, 0, 0])
             n[0], n[1], n[2] = n[0] + f, n[1] + late, n[2] + c
@@ -292,7 +306,7 @@ class _Tally:
             )
 
 
-def _publish(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> Closed:
+def publish_closed(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> Closed:
     """Publish closed windows (key, start, window whose ``closed_at`` is its root's position),
     acknowledged before anything commits, and return them with their roots; one with no
     position stops the replay."""
@@ -310,13 +324,16 @@ def _publish(agg: Aggregation, closed: list[tuple[str, int, Win]]) -> Closed:
     return done
 
 
-class _Downstream:
+class Downstream:
     """What a replay's closed windows feed besides a sink, held on the driver until the
     commit: each downstream stage's states (folded by the local engine's rule, starting from
-    none: a replay replaces them) and the ``on_close`` functions' events."""
+    none: a replay replaces them; or from what ``stored(stage, keys)`` reads: a continuous
+    run's) and the ``on_close`` functions' events."""
 
-    def __init__(self, agg: Aggregation) -> None:
-        self.agg = agg
+    def __init__(
+        self, agg: Aggregation, stored: Callable[[str, list[str]], dict[str, Entry]] | None = None
+    ) -> None:
+        self.agg, self.stored = agg, stored
         self.entries: dict[str, dict[str, Entry]] = {s.name: {} for s in agg.stages}
         self.newest: dict[str, dict[str, Any]] = {s.name: {} for s in agg.stages}
         self.runs: list[tuple[str, list[Any]]] = []
@@ -325,8 +342,11 @@ class _Downstream:
         agg = self.agg
         if agg.stages and done:
             for stage, keyed in by_stage(stage_outputs(agg.name, agg.stages, done)):
-                mine = self.newest[stage.name]
-                for key, coords in fold_downstream(stage, keyed, self.entries[stage.name]).items():
+                mine, entries = self.newest[stage.name], self.entries[stage.name]
+                if self.stored is not None:
+                    missing = sorted({k for k, *_ in keyed}.difference(entries))
+                    entries.update(self.stored(stage.name, missing) if missing else {})
+                for key, coords in fold_downstream(stage, keyed, entries).items():
                     held = mine.get(key)  # the newest by position: parts come by upstream key
                     if held is None or tuple(coords[2]) > tuple(held[2]):
                         mine[key] = coords
@@ -345,7 +365,8 @@ class _Downstream:
         """In the replay's transaction: the stages' states replace theirs, the events are
         appended."""
         for stage in self.agg.stages:
-            states.delete_all(conn, stage.name)
+            if self.stored is None:
+                states.delete_all(conn, stage.name)
             states.save(conn, stage.name, self.entries[stage.name])
         if self.runs:
             store.append_runs(self.runs, conn=conn)
@@ -383,14 +404,14 @@ def _write(
     and the transaction only moves them in; on PostgreSQL, whose writes lock rows only, the
     transaction writes the parts as they come."""
     rt, name = app.runtime, agg.name
-    tally = _Tally()
+    tally = Tally()
     definition = fold.spec.definition()
 
     passed = None  # off a grid: the clock every window ending before it must have closed at
     if off_grid(fold.spec):
         passed = None if closes.latest is None else closes.latest - fold.spec.lateness
 
-    downstream = _Downstream(agg)
+    downstream = Downstream(agg)
 
     def finish(conn: Any) -> None:
         downstream.write(conn, rt.states, rt.store)
@@ -404,8 +425,8 @@ def _write(
 
     if rt.db.backend == "sqlite":
         with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
-            for wins, late, states, counts, closed in _rows(folded, rows_bound, name):
-                downstream.add(_publish(agg, closed))
+            for wins, late, states, counts, closed, _ in fold_rows(folded, rows_bound, name):
+                downstream.add(publish_closed(agg, closed))
                 _check_closed(name, passed, wins)
                 windows.add(name, wins, late)
                 stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
@@ -422,8 +443,8 @@ def _write(
     with rt.db.transaction() as conn:
         rt.states.delete_all(conn, name)
         rt.windows.delete_all(conn, name)
-        for wins, late, states, counts, closed in _rows(folded, rows_bound, name):
-            downstream.add(_publish(agg, closed))
+        for wins, late, states, counts, closed, _ in fold_rows(folded, rows_bound, name):
+            downstream.add(publish_closed(agg, closed))
             _check_closed(name, passed, wins)
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)

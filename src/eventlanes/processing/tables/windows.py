@@ -102,6 +102,28 @@ class WindowTable:
         rows = conn.execute(self._open, (name, segment.mask, segment.id)).fetchall()
         return [(k, s, e, decode(v), r) for k, s, e, v, r in rows]
 
+    def open_of(self, conn: Any, name: str, keys: list[str]) -> dict[str, dict[int, Win]]:
+        """The open windows of ``keys`` (those that have one), by key and start."""
+        found: dict[str, dict[int, Win]] = {}
+        for i in range(0, len(keys), KEYS_PER_STATEMENT):
+            part = keys[i : i + KEYS_PER_STATEMENT]
+            sql = self.db.sql(
+                f"SELECT key, start_us, end_us, value, revision FROM {self.states} WHERE "
+                f"aggregation = ? AND closed_at IS NULL AND key IN ({', '.join('?' * len(part))})"
+            )
+            for key, start, end, value, revision in conn.execute(sql, (name, *part)):
+                found.setdefault(key, {})[start] = Win(end, decode(value), revision)
+        return found
+
+    def open_ending(self, conn: Any, name: str, by: int) -> list[tuple[Any, ...]]:
+        """The open windows ending at or before ``by``: (key, start, end, value text,
+        revision), in key and start order."""
+        sql = self.db.sql(
+            f"""SELECT key, start_us, end_us, value, revision FROM {self.states} WHERE
+                aggregation = ? AND closed_at IS NULL AND end_us <= ? ORDER BY key, start_us"""
+        )
+        return conn.execute(sql, (name, by)).fetchall()
+
     def load_closed(self, conn: Any, name: str, key: str, start: int) -> Win | None:
         row = conn.execute(self._closed, (name, key, start)).fetchone()
         return None if row is None else Win(row[0], decode(row[1]), row[2], row[3])

@@ -1,0 +1,204 @@
+"""Windowed aggregations kept up to date on Spark: the micro-batches of ``eventlanes run
+--engine spark`` (:class:`~.continuous.ContinuousAggregation`) for an aggregation with
+``window=``.
+
+A micro-batch folds the events after the segments' common token as a replay folds them
+(:mod:`.windows`), from what the store holds instead of from nothing:
+
+- the store's clock starts where the newest clock row at or below the token left it, and the
+  events between that row and the token are read for the clock alone;
+- each key's inputs are folded on an executor onto its stored entry (its dedupe marks) and
+  its open windows, read there; only the windows the batch changed or closed come back;
+- the open windows of keys with no input in the batch that the clock passed are closed by the
+  driver, each at the position where the clock reached its end plus the lateness (the same
+  :class:`~.window_fold.Closes` the executors read);
+- the closed windows are published, folded into the downstream stages and given to
+  ``on_close`` before anything commits; then windows, late inputs, entries, stage states,
+  every segment's clock row (its counts added to), the windows closed longer than ``retain``
+  (as the local engine expires them) and every token commit in one transaction.
+
+What the local engine writes at the end of a batch is what a micro-batch writes: the tests
+hold the two to each other. Taken only for tumbling and hopping windows with the store's
+clock, late inputs parked or counted, and no ticks; the rest is refused before any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..db import open_database
+from ..errors import InvalidInputError, SparkJobError
+from ..processing.aggregating.aggregation import Aggregation
+from ..processing.tables.states import Entry, StateTable, decode
+from ..processing.tables.windows import Checkpoint, Win, WindowTable
+from ..tokens import Token
+from ..windows.kinds import Hopping, Tumbling
+from .input import check_read
+from .source import read_events
+from .window_fold import OUT_SCHEMA, TIMED_SCHEMA, Closes, WindowFold, fold_windows, timed
+from .windows import (
+    BUCKETS_PER_PARTITION,
+    Downstream,
+    Tally,
+    clock_columns,
+    fold_rows,
+    publish_closed,
+)
+
+__all__ = ["StoredWindows", "fold_window_batch", "refuse_continuous"]
+
+
+def refuse_continuous(agg: Aggregation) -> None:
+    """What a continuous run does not fold of a windowed aggregation, refused before any work."""
+    spec = agg.windowing
+    if spec is None:
+        return
+    why = None
+    if not isinstance(spec.window, Tumbling | Hopping):
+        why = f"its windows are {type(spec.window).__name__.lower()} windows"
+    elif spec.clock != "store":
+        why = "it runs on each key's clock"
+    elif spec.late == "amend":
+        why = 'its late inputs amend closed windows (late="amend")'
+    elif spec.idle_close is not None:
+        why = "it closes idle windows with ticks (idle_close=), which a Spark run does not append"
+    elif agg.upcasters.into(agg.handled_types()) is not None:
+        why = "it reads upcast events"
+    if why is not None:
+        raise InvalidInputError(
+            f"aggregation {agg.name!r} is windowed and {why}: a continuous Spark run folds "
+            "tumbling and hopping windows on the store's clock, late inputs parked or counted, "
+            "without ticks (run it with --engine local, or replay it with el.spark.replay)"
+        )
+
+
+@dataclass
+class StoredWindows:
+    """Reads, in an executor, each key's stored entry and open windows (picklable)."""
+
+    url: str
+    name: str
+
+    def __call__(self, keys: list[str]) -> dict[str, tuple[Entry, dict[int, Win]]]:
+        db = open_database(self.url, create=False)  # reads only: never creates anything
+        try:
+            with db.connection() as conn:
+                entries = StateTable(db).load(conn, self.name, keys)
+                wins = WindowTable(db).open_of(conn, self.name, keys)
+        finally:
+            db.close()
+        return {key: (entries.get(key, Entry({})), wins.get(key, {})) for key in keys}
+
+
+def _level(name: str, current: dict[int, Token]) -> int:
+    """The segments' common position: a store clock's windows fold one range for all."""
+    positions = sorted({t.position for t in current.values()})
+    if len(positions) != 1 or not all(t.is_plain and not t.sources for t in current.values()):
+        raise InvalidInputError(
+            f"aggregation {name!r} is windowed and its segments are at different positions "
+            f"({', '.join(map(str, positions))}): let the local engine bring them level "
+            "(eventlanes run --engine local until caught up), or replay it with el.spark.replay"
+        )
+    return positions[0]
+
+
+def _passed(
+    runner: Any, fold: WindowFold, closes: Closes, batch_keys: set[str]
+) -> list[tuple[Any, ...]]:
+    """The open windows of keys with no input in the batch that the clock passed: (key,
+    start, end, value text, closed_at, revision), each closed where the clock reached it."""
+    spec = fold.spec
+    window = spec.window
+    assert isinstance(window, Tumbling | Hopping)  # refuse_continuous
+    if closes.latest is None:
+        return []
+    rt = runner.app.runtime
+    with rt.db.connection() as conn:
+        stored = rt.windows.open_ending(conn, fold.name, closes.latest - spec.lateness)
+    passed = []
+    for key, start, end, text, revision in stored:
+        if key in batch_keys:  # folded, and closed, by its executor
+            continue
+        at = closes.closed_at((start - window.offset) // window.step)
+        if at is None:  # passed before the batch, yet open: nothing written
+            raise SparkJobError(
+                f"{fold.name}: the window of key {key!r} starting at {start} is open but the "
+                "clock passed it before this micro-batch: nothing was written"
+            )
+        passed.append((key, start, end, text, at, revision))
+    return passed
+
+
+# long: the batch's jobs, then what the driver closes, publishes and commits, in order
+def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
+    """One micro-batch of a windowed aggregation up to ``end`` (see the module's text)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    app, agg = runner.app, runner.agg
+    rt, name, spec = app.runtime, agg.name, agg.windowing
+    assert spec is not None and isinstance(spec.window, Tumbling | Hopping)  # refused else
+    after = _level(name, current)
+    with rt.db.connection() as conn:
+        start = rt.windows.clock_at(conn, name, after)
+        checkpoints = {seg: rt.windows.checkpoint(conn, name, seg) for seg in current}
+    expected = app.store.count(until=end) - app.store.count(until=start[0])
+    df, read = read_events(runner.spark, runner.url, start[0], end, runner.n)
+    fold = WindowFold.of(agg, app.store.events_table, [r.segment for r in runner.records])
+    timed_df = df.mapInArrow(lambda it: timed(fold, it), TIMED_SCHEMA).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    try:
+        buckets = runner.n * BUCKETS_PER_PARTITION
+        with_clock, closes, inputs, _ = clock_columns(timed_df, spec, end, buckets, start, after)
+        stored = StoredWindows(runner.url, name)
+        folded = (
+            with_clock.drop("bucket").where(F.col("key").isNotNull() & (F.col("position") > after))
+            .repartition(runner.n, "key").sortWithinPartitions("key", "position")
+            .mapInArrow(lambda it: fold_windows(fold, closes, it, stored), OUT_SCHEMA)
+        )  # fmt: skip
+        hops = spec.window.size // spec.window.step  # windows per input at most
+        rows = inputs * (2 * hops + 3) + len(current) + 1  # windows twice, a late row, a state
+        parts = list(fold_rows(folded, rows, name))
+        check_read(name, f"micro-batch ({start[0]:,}, {end:,}] read", read.total(), expected)
+    finally:
+        timed_df.unpersist()
+    tally = Tally()
+    for _, _, states, counts, _, dropped in parts:
+        tally.add(states, counts, dropped)
+    tally.check(name, inputs)
+    batch_keys = {s[0] for part in parts for s in part[2]}
+    passed = _passed(runner, fold, closes, batch_keys)
+    closed = [c for part in parts for c in part[4]]
+    if fold.publishes:
+        closed += [(k, s, Win(e, decode(text), rev, at)) for k, s, e, text, at, rev in passed]
+
+    def stage_entries(stage: str, keys: list[str]) -> dict[str, Entry]:
+        with rt.db.connection() as conn:
+            return rt.states.load(conn, stage, keys)
+
+    downstream = Downstream(agg, stage_entries)
+    downstream.add(publish_closed(agg, closed))  # acknowledged before anything commits
+    downstream.publish()
+    definition = spec.definition()
+    with rt.db.transaction() as conn:
+        runner.record_batch(conn, end)
+        for wins, late, states, _, _, _ in parts:
+            rt.windows.save_encoded(conn, name, wins)
+            rt.windows.add_late(conn, name, late)
+            rt.states.save_encoded(conn, name, states)
+        rt.windows.save_encoded(conn, name, passed)
+        downstream.write(conn, rt.states, rt.store)
+        for record in runner.records:  # fenced: a stolen claim fails the whole commit
+            seg = record.segment
+            cp = checkpoints.get(seg.id) or Checkpoint(after, start[1], definition)
+            f, late_n, c = tally.counts.get(seg.id, [0, 0, 0])
+            latest = closes.latest if closes.latest is not None else cp.latest
+            if latest is not None:  # closed longer than retain: as the local engine's writes
+                rt.windows.expire(conn, name, latest - spec.lateness - spec.retain, seg)
+            moved = Checkpoint(end, latest, definition, cp.folded + f, cp.late + late_n,
+                               cp.clamped + c)  # fmt: skip
+            rt.windows.save_checkpoint(conn, name, seg.id, moved)
+            token = current.get(seg.id, Token(0)).advance(end)
+            app.tokens.store(name, seg.id, token, runner.owner, conn=conn)

@@ -1,0 +1,168 @@
+"""``run --engine spark`` keeps a windowed aggregation up to date in micro-batches that write
+what the local engine writes on the same store: windows, where each closed, late inputs,
+counts, entries, clock rows, what ``on_close`` appends; across runs and with the local
+engine before it. What it does not fold is refused before any work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import eventlanes as el
+from eventlanes.tokens import Token
+from tests.processing_helpers import run_until_caught_up
+from tests.test_spark_windows import CASES, FIELDS, append, attempts, define, results
+
+CONTINUOUS = {
+    "tumbling, store clock, kept, Python fold": CASES["tumbling, store clock, kept, Python fold"],
+    "hopping, store clock, kept, declared": {
+        "window": el.hopping("2m", every="30s"), "fields": FIELDS,
+    },
+    "tumbling, counted, retain 1 min, declared": {
+        "window": el.tumbling("1m"), "late": "count", "retain": "1m", "fields": FIELDS,
+    },
+}  # fmt: skip
+
+
+def runner_of(app: el.App, name: str, spark: Any, max_rows: int) -> Any:
+    """A continuous runner holding every claim, its batches run by hand (start() would loop)."""
+    from eventlanes.spark.continuous import ContinuousAggregation
+    from eventlanes.tokens.claims import claim_all
+
+    runner = ContinuousAggregation(app, name, spark=spark, max_rows=max_rows)
+    app.initialize(name)  # as start() does
+    runner.records = claim_all(app.tokens, name, runner.owner)
+    return runner
+
+
+def batches(app: el.App, name: str, spark: Any, max_rows: int) -> int:
+    runner = runner_of(app, name, spark, max_rows)
+    n = 0
+    try:
+        while runner.run_batch():
+            n += 1
+    finally:
+        runner.stop()
+    return n
+
+
+def closers(app: el.App, agg: el.Aggregation) -> None:
+    @agg.on_close
+    def closed(window: el.WindowResult, name: str = agg.name) -> el.NewEvent:
+        return el.NewEvent("MinuteClosed", {"of": name, "start": window.start_us,
+                                            "ok": window.value["ok"]})  # fmt: skip
+
+
+def closes_of(app: el.App, name: str) -> list[tuple]:
+    return sorted((e.stream_id.split(":", 1)[1], e.data["start"], e.data["ok"])
+                  for e in app.store.iter_events() if e.type == "MinuteClosed"
+                  and e.data["of"] == name)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("backend", "case"),
+    [*(("sqlite", c) for c in CONTINUOUS), ("postgres", "hopping, store clock, kept, declared")],
+    indirect=["backend"],
+)
+def test_micro_batches_write_what_the_local_engine_writes(spark, store_url: str, case: str) -> None:
+    """Micro-batches of 150 positions against the local engine, twice (a second runner goes
+    on from the first's tokens, clock rows and open windows). The second part's robots are
+    new: the first part's windows are closed by the driver, their keys having no input in a
+    batch; the clamped input closes everything open at the end."""
+    app = el.App(store_url)
+    aggs = {n: define(app, n, CONTINUOUS[case], segments=s)
+            for n, s in (("local", 3), ("sparked", 2))}  # fmt: skip
+    for agg in aggs.values():
+        closers(app, agg)
+    events = attempts(600, seed=len(case))
+    append(app.store, events + [events[i] for i in range(0, 600, 9)])  # duplicates too
+    assert batches(app, "sparked", spark, 150) >= 5
+    run_until_caught_up(app, processors=["local"])
+    batches(app, "sparked", spark, 150)  # past the events the local engine's on_close appended
+    keys = [f"r{i}" for i in range(8)]
+    want = results(app, aggs["local"], keys)
+    windows, late, counts, _ = want
+    assert counts["duplicate"] == len(range(0, 600, 9)) and counts["late"] > 0
+    # some closed (with retain="1m", expired soon after), some open
+    assert any(w[3] for ws in windows.values() for w in ws) == ("retain" not in case)
+    assert not all(w[3] for ws in windows.values() for w in ws)
+    assert (late != []) == (CONTINUOUS[case].get("late") != "count")
+    assert results(app, aggs["sparked"], keys) == want
+    assert closes_of(app, "sparked") == closes_of(app, "local") != []
+
+    more = attempts(300, seed=3, robots=3, first=600, clamp=880)
+    for e in more:
+        e.data["robot"] = "r" + str(5 + int(e.data["robot"][1:]))  # robots 5 to 7 only
+    append(app.store, more + more[::7] + events[:5])
+    assert batches(app, "sparked", spark, 150) >= 2
+    run_until_caught_up(app, processors=["local"])
+    batches(app, "sparked", spark, 150)
+    got, want = results(app, aggs["sparked"], keys), results(app, aggs["local"], keys)
+    assert got == want
+    assert all(w[3] for k in ("r0", "r1") for w in want[0][k])  # closed with no input of theirs
+    assert closes_of(app, "sparked") == closes_of(app, "local")
+    app.close()
+
+
+def test_a_micro_batch_goes_on_from_the_local_engine(spark, tmp_path) -> None:
+    """The local engine folds the first part, with its segments at the head; micro-batches
+    fold the rest from its windows, entries and clock rows: the same as the local engine
+    folding it all."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    case = CONTINUOUS["tumbling, store clock, kept, Python fold"]
+    aggs = {n: define(app, n, case, segments=2) for n in ("local", "both")}
+    events = attempts(700, seed=11, clamp=690)
+    append(app.store, events[:400])
+    run_until_caught_up(app)
+    append(app.store, events[400:] + events[:30])
+    assert batches(app, "both", spark, 100) >= 3
+    run_until_caught_up(app, processors=["local"])
+    keys = [f"r{i}" for i in range(5)]
+    assert results(app, aggs["both"], keys) == results(app, aggs["local"], keys)
+    app.close()
+
+
+def test_what_a_continuous_run_does_not_fold_is_refused_before_any_work(spark, tmp_path) -> None:
+    from eventlanes.spark.continuous import ContinuousAggregation
+
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    opts = dict(key="robot", time=el.event_time("ts", unit="ms"), initial=dict)
+    refused = {
+        "sessions": ({"window": el.session(gap="1m")}, "session windows"),
+        "keyed": ({"window": el.tumbling("1m"), "clock": "key"}, "each key's clock"),
+        "amended": ({"window": el.tumbling("1m"), "late": "amend"}, 'late="amend"'),
+        "ticked": ({"window": el.tumbling("1m"), "idle_close": "1m"}, "ticks"),
+    }
+    for name, (options, why) in refused.items():
+        agg = app.aggregation(name, **options, **opts)
+        agg.on_merge(lambda into, other: None) if name == "sessions" else None
+        with pytest.raises(el.InvalidInputError, match=f"{name}' is windowed and .*{why}"):
+            ContinuousAggregation(app, name, spark=spark)
+    app.aggregation("deltas", window=el.tumbling("1m"), **opts)
+    with pytest.raises(el.InvalidInputError, match="'deltas' is windowed: a Delta table"):
+        ContinuousAggregation(app, "deltas", spark=spark, delta=str(tmp_path / "t"))
+    assert not (tmp_path / "t").exists()
+
+
+def test_segments_at_different_positions_are_refused_naming_them(spark, tmp_path) -> None:
+    """A store clock's micro-batch folds one range for every segment: segments the local
+    engine left at different positions are refused, nothing written."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    define(app, "w", CONTINUOUS["tumbling, store clock, kept, Python fold"], segments=2)
+    append(app.store, attempts(100, seed=2))
+    from eventlanes.tokens.claims import claim_all, release_all
+
+    app.initialize("w")
+    held = claim_all(app.tokens, "w", "local")  # as a local engine stopped part way
+    app.tokens.store("w", held[0].segment.id, Token(40), "local")
+    release_all(app.tokens, "w", "local", held)
+    runner = runner_of(app, "w", spark, 1000)
+    try:
+        with pytest.raises(el.InvalidInputError, match=r"different positions \(0, 40\)"):
+            runner.run_batch()
+    finally:
+        runner.stop()
+    assert app.get("w").windows("r0") == []  # type: ignore[attr-defined]
+    assert sorted(s.token.position for s in app.tokens.status("w")) == [0, 40]
+    app.close()
