@@ -299,3 +299,30 @@ def test_sigterm_while_the_app_still_starts_ends_the_worker_cleanly(tmp_path) ->
     assert proc.returncode == 0, (proc.returncode, err)
     assert time.monotonic() - started < 5
     assert "stopped by SIGTERM while starting" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--engine", "spark", "--metrics-port", "9477", "--processes", "2"],
+         "error: --processes, --metrics-port are the local engine's options: --engine spark "
+         "runs micro-batches (their progress: eventlanes status)"),
+        (["--engine", "spark", "--delta-option", "a=b"], "error: --delta-option without --delta"),
+        (["--master", "local[1]", "--trigger", "5"],
+         "error: --master, --trigger are --engine spark's options (this run is --engine local)"),
+    ],
+)  # fmt: skip
+def test_run_refuses_options_its_engine_does_not_use(tmp_path, args: list[str], line: str) -> None:
+    """Before, ``run --engine spark`` dropped the local engine's options without a word (no
+    metrics server on the port asked for, one process instead of two, and it ran on), and
+    the local engine Spark's; now one error line, before anything starts."""
+    (tmp_path / "counting.py").write_text(
+        "import eventlanes as el\n"
+        f"app = el.App('sqlite:///{tmp_path}/e.db')\n"
+        "app.aggregation('c', key='k', on='Hit', fields={'n': el.count()})\n"
+    )
+    command = "from eventlanes.cli import main; main(prog_name='eventlanes')"
+    done = subprocess.run([sys.executable, "-c", command, "run", "counting:app", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and lines == [line], done.stdout + done.stderr

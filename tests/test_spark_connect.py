@@ -203,7 +203,7 @@ def test_a_bad_remote_is_one_error_line(tmp_path, remote: str) -> None:
         (["replay", APP, "recorder", "--delta", "t"],
          "'recorder': a Delta table holds an aggregation's"),
         (["run", APP, "--delta", "totals=t"],
-         "--delta keeps a table current from --engine spark runs"),
+         "--master, --delta are --engine spark's options (this run is --engine local)"),
         (["run", APP, "--engine", "spark", "--processor", "totals", "--delta", "nope=t"],
          "--delta names 'nope', which this run does not fold on Spark"),
     ],

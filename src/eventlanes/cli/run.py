@@ -132,11 +132,10 @@ def _run(o: RunOptions) -> None:
         app.get(name)
     if ingest and o.engine == "local":
         app.check_ingestors(ingest)  # a broker that does not answer: one error line, now
+    _check_engine(o)
     if o.engine == "spark":
         _run_spark(app, o)
         return
-    if o.delta or o.delta_options:
-        raise InvalidInputError("--delta keeps a table current from --engine spark runs")
     _check(o)
     show = console.is_terminal if o.progress is None else o.progress
     level = _log_setup(show)
@@ -165,14 +164,19 @@ def _run_spark(app: App, o: RunOptions) -> None:
     from ..spark.session import parse_conf
 
     tables = parse_conf(o.delta, "--delta")
+    if named := [n for n in o.processors if n in app.ingestors]:
+        raise InvalidInputError(f"{', '.join(map(repr, named))}: ingestors run with "
+                                "--engine local")  # fmt: skip
     runs, skipped = plan(app, list(o.processors))
+    if not o.processors:  # said, as the processors it does not run are
+        skipped += [f"ingestor {name}" for name in app.ingestors]
     if unknown := sorted(set(tables) - set(runs)):
         raise InvalidInputError(f"--delta names {', '.join(map(repr, unknown))}, which this "
                                 "run does not fold on Spark")  # fmt: skip
     console.print(
         f"spark: running {', '.join(runs)}"
         + (
-            f"; not running {', '.join(skipped)} (not aggregations: use --engine local)"
+            f"; not running {', '.join(skipped)} (not aggregations: --engine local runs them)"
             if skipped
             else ""
         )  # fmt: skip
@@ -180,6 +184,34 @@ def _run_spark(app: App, o: RunOptions) -> None:
     run_spark(app, runs, o.master, trigger_seconds=o.trigger, delta=tables,
               delta_options=parse_conf(o.delta_options, "--delta-option"),
               **spark_kwargs(o.conf, o.py_files, o.archives, o.remote))  # fmt: skip
+
+
+def _check_engine(o: RunOptions) -> None:
+    """Options of the other engine, refused before anything starts (each was dropped)."""
+    local = {"--processes": o.processes != 1, "--node-index": o.node_index is not None,
+             "--nodes": o.nodes is not None, "--progress": o.progress is not None,
+             "--metrics-port": o.metrics_port is not None,
+             "--metrics-host": o.metrics_host != DEFAULT_METRICS_HOST,
+             "--grace": o.grace != 30.0, "--max-restarts": o.max_restarts != 5,
+             "--balance": o.balance}  # fmt: skip
+    spark = {"--master": o.master is not None, "--remote": o.remote is not None,
+             "--conf": bool(o.conf), "--py-files": bool(o.py_files),
+             "--archives": bool(o.archives), "--trigger": o.trigger != 1.0,
+             "--delta": bool(o.delta), "--delta-option": bool(o.delta_options)}  # fmt: skip
+    if o.engine == "spark":
+        if given := [name for name, on in local.items() if on]:
+            raise InvalidInputError(
+                f"{', '.join(given)} {'are' if len(given) > 1 else 'is'} the local engine's "
+                f"option{'s' if len(given) > 1 else ''}: --engine spark runs micro-batches "
+                "(their progress: eventlanes status)"
+            )
+        if o.delta_options and not o.delta:
+            raise InvalidInputError("--delta-option without --delta")
+    elif given := [name for name, on in spark.items() if on]:
+        raise InvalidInputError(
+            f"{', '.join(given)} {'are' if len(given) > 1 else 'is'} --engine spark's "
+            f"option{'s' if len(given) > 1 else ''} (this run is --engine local)"
+        )
 
 
 def _check(o: RunOptions) -> None:
