@@ -130,15 +130,13 @@ class DeltaStates:
         return positions
 
     def write(self, rows: Iterable[list[tuple[str, str, str]]], segments: list[int], end: int,
-              count: int) -> bool:  # fmt: skip
+              count: int) -> None:  # fmt: skip
         """Replace the table's rows by ``rows`` ((aggregation, key, state JSON) in bounded
-        lists), committed with every segment's position ``end``; False (nothing written) when
-        the table's last commit already holds ``end`` for every segment. ``count``: the states
-        staged; the commit is made only when exactly that many rows were given."""
-        if all(p == end for p in self.check(segments, end).values()):  # one read of the log
-            log.info("%s: the Delta table %s already holds position %d: not written again",
-                     self.name, self.uri, end)  # fmt: skip
-            return False
+        lists), committed with every segment's position ``end``, even when the table holds
+        ``end`` already: a replay run again at the same position (its fold changed) replaces
+        the store's states, and the table's must follow. ``count``: the states staged; the
+        commit is made only when exactly that many rows were given."""
+        self.check(segments, end)  # a table past this store's head: refused
         # deltalake pulls the batches from a thread of its own, and ``rows`` may read a
         # connection of this thread (SQLite's stage): they are read here and handed over
         # through a short queue, the write running on a thread of ours. Whatever stops the
@@ -172,7 +170,6 @@ class DeltaStates:
             ) from failed[0]
         log.info("%s: %d states written to the Delta table %s at position %d",
                  self.name, count, self.uri, end)  # fmt: skip
-        return True
 
     def merge(self, rows: list[tuple[str, str, str]], tokens: Mapping[int, int], end: int) -> bool:
         """Upsert ``rows`` (a micro-batch's changed states: (aggregation, key, state JSON)) on
