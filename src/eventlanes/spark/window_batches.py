@@ -7,8 +7,9 @@ A micro-batch folds the events after the segments' common token as a replay fold
 
 - the store's clock starts where the newest clock row at or below the token left it, and the
   events between that row and the token are read for the clock alone;
-- each key's inputs are folded on an executor onto its stored entry (its dedupe marks) and
-  its open windows, read there; only the windows the batch changed or closed come back;
+- each key's inputs are folded on an executor onto its stored entry (its dedupe marks, its
+  own clock) and its open windows, read there (a late input that amends reads the closed
+  window it amends); only the windows the batch changed, closed or amended come back;
 - the open windows of keys with no input in the batch that the clock passed are closed by the
   driver, each at the position where the clock reached its end plus the lateness (the same
   :class:`~.window_fold.Closes` the executors read);
@@ -18,8 +19,8 @@ A micro-batch folds the events after the segments' common token as a replay fold
   (as the local engine expires them) and every token commit in one transaction.
 
 What the local engine writes at the end of a batch is what a micro-batch writes: the tests
-hold the two to each other. Taken only for tumbling and hopping windows with the store's
-clock, late inputs parked or counted, and no ticks; the rest is refused before any work.
+hold the two to each other. Taken for tumbling and hopping windows without ticks; the rest
+is refused before any work.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..db import open_database
+from ..db import Database, open_database
 from ..errors import InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
 from ..processing.tables.states import Entry, StateTable, decode
 from ..processing.tables.windows import Checkpoint, Win, WindowTable
 from ..tokens import Token
 from ..windows.kinds import Hopping, Tumbling
+from ..windows.spec import Windowing
 from .input import check_read
 from .source import read_events
 from .window_fold import OUT_SCHEMA, TIMED_SCHEMA, Closes, WindowFold, fold_windows, timed
 from .windows import (
     BUCKETS_PER_PARTITION,
     Downstream,
+    Part,
     Tally,
     clock_columns,
     fold_rows,
@@ -57,10 +60,6 @@ def refuse_continuous(agg: Aggregation) -> None:
     why = None
     if not isinstance(spec.window, Tumbling | Hopping):
         why = f"its windows are {type(spec.window).__name__.lower()} windows"
-    elif spec.clock != "store":
-        why = "it runs on each key's clock"
-    elif spec.late == "amend":
-        why = 'its late inputs amend closed windows (late="amend")'
     elif spec.idle_close is not None:
         why = "it closes idle windows with ticks (idle_close=), which a Spark run does not append"
     elif agg.upcasters.into(agg.handled_types()) is not None:
@@ -68,27 +67,42 @@ def refuse_continuous(agg: Aggregation) -> None:
     if why is not None:
         raise InvalidInputError(
             f"aggregation {agg.name!r} is windowed and {why}: a continuous Spark run folds "
-            "tumbling and hopping windows on the store's clock, late inputs parked or counted, "
-            "without ticks (run it with --engine local, or replay it with el.spark.replay)"
+            "tumbling and hopping windows without ticks (run it with --engine local, or "
+            "replay it with el.spark.replay)"
         )
 
 
 @dataclass
 class StoredWindows:
-    """Reads, in an executor, each key's stored entry and open windows (picklable)."""
+    """Opens, in an executor, what a fold reads of the store (picklable)."""
 
     url: str
     name: str
 
-    def __call__(self, keys: list[str]) -> dict[str, tuple[Entry, dict[int, Win]]]:
-        db = open_database(self.url, create=False)  # reads only: never creates anything
-        try:
-            with db.connection() as conn:
-                entries = StateTable(db).load(conn, self.name, keys)
-                wins = WindowTable(db).open_of(conn, self.name, keys)
-        finally:
-            db.close()
+    def open(self) -> _Reader:
+        return _Reader(self.name, open_database(self.url, create=False))  # reads only
+
+
+class _Reader:
+    """Each key's stored entry and open windows, and the closed windows late inputs amend,
+    read on one database of an executor's fold."""
+
+    def __init__(self, name: str, db: Database) -> None:
+        self.name, self.db = name, db
+        self.states, self.windows = StateTable(db), WindowTable(db)
+
+    def load(self, keys: list[str]) -> dict[str, tuple[Entry, dict[int, Win]]]:
+        with self.db.connection() as conn:
+            entries = self.states.load(conn, self.name, keys)
+            wins = self.windows.open_of(conn, self.name, keys)
         return {key: (entries.get(key, Entry({})), wins.get(key, {})) for key in keys}
+
+    def closed(self, key: str, start: int) -> Win | None:
+        with self.db.connection() as conn:
+            return self.windows.load_closed(conn, self.name, key, start)
+
+    def close(self) -> None:
+        self.db.close()
 
 
 def _level(name: str, current: dict[int, Token]) -> int:
@@ -130,6 +144,32 @@ def _passed(
     return passed
 
 
+def _clocked(
+    timed_df: Any, spec: Windowing, end: int, n: int, start: tuple[int, int | None], after: int
+) -> tuple[Any, Closes, int]:
+    """The rows with the store clock's time before each (none with each key's clock: the
+    fold reads it from the key's entry), where it closes windows, and how many inputs after
+    ``after`` are folded."""
+    from pyspark.sql import functions as F
+
+    if spec.clock == "store":
+        buckets = n * BUCKETS_PER_PARTITION
+        with_clock, closes, inputs, _ = clock_columns(timed_df, spec, end, buckets, start, after)
+        return with_clock, closes, inputs
+    inputs = timed_df.where(F.col("key").isNotNull()).count()
+    return timed_df.withColumn("before", F.lit(None).cast("long")), Closes([], [], None), inputs
+
+
+def _expire_keys(conn: Any, rt: Any, name: str, spec: Windowing, parts: list[Part]) -> None:
+    """With each key's clock: the closed windows of each key whose windows the batch wrote
+    that its clock passed longer than ``retain`` ago, as the local engine's writes delete."""
+    written = {w[0] for part in parts for w in part[0]}
+    for key, text, *_ in sorted(s for part in parts for s in part[2] if s[0] in written):
+        t = decode(text).get("t")
+        if t is not None:
+            rt.windows.expire_key(conn, name, key, t - spec.lateness - spec.retain)
+
+
 # long: the batch's jobs, then what the driver closes, publishes and commits, in order
 def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
     """One micro-batch of a windowed aggregation up to ``end`` (see the module's text)."""
@@ -141,7 +181,8 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
     assert spec is not None and isinstance(spec.window, Tumbling | Hopping)  # refused else
     after = _level(name, current)
     with rt.db.connection() as conn:
-        start = rt.windows.clock_at(conn, name, after)
+        # each key's own clock is in its entry: the store's is read from its newest row
+        start = rt.windows.clock_at(conn, name, after) if spec.clock == "store" else (after, None)
         checkpoints = {seg: rt.windows.checkpoint(conn, name, seg) for seg in current}
     expected = app.store.count(until=end) - app.store.count(until=start[0])
     df, read = read_events(runner.spark, runner.url, start[0], end, runner.n)
@@ -150,8 +191,7 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
         StorageLevel.MEMORY_AND_DISK
     )
     try:
-        buckets = runner.n * BUCKETS_PER_PARTITION
-        with_clock, closes, inputs, _ = clock_columns(timed_df, spec, end, buckets, start, after)
+        with_clock, closes, inputs = _clocked(timed_df, spec, end, runner.n, start, after)
         stored = StoredWindows(runner.url, name)
         folded = (
             with_clock.drop("bucket").where(F.col("key").isNotNull() & (F.col("position") > after))
@@ -189,13 +229,15 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)
         rt.windows.save_encoded(conn, name, passed)
+        if spec.clock == "key":  # each written key's windows past its clock and retain
+            _expire_keys(conn, rt, name, spec, parts)
         downstream.write(conn, rt.states, rt.store)
         for record in runner.records:  # fenced: a stolen claim fails the whole commit
             seg = record.segment
             cp = checkpoints.get(seg.id) or Checkpoint(after, start[1], definition)
             f, late_n, c = tally.counts.get(seg.id, [0, 0, 0])
             latest = closes.latest if closes.latest is not None else cp.latest
-            if latest is not None:  # closed longer than retain: as the local engine's writes
+            if latest is not None and spec.clock == "store":  # as the local engine's writes
                 rt.windows.expire(conn, name, latest - spec.lateness - spec.retain, seg)
             moved = Checkpoint(end, latest, definition, cp.folded + f, cp.late + late_n,
                                cp.clamped + c)  # fmt: skip

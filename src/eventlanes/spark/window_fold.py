@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain, groupby, islice
-from typing import Any
+from typing import Any, Protocol
 
 from ..events import Event, datas
 from ..hashing import stable_hash
@@ -130,9 +130,25 @@ class Closes:
         return self.first[i] if i < len(self.first) else None
 
 
-#: what a continuous run's fold starts from: each key's stored entry and open windows
-Stored = Callable[[list[str]], dict[str, tuple[Entry, dict[int, Win]]]]
 KEYS_PER_LOAD = 500  # keys whose stored windows one continuous fold reads at a time
+
+
+class StoredReader(Protocol):
+    """What a continuous run's fold reads of the store (an executor's connection)."""
+
+    def load(self, keys: list[str]) -> dict[str, tuple[Entry, dict[int, Win]]]:
+        """Each key's stored entry and open windows."""
+
+    def closed(self, key: str, start: int) -> Win | None:
+        """A closed window a late input amends (None: not kept)."""
+
+    def close(self) -> None: ...
+
+
+class Stored(Protocol):
+    """Opens a :class:`StoredReader` in an executor (picklable)."""
+
+    def open(self) -> StoredReader: ...
 
 
 def fold_windows(
@@ -146,13 +162,18 @@ def fold_windows(
     rows = chain.from_iterable(zip(*(b.column(i).to_pylist() for i in range(b.num_columns)),
                                    strict=True) for b in batches)  # fmt: skip
     groups = ((key, list(group)) for key, group in groupby(rows, key=lambda r: r[_KEY]))
-    while chunk := list(islice(groups, KEYS_PER_LOAD if stored is not None else 1)):
-        loaded = stored([key for key, _ in chunk]) if stored is not None else None
-        for key, group in chunk:
-            start = None if loaded is None else loaded.get(key, (Entry({}), {}))
-            _KeyFold(fold, key, group, closes, start).emit(out, counts)
-        if len(out) >= 5000:
-            yield _batch(out)
+    reader = stored.open() if stored is not None else None
+    try:
+        while chunk := list(islice(groups, KEYS_PER_LOAD if reader is not None else 1)):
+            loaded = reader.load([key for key, _ in chunk]) if reader is not None else None
+            for key, group in chunk:
+                start = None if loaded is None else loaded.get(key, (Entry({}), {}))
+                _KeyFold(fold, key, group, closes, start, reader).emit(out, counts)
+            if len(out) >= 5000:
+                yield _batch(out)
+    finally:
+        if reader is not None:
+            reader.close()
     out += [("count", None, seg, *n, None, None, None) for seg, n in sorted(counts.items())]
     if out:
         yield _batch(out)
@@ -184,9 +205,10 @@ class _KeyFold:
         rows: list[tuple[Any, ...]],
         closes: Closes,
         stored: tuple[Entry, dict[int, Win]] | None = None,
+        reader: StoredReader | None = None,
     ) -> None:
         self.fold, self.key, self.rows, self.closes = fold, key, rows, closes
-        self.stored = stored is not None
+        self.stored, self.reader = stored is not None, reader
         self.entry, self.wins = stored if stored is not None else (Entry({}), {})
         self.dropped_before = self.entry.dropped
         self.touched: set[int] = set()
@@ -213,9 +235,10 @@ class _KeyFold:
         """``clock="key"``: the key's clock moves on to ``t``; what it passes closes at ``at``."""
         if latest is None or t > latest:
             book["t"] = t
-            for w in self.wins.values():
+            for start, w in self.wins.items():
                 if w.closed_at is None and w.end <= t - self.fold.spec.lateness:
                     w.closed_at = at
+                    self.touched.add(start)
 
     # long: one pass per input, its windows, lateness and clock side by side (as the executor)
     def fold_all(self) -> Entry:
@@ -316,11 +339,15 @@ class _KeyFold:
             return False
         for start, end in missed:
             w = self.wins.get(start)
+            if w is None and self.reader is not None:  # kept in the store, closed
+                w = self.reader.closed(self.key, start)
             if w is None:  # closed with nothing in it: it opens as revision 0, closed
-                w = self.wins[start] = Win(end, self.fold.initial(), -1, event.position)
+                w = Win(end, self.fold.initial(), -1, event.position)
+            self.wins[start] = w
             self._fold_one(w.value, event)
             w.revision += 1
             w.amended_at = event.position
+            self.touched.add(start)
         return True
 
     def emit(self, out: list[tuple[Any, ...]], counts: dict[int, list[int]]) -> None:
