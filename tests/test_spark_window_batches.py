@@ -136,7 +136,6 @@ def test_what_a_continuous_run_does_not_fold_is_refused_before_any_work(spark, t
     refused = {
         "sessions": ({"window": el.session(gap="1m")}, "session windows"),
         "days": ({"window": el.calendar("day", tz="Europe/Paris")}, "calendar windows"),
-        "ticked": ({"window": el.tumbling("1m"), "idle_close": "1m"}, "ticks"),
     }
     for name, (options, why) in refused.items():
         agg = app.aggregation(name, **options, **opts)
@@ -169,4 +168,40 @@ def test_segments_at_different_positions_are_refused_naming_them(spark, tmp_path
         runner.stop()
     assert app.get("w").windows("r0") == []  # type: ignore[attr-defined]
     assert sorted(s.token.position for s in app.tokens.status("w")) == [0, 40]
+    app.close()
+
+
+def test_a_continuous_run_ticks_when_idle_and_its_windows_close(spark, tmp_path) -> None:
+    """With ``idle_close``, a continuous run appends a tick once no batch has run for that
+    long with windows open: its clock moves and they close. The local engine, folding the
+    same log (ticks included), closes the same windows at the same positions."""
+    import time
+
+    from eventlanes.spark.continuous import ContinuousAggregation
+
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    case = {"window": el.tumbling("1m"), "idle_close": "1s", "lateness": "1s"}
+    aggs = {n: define(app, n, case, segments=2) for n in ("local", "sparked")}
+    now = int(time.time() * 1000)
+    append(app.store, [el.NewEvent("ScrewAttempted", {"robot": f"r{i % 3}", "ok": True,
+                                                      "ts": now - 600_000 + i * 1000})
+                       for i in range(90)])  # fmt: skip
+    runner = ContinuousAggregation(app, "sparked", spark=spark, trigger_seconds=0.2)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 90
+        while runner.error is None and time.monotonic() < deadline:
+            windows = [w for k in ("r0", "r1", "r2") for w in aggs["sparked"].windows(k)]
+            if windows and all(w.final for w in windows):
+                break
+            time.sleep(0.2)
+    finally:
+        runner.stop()
+    assert runner.error is None
+    ticks = [e for e in app.store.iter_events() if e.type == "$clock.tick"]
+    assert ticks and all(w.final for k in ("r0", "r1", "r2") for w in aggs["sparked"].windows(k))
+    run_until_caught_up(app, processors=["local"])
+    batches(app, "sparked", spark, 1000)  # past a tick the local engine may have added
+    keys = ["r0", "r1", "r2"]
+    assert results(app, aggs["sparked"], keys) == results(app, aggs["local"], keys)
     app.close()

@@ -36,6 +36,7 @@ from ..lakehouse import DeltaStates
 from ..processing.aggregating.aggregation import Aggregation
 from ..processing.aggregating.publish import publish_stored
 from ..processing.tables.states import Entry, StateTable
+from ..processing.windowing.ticker import Ticker
 from ..schema import require
 from ..signals import run_until_signal
 from ..tokens import Token
@@ -115,6 +116,12 @@ class ContinuousAggregation:
         self.batches = app.db.table("spark_batches")
         require(app.db, "spark_batches")  # the table: eventlanes.schema.v1_initial
         self.error: BaseException | None = None
+        spec = agg.windowing
+        #: with ``idle_close``: appends a tick when no batch has run for that long and
+        #: windows are open (as a local worker's)
+        self.ticker = None
+        if spec is not None and spec.idle_close is not None:
+            self.ticker = Ticker(app.store, spec.idle_close, agg.name)
         self.records: list = []
         self._beat: Heartbeat | None = None
         self._stop = threading.Event()
@@ -153,8 +160,18 @@ class ContinuousAggregation:
                     continue
                 self.error = exc
                 return
+            if self.ticker is not None:
+                self._tick(busy)
             if not busy:
                 self._stop.wait(self.trigger_seconds)
+
+    def _tick(self, busy: bool) -> None:
+        """A batch ran: the quiet starts again; none, with windows open: perhaps a tick."""
+        assert self.ticker is not None
+        if busy:
+            self.ticker.heard()
+        elif self.app.runtime.windows.summary(self.agg.name)["open"]:
+            self.ticker.check()
 
     def run_batch(self) -> bool:
         """Fold the events after the stored token (at most ``max_rows``) onto the stored

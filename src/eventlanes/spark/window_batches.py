@@ -19,8 +19,9 @@ A micro-batch folds the events after the segments' common token as a replay fold
   (as the local engine expires them) and every token commit in one transaction.
 
 What the local engine writes at the end of a batch is what a micro-batch writes: the tests
-hold the two to each other. Taken for tumbling and hopping windows without ticks; the rest
-is refused before any work.
+hold the two to each other. With ``idle_close``, the driver appends the ticks (as a worker
+of the local engine does) when a trigger finds nothing new and windows are open. Taken for
+tumbling and hopping windows; the rest is refused before any work.
 """
 
 from __future__ import annotations
@@ -60,15 +61,13 @@ def refuse_continuous(agg: Aggregation) -> None:
     why = None
     if not isinstance(spec.window, Tumbling | Hopping):
         why = f"its windows are {type(spec.window).__name__.lower()} windows"
-    elif spec.idle_close is not None:
-        why = "it closes idle windows with ticks (idle_close=), which a Spark run does not append"
     elif agg.upcasters.into(agg.handled_types()) is not None:
         why = "it reads upcast events"
     if why is not None:
         raise InvalidInputError(
             f"aggregation {agg.name!r} is windowed and {why}: a continuous Spark run folds "
-            "tumbling and hopping windows without ticks (run it with --engine local, or "
-            "replay it with el.spark.replay)"
+            "tumbling and hopping windows (run it with --engine local, or replay it with "
+            "el.spark.replay)"
         )
 
 
