@@ -117,6 +117,47 @@ def test_republisher_flat_map_and_downstream_stage(store_url: str) -> None:
     assert first[0]["source"] == app.store.events_table and first[0]["out"] == 0
 
 
+def test_outputs_of_two_functions_of_one_type_are_all_folded(store_url: str) -> None:
+    """Two mappings of one type (a republisher), two folds of one type feeding a stage: each
+    output is numbered after the ones before it for the same input. Both functions' first
+    outputs were numbered 0, so the second came with the first's coordinates and was
+    dropped downstream as a repeat (4 parts counted of 6)."""
+    app = el.App(store_url)
+    rep = app.republisher("split", to_stream="parts")
+    rep.on("Order")(lambda e: el.NewEvent("Part", {"shop": "s", "n": e.data["wheels"]}))
+    rep.on("Order")(lambda e: [el.NewEvent("Part", {"shop": "s", "n": e.data["doors"]}),
+                               el.NewEvent("Part", {"shop": "s", "n": 1})])  # fmt: skip
+    parts = app.aggregation("parts", key="shop", initial=lambda: {"n": 0})
+
+    @parts.on("Part")
+    def add(state: dict, event: el.Event) -> None:
+        state["n"] += event.data["n"]
+
+    orders = app.aggregation("orders", key=lambda e: "all", initial=lambda: {"n": 0})
+    both = orders.downstream("both", key=lambda e: "all", initial=lambda: {"n": 0})
+
+    @orders.on("Order")
+    def wheels(state: dict, event: el.Event) -> el.NewEvent:
+        state["n"] += 1
+        return el.NewEvent("Count", {"n": event.data["wheels"]})
+
+    @orders.on("Order")
+    def doors(state: dict, event: el.Event) -> el.NewEvent:
+        return el.NewEvent("Count", {"n": event.data["doors"]})
+
+    @both.on("Count")
+    def count(state: dict, event: el.Event) -> None:
+        state["n"] += event.data["n"]
+
+    app.store.append("o1", [el.NewEvent("Order", {"wheels": 4, "doors": 2})])
+    run_until_caught_up(app)
+    assert parts.get("s") == {"n": 7} and parts.dropped() == 0
+    assert both.get("all") == {"n": 6} and both.dropped() == 0
+    outs = [e.metadata["source_chain"][0]["out"] for e in app.store.iter_events()
+            if e.type == "Part"]  # fmt: skip
+    assert outs == [0, 1, 2]
+
+
 def test_bad_aggregation_definitions(store_url: str) -> None:
     app = el.App(store_url)
     with pytest.raises(el.InvalidInputError, match="key must be a function"):

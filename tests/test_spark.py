@@ -348,3 +348,23 @@ def test_a_replayed_fold_returning_the_new_state_fails_and_writes_nothing(spark,
         el.spark.replay(app, "zero", spark=spark)
     assert states(app, "zero") == {}
     assert all(s.position == 0 for s in app.status("zero").segments)
+
+
+def test_outputs_of_two_folds_of_one_type_all_reach_the_stage_on_spark(spark, tmp_path) -> None:
+    """Two folds of one type feeding a stage: each output numbered after the ones before it
+    for the same input, as on the local engine (both first outputs were numbered 0, and the
+    stage dropped the second as a repeat)."""
+    app = el.App(f"sqlite:///{tmp_path}/e.db")
+    orders = app.aggregation("orders", key=lambda e: "all", initial=lambda: {"n": 0})
+    both = orders.downstream("both", key=lambda e: "all", initial=lambda: {"n": 0})
+    orders.on("Order")(lambda state, e: E("Count", {"n": e.data["wheels"]}))
+    orders.on("Order")(lambda state, e: [E("Count", {"n": e.data["doors"]}), E("Count", {"n": 1})])
+
+    @both.on("Count")
+    def count(state: dict, event: el.Event) -> None:
+        state["n"] += event.data["n"]
+
+    app.store.append("o1", [E("Order", {"wheels": 4, "doors": 2})] * 2)
+    el.spark.replay(app, "orders", spark=spark)
+    assert both.get("all") == {"n": 14} and both.dropped() == 0
+    app.close()

@@ -196,10 +196,12 @@ def fold_sorted(
         folds = folds_of.get(type_)
         if folds is None:
             folds = folds_of[type_] = spec.folds(type_)
+        made = 0  # outputs of this input so far: each fold's numbered after them
         for fold in folds:
             produced = fold(entry.value, event)
             if produced is not None and stages:
-                _emit(spec, key, event, coords or (source, "", (pos,)), produced, out)
+                made += _emit(spec, key, event, coords or (source, "", (pos,)), produced, out,
+                              made)  # fmt: skip
                 if len(out) >= 5000:
                     yield _flushed(out)
             elif produced is not None and produced is not entry.value:
@@ -244,11 +246,13 @@ def _emit(
     coords: Coordinates,
     produced: Any,
     out: list[tuple[Any, ...]],
-) -> None:
-    """Rows for the downstream stages: one per output and stage, routed by its key there."""
+    made: int = 0,
+) -> int:
+    """Rows for the downstream stages: one per output and stage, routed by its key there,
+    numbered from ``made`` (the input's outputs before these); how many outputs."""
     outs = produced if isinstance(produced, list) else [produced]
     source = f"{spec.name}:{key}"
-    for i, o in enumerate(outs):
+    for i, o in enumerate(outs, start=made):
         check_output(spec.name, key, event, i, o)  # refused as the local engine refuses it
         path = (*coords[2], i)
         out_event = output_event(o, event.position, source, path)
@@ -257,6 +261,7 @@ def _emit(
             to = state_key(stage.key(out_event), f"stage {stage.name!r}", event)
             out.append(("out", stage.name, to, None, source, 0, event.position,
                         json.dumps(path), raw, None))  # fmt: skip
+    return len(outs)
 
 
 _STATE_TYPES = ("string", "string", "string", "string", "string", "int64", "int64", "string",

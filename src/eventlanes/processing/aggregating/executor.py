@@ -363,6 +363,7 @@ class AggregationExecutor(Executor):
             if folds is None:
                 folds = folds_of[event.type] = for_type(event.type)
             value = entries[key].value
+            made = 0  # outputs of this input so far: each fold's numbered after them
             for fold in folds:
                 produced = fold(value, event)
                 if produced is not None:
@@ -372,12 +373,13 @@ class AggregationExecutor(Executor):
                 if produced is not None and stages:
                     coords = coordinates(event, self.source)
                     outs = produced if isinstance(produced, list) else [produced]
-                    for j, out in enumerate(outs):
+                    for j, out in enumerate(outs, start=made):
                         check_output(self.name, key, event, j, out)
                         for stage in stages:
                             outputs.append(
                                 (stage, (f"{self.name}:{key}", "", (*coords[2], j)), out, event)
                             )
+                    made += len(outs)
 
     def idle(self, st: SegmentState, upto: int | dict[str, int]) -> None:
         super().idle(st, upto)

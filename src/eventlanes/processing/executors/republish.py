@@ -47,6 +47,7 @@ class RepublishExecutor(Executor):
         made_by: dict[str, list[tuple[Event, int]]] = {}  # each output's input and index
         try:
             for event in events:
+                made = 0  # outputs of this input so far: each function's numbered after them
                 for fn in self.rep.functions.for_type(event.type):
                     trace_keys: dict[str, str] = {}
                     st.watch(event)  # bounded by handler_timeout, as handlers are
@@ -66,7 +67,7 @@ class RepublishExecutor(Executor):
                         continue
                     outs = produced if isinstance(produced, list) else [produced]
                     stream = self._stream(event)
-                    for i, out in enumerate(outs):
+                    for i, out in enumerate(outs, start=made):
                         if not isinstance(out, NewEvent):
                             raise InvalidInputError(
                                 f"republisher {self.name!r} returned {type(out).__name__}, "
@@ -86,6 +87,7 @@ class RepublishExecutor(Executor):
                             meta.update(trace_keys)
                         per_stream.setdefault(stream, []).append(NewEvent(out.type, out.data, meta))
                         made_by.setdefault(stream, []).append((event, i))
+                    made += len(outs)
             if st.lost:  # given up on (a mapping ran past handler_timeout): append nothing
                 return Outcome.LOST
             for stream, outs in per_stream.items():
