@@ -338,7 +338,7 @@ def test_valid_callables_of_every_shape_are_accepted(tmp_path) -> None:
     agg.on("E")(functools.partial(lambda tag, state, event: None, "t"))
     app.aggregation("b", key=lambda e: e.stream_id, initial=functools.partial(dict, n=0))
     app.processor("q", policy=functools.partial(lambda field, e: e.data[field], "k"))
-    app.processor("o", order=lambda e: e.position)
+    app.processor("o", order=lambda e: e.position, sources={"old": "sqlite:///old.db"})
     assert len(proc.handlers.for_type("E")) == 8
 
 

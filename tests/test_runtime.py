@@ -684,3 +684,26 @@ def test_lane_window_is_refused_where_no_lanes_run(tmp_path) -> None:
     assert side.lane_window == 10
     assert app.processor("plain", guarantee="at-least-once").lane_window == 1000
     app.close()
+
+
+def test_options_a_processor_would_ignore_are_refused_where_defined(tmp_path) -> None:
+    """Before, accepted and ignored: ``order=`` with one source (nothing to merge), ``workers=``
+    in tracking mode (a thread per segment), and ``on_error="dead_letter"`` with ``sources=``
+    (parked events were kept by position alone: a retry ran this store's event of that
+    position, and the other store's was never handled)."""
+    app = el.App(f"sqlite:///{tmp_path}/w.db")
+    other = f"sqlite:///{tmp_path}/other.db"
+    for define, why in [
+        (lambda: app.processor("o", order=lambda e: e.position), "order= merges the events of"),
+        (lambda: app.processor("w", mode="tracking", workers=8), "workers= sizes the pooled"),
+        (lambda: app.processor("d", on_error="dead_letter", sources={"legacy": other}),
+         "on_error='dead_letter' parks events of this store only"),
+        (lambda: app.aggregation("a", key="k", initial=dict, on_error="dead_letter",
+                                 sources={"legacy": other}),
+         "on_error='dead_letter' parks events of this store only"),
+    ]:  # fmt: skip
+        with pytest.raises(el.InvalidInputError, match=why):
+            define()
+    assert app.processor("fine", order=lambda e: e.position, sources={"legacy": other})
+    assert app.processor("pooled", workers=8).workers == 8
+    app.close()

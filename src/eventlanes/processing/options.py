@@ -190,6 +190,7 @@ class RunOptions:
         if order is not None:
             check(order, f"{what}: order=", ("event",),
                   why_sync="the merge compares the keys at once")  # fmt: skip
+        _refuse_ignored(what, mode, workers, on_error, sources, order)
         lanes, handler_timeout, lane_window, pipeline = _lanes(name, kind, guarantee, options)
         state_cache_bytes = _state_cache_bytes(name, kind, options)
         return cls(
@@ -200,6 +201,29 @@ class RunOptions:
             handler_timeout=handler_timeout, lane_window=lane_window, pipeline=pipeline,
             state_cache_bytes=state_cache_bytes,
         )  # fmt: skip
+
+
+def _refuse_ignored(
+    what: str, mode: str, workers: Any, on_error: str, sources: Any, order: Any
+) -> None:
+    """Options that would be accepted and do nothing (or worse), refused where defined."""
+    if order is not None and not sources:
+        raise InvalidInputError(
+            f"{what}: order= merges the events of several sources, and this one reads its "
+            "store alone (give sources= too, or leave order= out)"
+        )
+    if workers is not None and mode == "tracking":
+        raise InvalidInputError(
+            f"{what}: workers= sizes the pooled mode's handler threads; mode='tracking' runs "
+            "a thread per segment (leave workers= out, or use mode='pooled')"
+        )
+    if on_error == "dead_letter" and sources:
+        # a parked event is kept by its position in this store: another store's would be
+        # retried as this store's event of the same position
+        raise InvalidInputError(
+            f"{what}: on_error='dead_letter' parks events of this store only, and this one "
+            "reads other stores too (sources=): use on_error='retry'"
+        )
 
 
 def _lanes(
