@@ -537,3 +537,35 @@ def test_the_segments_held_are_written_together_and_one_that_cannot_be_stored_wr
     assert agg.get(keys[1]) is None
     assert [s.position for s in app.status("counts").segments] == [2, 0]
     app.close()
+
+
+def test_a_republisher_into_another_store_with_the_same_table_names_is_refused(
+    tmp_path,
+) -> None:
+    """Outputs carry a chain rooted in this store's events table; another store whose events
+    table has the same name took those roots for its own events: an aggregation there dropped
+    genuine inputs as repeats. Refused at start (as a Kafka ingest refuses it)."""
+    a = el.App(f"sqlite:///{tmp_path}/a.db")
+    b_url = f"sqlite:///{tmp_path}/b.db"
+    el.open_store(b_url).close()
+    a.republisher("copy", to_stream="parts", to_store=b_url).on("Order")(lambda e: e)
+    with pytest.raises(
+        el.InvalidInputError,
+        match=r"'copy': to_store keeps its events in a table named 'el_events'",
+    ):
+        a.start(["copy"])
+    assert not a.running
+    ok = el.App(f"sqlite:///{tmp_path}/a.db")
+    other = f"sqlite:///{tmp_path}/b.db?prefix=b_"
+    ok.republisher("copy", to_stream="parts", to_store=other).on("Order")(
+        lambda e: el.NewEvent("Part", e.data)
+    )
+    ok.store.append("o", [el.NewEvent("Order", {"n": 1})])
+    ok.start(["copy"])
+    try:
+        ok.wait_until_caught_up(30, ["copy"])
+    finally:
+        ok.stop()
+    assert [e.type for e in el.open_store(other).iter_events()] == ["Part"]
+    a.close()
+    ok.close()

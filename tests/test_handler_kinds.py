@@ -392,7 +392,7 @@ def test_options_an_executor_would_ignore_are_refused(tmp_path) -> None:
 def test_a_republisher_on_any_mapping_runs_for_every_event(tmp_path) -> None:
     """Before: ``@rep.on_any`` registered a processor handler the republisher never called."""
     app = el.App(f"sqlite:///{tmp_path}/any.db")
-    target = el.open_store(f"sqlite:///{tmp_path}/copies.db")  # not its own input again
+    target = el.open_store(f"sqlite:///{tmp_path}/copies.db?prefix=cp_")  # not its own input again
     rep = app.republisher("all", to_stream="copies", to_store=target)
 
     @rep.on_any

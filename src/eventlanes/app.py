@@ -336,6 +336,9 @@ class App(Operations):
         if not selected and not ingest:
             raise InvalidInputError("this app defines no processor to run")
         self._refuse_tokens_elsewhere(selected)
+        for proc in selected:
+            if isinstance(proc, Republisher):
+                proc.check_target(self.runtime.store)
         static = static_mode(node_index, nodes)
         chosen = self._observe(
             observer, metrics_port, [*(p.name for p in selected), *ingest], metrics_host

@@ -101,3 +101,30 @@ class Republisher(Processor):
         if self.to_store is None or isinstance(self.to_store, str):
             return self.stores(self.to_store)
         return self.to_store  # an EventStore, or anything with its append()
+
+    def check_target(self, own: EventStore) -> None:
+        """Before starting: another store whose events table has this one's name would take
+        the outputs' roots (this store's positions) for its own events."""
+        target = self.target()
+        table = getattr(target, "events_table", None)
+        if not same_store(target, own) and table == own.events_table:
+            raise InvalidInputError(
+                f"republisher {self.name!r}: to_store keeps its events in a table named "
+                f"{table!r}, as this store does: the outputs' chains, rooted in this store's "
+                "events, would name that store's own events there, and its aggregations would "
+                "drop genuine inputs as repeats (give one of the stores another prefix=)"
+            )
+
+
+def same_store(target: Any, store: EventStore) -> bool:
+    """Whether ``target`` appends to ``store``'s events (the same object, or another handle
+    on the same database and table)."""
+    if target is store:
+        return True
+    db = getattr(target, "db", None)
+    return (
+        isinstance(target, EventStore)
+        and db is not None
+        and db.url.url == store.db.url.url
+        and target.events_table == store.events_table
+    )

@@ -8,11 +8,10 @@ from ...errors import ClaimLostError, InvalidInputError
 from ...events import Event, NewEvent, encode_object
 from ...lineage import CHAIN_KEY, extend_chain
 from ...policies import key_text
-from ...store import EventStore
 from ...tracing import propagation, spans
 from ..handling.dispatch import Awaiter
 from ..handling.failures import HandlerFailed
-from ..republisher import Republisher
+from ..republisher import Republisher, same_store
 from ..segment import Outcome, SegmentState, advanced
 from .base import Executor
 
@@ -27,7 +26,7 @@ class RepublishExecutor(Executor):
         self.target = rep.target()
         self.source = runtime.store.events_table
         #: it appends to the store it reads: an output of a type it maps would come back
-        self.loops = _same_store(self.target, runtime.store)
+        self.loops = same_store(self.target, runtime.store)
 
     def process(self, st: SegmentState, events: list[Event], upto: int | dict[str, int]) -> Outcome:
         awaiter = Awaiter()
@@ -125,17 +124,3 @@ class RepublishExecutor(Executor):
         if isinstance(to, str):
             return to
         return key_text(to(event), f"republisher {self.name!r}", event)
-
-
-def _same_store(target: Any, store: EventStore) -> bool:
-    """Whether ``target`` appends to ``store``'s events (the same object, or another handle
-    on the same database and table)."""
-    if target is store:
-        return True
-    db = getattr(target, "db", None)
-    return (
-        isinstance(target, EventStore)
-        and db is not None
-        and db.url.url == store.db.url.url
-        and target.events_table == store.events_table
-    )
