@@ -4,6 +4,7 @@ worker restarts and shutdown within a grace period."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -706,4 +707,27 @@ def test_options_a_processor_would_ignore_are_refused_where_defined(tmp_path) ->
             define()
     assert app.processor("fine", order=lambda e: e.position, sources={"legacy": other})
     assert app.processor("pooled", workers=8).workers == 8
+    app.close()
+
+
+def test_status_says_a_processor_is_paused(tmp_path) -> None:
+    """Before, a paused processor showed as healthy and nothing in ``status`` (text or JSON)
+    said it was paused, while its lag grew."""
+    from click.testing import CliRunner
+
+    from eventlanes.cli import main
+
+    url = f"sqlite:///{tmp_path}/p.db"
+    app = el.App(url)
+    app.processor("p").on_any(lambda e, ctx: None)
+    app.processor("q").on_any(lambda e, ctx: None)
+    app.initialize("p")
+    app.initialize("q")
+    assert app.pause("p") is True
+    done = CliRunner().invoke(main, ["status", "--url", url, "--json"])
+    procs = {p["name"]: p for p in json.loads(done.output)["processors"]}
+    assert procs["p"]["paused"] is True and procs["q"]["paused"] is False
+    assert any("paused" in note for note in procs["p"]["notes"])
+    text = CliRunner().invoke(main, ["status", "--url", url]).output
+    assert "p: paused" in text and "q: paused" not in text
     app.close()

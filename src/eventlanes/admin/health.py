@@ -134,6 +134,8 @@ def processor_document(
         notes.append(f"this app {view.layout_note}")
     if view.retired:
         notes.append(RETIRED_NOTE)
+    if view.paused:  # on purpose, so not a problem: but nothing runs it, and its lag grows
+        notes.append(f"paused: no node claims its segments (eventlanes resume ... {view.name})")
     if view.dropped:
         sources = dropped_sources(view.dropped, view.dropped_by)
         notes.append(f"{view.dropped:,} duplicate(s) dropped (inputs already folded in, by "
@@ -156,6 +158,7 @@ def processor_document(
         "declared_segments": view.declared_segments,
         "notes": notes,
         "retired": view.retired,
+        "paused": view.paused,
         "dropped_duplicates": view.dropped,
         "dropped_duplicates_by_source": (
             None if view.dropped_by is None else dict(view.dropped_by)

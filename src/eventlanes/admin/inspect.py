@@ -109,6 +109,8 @@ class ReadOnlyInspector:
             )
         self._has_nodes = self._exists(self.nodes)
         self._has_letters = self._exists(self.letters)
+        self.paused = self.db.table("paused")
+        self._has_paused = self._exists(self.paused)
         self.versions = self.db.table("versions")
         self._has_versions = self._exists(self.versions)  # not in stores before schema 2
         self.states = self.db.table("aggregates")
@@ -215,9 +217,15 @@ class ReadOnlyInspector:
         sql = self.db.sql(f"SELECT count(*) FROM {self.letters} WHERE processor = ?")
         return int(self.db.query(sql, (name,))[0][0])
 
+    def is_paused(self, name: str) -> bool:
+        if not self._has_paused:
+            return False
+        sql = self.db.sql(f"SELECT count(*) FROM {self.paused} WHERE processor = ?")
+        return bool(self.db.query(sql, (name,))[0][0])
+
     def view(self, name: str) -> ProcessorView:
-        """The status of processor ``name`` as its tables tell it (no guarantee, pause or
-        declared segments: those are the app's)."""
+        """The status of processor ``name`` as its tables tell it (no guarantee or declared
+        segments: those are the app's)."""
         rows, corrupt = token_rows(self.db, self.tokens, name)
         if not rows:
             raise InvalidInputError(f"no processor {name!r} in this store's token table")
@@ -232,6 +240,7 @@ class ReadOnlyInspector:
             self.dead_letters(name),
             read_wait=wait,
             version=self.version(name, position),
+            paused=self.is_paused(name),
             corrupt=corrupt,
             dropped=dropped,
             dropped_by=None if dropped is None else self.dropped_by(name),

@@ -183,7 +183,8 @@ def _print_status(document: dict[str, Any]) -> None:
     for p in document["processors"]:
         readable = "" if p["readable_head"] == p["head"] else f" (readable {p['readable_head']:,})"
         title = (
-            f"{p['name']}{_version_note(p)}: head {p['head']:,}{readable}, "
+            f"{p['name']}{_version_note(p)}: {'paused, ' if p['paused'] else ''}"
+            f"head {p['head']:,}{readable}, "
             f"{len(p['live_nodes'])} live node(s), "
             f"lag {p['lag_events']:,} events / {p['lag_seconds']:,.1f} s"
             + (f", {p['dead_letters']} dead letter(s)" if p["dead_letters"] else "")
