@@ -261,8 +261,13 @@ def test_reset_warnings_name_what_would_be_written_twice(store_url: str) -> None
     mails.on_any(el.disallow_replay(lambda e, ctx: None))  # nothing runs on a replay
     totals = app.aggregation("totals", key=lambda e: e.stream_id, initial=dict)
     totals.on("Step")(lambda state, e: None)
+    # its on_reset clears its states: its stage's are not (before, no word of it)
+    staged = app.aggregation("staged", key=lambda e: e.stream_id, initial=dict)
+    staged.on("Step")(lambda state, e: E("Seen", {}))
+    staged.on_reset(lambda ctx: None)
+    staged.downstream("seen", key=lambda e: "all", initial=dict).on("Seen")(lambda s, e: None)
     append(app, random.Random(1), 6)
-    names = ["writes", "cleared", "mails", "totals"]
+    names = ["writes", "cleared", "mails", "totals", "staged"]
     run_until_caught_up(app, 30, names)
     warnings = {n: app.reset_plan(n).warnings for n in names}
     head = app.reset_plan("cleared", to="head")
@@ -271,6 +276,7 @@ def test_reset_warnings_name_what_would_be_written_twice(store_url: str) -> None
     assert "6 replayed event(s)" in warnings["writes"][0]
     assert warnings["cleared"] == warnings["mails"] == []
     assert len(warnings["totals"]) == 1 and "dropped as duplicates" in warnings["totals"][0]
+    assert len(warnings["staged"]) == 1 and "downstream stages ('seen')" in warnings["staged"][0]
     # on_reset handlers that clear what nothing builds again
     assert (
         head.replays == 0 and "replays nothing, but its on_reset handlers run" in head.warnings[0]

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..processing.aggregating.aggregation import Aggregation
 from ..processing.handlers import runs_on_replay
 from ..processing.handling.context import Context
 from ..processing.handling.dispatch import Dispatch
@@ -44,7 +45,17 @@ def _reset_targets(rt: Runtime, proc: Processor, to: str | int | datetime) -> di
         at = rt.store.read(after=max(0, to - 1), limit=1) if to else []
         when = at[0].recorded_at if at else ("tail" if not to else "head")
     targets = {name: resolve_initial(when, rt.source_store(t)) for name, t in proc.sources.items()}
+    if _windowed(proc) and (target or any(targets.values())):
+        raise InvalidInputError(
+            f"cannot reset {proc.name!r} to position {target:,}: a windowed aggregation is "
+            "rebuilt from the start: reset it to 'tail' (its windows, late inputs, clocks "
+            "and its stages' states are cleared and folded again)"
+        )
     return {"": target, **targets}
+
+
+def _windowed(proc: Processor) -> bool:
+    return isinstance(proc, Aggregation) and proc.windowing is not None
 
 
 def _reset_token(
@@ -175,6 +186,16 @@ def _reset_warnings(proc: Processor, replays: int, handled: bool) -> list[str]:
                 "clear is not built again from the events before the reset position"
             ]
         return []
+    if _windowed(proc):
+        return []  # rebuilt: everything it keeps is cleared (rewind)
+    if isinstance(proc, Aggregation) and proc.stages and proc.handlers.reset_handlers:
+        stages = ", ".join(repr(s.name) for s in proc.stages)
+        return [
+            f"{proc.name!r} has downstream stages ({stages}) whose states its on_reset "
+            "handlers may not clear: outputs of the replayed events are dropped there as "
+            "repeats, and the stages keep what the first run gave them; clear them in an "
+            "on_reset handler too to rebuild them"
+        ]
     if proc.handlers.reset_handlers:
         return []
     if isinstance(proc, Republisher):
@@ -241,6 +262,10 @@ def rewind(
     with db.transaction() as conn:
         ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
         Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
+        if isinstance(proc, Aggregation) and proc.windowing is not None:  # rebuilt
+            rt.windows.delete_all(conn, proc.name)
+            for name in (proc.name, *(stage.name for stage in proc.stages)):
+                rt.states.delete_all(conn, name)
         for record in records:
             token = _reset_token(record.token, record.segment, targets, context)
             rt.tokens.store(proc.name, record.segment.id, token, owner, conn=conn)
