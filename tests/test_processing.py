@@ -681,3 +681,36 @@ def test_a_claim_taken_after_the_extension_began_is_judged_by_the_next_one(tmp_p
         assert st.lost
     finally:
         app.stop()
+
+
+def test_a_retried_dead_letter_of_a_replay_is_still_a_replay(store_url: str) -> None:
+    """An event parked while it was replayed after a reset is retried as a replay:
+    ``disallow_replay`` handlers skip it, as they would have. Before, the retry ran every
+    handler as on a first delivery: an order mailed once was mailed again."""
+    app = el.App(store_url, claim_timeout=2)
+    mails: list[str] = []
+    broken: set[str] = set()
+    proc = app.processor("mails", on_error="dead_letter")
+
+    @proc.on("OrderPlaced")
+    def project(event: el.Event, ctx: Any) -> None:
+        if event.stream_id in broken:
+            raise ValueError("projection broken")
+
+    @proc.on("OrderPlaced")
+    @el.disallow_replay
+    def mail(event: el.Event, ctx: Any) -> None:
+        mails.append(event.stream_id)
+
+    proc.on_reset(lambda ctx: None)
+    app.store.append("order-1", [E("OrderPlaced", {})])
+    run_until_caught_up(app, 30, ["mails"])
+    app.reset("mails", "tail")
+    broken.add("order-1")
+    app.store.append("order-1", [E("OrderPlaced", {})])  # a first delivery, parked behind it
+    run_until_caught_up(app, 30, ["mails"])
+    assert [d.stream_id for d in app.dead_letter_list("mails")] == ["order-1", "order-1"]
+    broken.clear()
+    assert app.retry_dead_letters("mails") == (2, 0)
+    assert mails == ["order-1", "order-1"]  # the first run's, and the new event's: not the replay
+    app.close()

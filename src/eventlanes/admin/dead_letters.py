@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
+from itertools import groupby
 
 from ..errors import InvalidInputError
 from ..events import Event
@@ -39,8 +40,9 @@ def retry_dead_letters(
     """Re-run parked events (all, one key's, or one position's), in order per key, each key in
     one transaction with the deletion of its dead letters. Per-event and ``on_batch`` handlers
     run as in the live processor. Returns (events handled, events of the selection still
-    parked). Retrying one position of a key with earlier parked events is refused: it would
-    overtake them."""
+    parked). An event parked while it was replayed (after a reset) is retried as a replay.
+    Retrying one position of a key with earlier parked events is refused: it would overtake
+    them."""
     letters = list_dead_letters(rt, proc, key, position)
     if position is not None and letters and letters[0].seq_key is not None:
         # Retrying a later event of a key before its earlier parked ones breaks per-key order.
@@ -68,7 +70,11 @@ def retry_dead_letters(
             try:
                 with db.transaction() as conn:
                     ctx = Context.for_batch(db, proc.name, connection=conn)
-                    dispatch.run(events, ctx, False)
+                    # each run of replays (parked while replayed) and of first deliveries as
+                    # it was then: disallow_replay handlers skip the replays
+                    flagged = zip(events, (d.replay for d in group), strict=True)
+                    for replay, run in groupby(flagged, key=lambda pair: pair[1]):
+                        dispatch.run([e for e, _ in run], ctx, replay)
                     rt.dead_letters.delete(conn, proc.name, [e.position for e in events])
                 handled += len(events)
             except Exception as exc:  # noqa: BLE001 - recorded on the dead letter, key stays

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import Database
-from . import v1_initial, v2_kafka, v3_versions, v4_dropped_by, v5_windows
+from . import (
+    v1_initial,
+    v2_kafka,
+    v3_versions,
+    v4_dropped_by,
+    v5_windows,
+    v6_dead_letter_replays,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "versions", v3_versions.apply),
     Migration(4, "dropped_by", v4_dropped_by.apply),
     Migration(5, "windows", v5_windows.apply),
+    Migration(6, "dead_letter_replays", v6_dead_letter_replays.apply),
 )
 
 

@@ -124,9 +124,15 @@ class TransactionalExecutor(Executor):
                     opened.append(stack.enter_context(db.transaction(pipeline=pipeline)))
                 return opened[0]
 
-            def park(event: Event, key: str | None, reason: str) -> None:
+            def park(event: Event, key: str | None, reason: str, replay: bool) -> None:
                 self.runtime.dead_letters.park(
-                    begin(), self.name, event, key, self.policy.routing_hash(event), reason
+                    begin(),
+                    self.name,
+                    event,
+                    key,
+                    self.policy.routing_hash(event),
+                    reason,
+                    replay,
                 )
                 parked_now.append(event.position)
                 if traced is not None:

@@ -143,7 +143,8 @@ class Parking:
         return reason
 
 
-Park = Callable[[Event, "str | None", str], None]
+#: parks ``(event, key, reason, replay)``
+Park = Callable[[Event, "str | None", str, bool], None]
 Watch = Callable[[Any], None]  # told each event (or batch handler) before its handlers run
 
 
@@ -177,7 +178,7 @@ class Dispatch:
     ) -> list[Event]:
         """Handle ``events`` in order; returns those handled (not parked). ``token``: the
         segment's token when the batch started, which says which events are replays, or
-        True / False when all are (a bulk replay) or none are (a dead-letter retry).
+        True / False when all are (a bulk replay) or none are (a first delivery).
         Raises :class:`HandlerFailed` or :class:`BatchHandlerFailed`; the caller rolls back."""
         check = parking is not None and parking.active
         live = never_replay(token)
@@ -215,7 +216,7 @@ class Dispatch:
                 key = key_of(event)
                 reason = parking.reason(event, key)
                 if reason is not None:
-                    park(event, key, reason)
+                    park(event, key, reason, not live and replayed(event))
                     continue
             if live:
                 replay = False

@@ -29,6 +29,8 @@ class DeadLetter:
     error: str
     attempts: int
     parked_at: float
+    #: a replay (after a reset) when it was parked: retried as one (schema version 6)
+    replay: bool = False
 
 
 class DeadLetterStore:
@@ -45,6 +47,7 @@ class DeadLetterStore:
         key: str | None,
         routing_hash: int,
         error: str,
+        replay: bool = False,
     ) -> None:
         if key is not None and "\x00" in key:  # SQLite would store it, PostgreSQL refuse it
             raise InvalidInputError(
@@ -55,11 +58,11 @@ class DeadLetterStore:
         conn.execute(
             self.db.sql(
                 f"""INSERT INTO {self.table} (processor, position, seq_key, routing_hash, stream_id,
-                    version, event_type, error, parked_at)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, {self.db.now_ms})"""
+                    version, event_type, error, parked_at, replay)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, {self.db.now_ms}, ?)"""
             ),
             (processor, event.position, key, routing_hash, event.stream_id, event.version,
-             event.type, error[:4000]),
+             event.type, error[:4000], int(replay)),
         )  # fmt: skip
 
     def parked_keys(self, processor: str) -> list[tuple[str, int]]:
@@ -78,11 +81,11 @@ class DeadLetterStore:
         where, params = _filter(processor, key, position)
         sql = self.db.sql(
             f"""SELECT processor, position, seq_key, routing_hash, stream_id, version, event_type,
-                    error, attempts, parked_at FROM {self.table}
+                    error, attempts, parked_at, replay FROM {self.table}
                 WHERE {where} ORDER BY position"""
         )
         return [
-            DeadLetter(*row[:9], row[9] / 1000)  # type: ignore[call-arg]
+            DeadLetter(*row[:9], row[9] / 1000, bool(row[10]))  # type: ignore[call-arg]
             for row in self.db.query(sql, params)
         ]
 
