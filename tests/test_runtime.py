@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -730,4 +731,36 @@ def test_status_says_a_processor_is_paused(tmp_path) -> None:
     assert any("paused" in note for note in procs["p"]["notes"])
     text = CliRunner().invoke(main, ["status", "--url", url]).output
     assert "p: paused" in text and "q: paused" not in text
+    app.close()
+
+
+def test_a_hung_sync_handler_in_lanes_is_bounded_by_handler_timeout(tmp_path) -> None:
+    """Lanes bounded only async handlers (asyncio's wait_for): a sync handler that hung held
+    its segment with nothing in status, where a plain processor's shows it. Now it is given
+    up after handler_timeout, shown in status, and the event is handled again."""
+    app = el.App(f"sqlite:///{tmp_path}/l.db", claim_timeout=1.5)
+    release = threading.Event()
+    done: list[int] = []
+    mailer = app.processor("mailer", guarantee="at-least-once", lanes=2, handler_timeout=1.0)
+
+    @mailer.on("E")
+    def slow(event: el.Event, ctx: Any) -> None:
+        if not release.is_set():
+            release.wait(30)  # hangs
+        done.append(event.position)
+
+    app.store.append("s", [el.NewEvent("E", {})])
+    app.start()
+    try:
+        error = wait_for(
+            lambda: next((s.last_error for s in app.status("mailer").segments if s.last_error),
+                         None),
+            timeout=15, what="the stuck handler in status",
+        )  # fmt: skip
+        release.set()
+        app.wait_until_caught_up(30)
+    finally:
+        app.stop()
+    assert "handler did not finish within 1 s" in error and "at event 1 (E, s v1)" in error
+    assert 1 in done
     app.close()

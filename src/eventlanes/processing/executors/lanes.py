@@ -122,10 +122,10 @@ class LaneExecutor(Executor):
             try:
                 for handler in dispatch.for_event(event, replay):
                     if traced is None:
-                        await self._call(handler, event, ctx)
+                        await self._call(st, handler, event, ctx)
                     else:
                         with traced.handler(event, handler, replay):
-                            await self._call(handler, event, ctx)
+                            await self._call(st, handler, event, ctx)
             except TimeoutError:
                 stopped = True
                 tracker.fail(index, HandlerTimeoutError(
@@ -137,8 +137,14 @@ class LaneExecutor(Executor):
             else:
                 tracker.done(index)
 
-    async def _call(self, handler: Any, event: Event, ctx: Context) -> None:
-        result = handler(event, ctx)
+    async def _call(self, st: SegmentState, handler: Any, event: Event, ctx: Context) -> None:
+        # A sync handler runs on the lanes' loop, which waits for it: bounded by the segment's
+        # watchdog, as a plain processor's handlers are (an async one: by wait_for below).
+        st.watch(event)
+        try:
+            result = handler(event, ctx)
+        finally:
+            st.idle_now()
         if inspect.isawaitable(result):
             await asyncio.wait_for(result, self.handler_timeout)
         elif result is not None:
