@@ -574,3 +574,34 @@ def test_a_reset_rebuilds_a_windowed_aggregation_from_the_start(tmp_path) -> Non
     assert [w.value for w in agg.windows("r")] == [{"n": 10 * w[1]["n"]} for w in first[0]]
     assert minutes.get("all") == {"n": 40} and agg.window_counts() == first[1]
     app.close()
+
+
+def test_adding_or_removing_a_window_is_refused_as_a_new_version(tmp_path) -> None:
+    """An aggregation that ran without windows, defined again with ``window=`` (or the other
+    way round): before, it started, folded only the events after its token into windows (or
+    into states without those the windows had), and said nothing. Now refused at start, as
+    another window is: a new version."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    first = el.App(url)
+    first.aggregation("w", key="robot", on="A", fields={"n": el.count()})
+    first.store.append("c", [E("A", {"robot": "r", "ts": BASE_MS + i}) for i in range(5)])
+    run_until_caught_up(first)
+    first.close()
+    windowed = el.App(url)
+    windowed.aggregation("w", key="robot", on="A", fields={"n": el.count()},
+                         window=el.tumbling("1m"), time=el.event_time("ts", unit="ms"))  # fmt: skip
+    with pytest.raises(el.InvalidInputError, match=r"'w' ran without windows.*version=2"):
+        windowed.start(["w"])
+    windowed.close()
+    other = f"sqlite:///{tmp_path}/v.db"
+    second = el.App(other)
+    second.aggregation("v", key="robot", on="A", fields={"n": el.count()},
+                       window=el.tumbling("1m"), time=el.event_time("ts", unit="ms"))  # fmt: skip
+    second.store.append("c", [E("A", {"robot": "r", "ts": BASE_MS + i}) for i in range(5)])
+    run_until_caught_up(second)
+    second.close()
+    plain = el.App(other)
+    plain.aggregation("v", key="robot", on="A", fields={"n": el.count()})
+    with pytest.raises(el.InvalidInputError, match=r"'v' ran with windows.*version=2"):
+        plain.start(["v"])
+    plain.close()

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ClaimLostError
+from ...errors import ClaimLostError, InvalidInputError
 from ...events import Event, NewEvent, types
 from ...lineage import Coordinates, coordinates
 from ...segments import Segment
@@ -78,6 +78,11 @@ class AggregationExecutor(Executor):
         self.rounds = agg.mode == "pooled"
         if not agg.stages:  # all stages are declared by now: the app starts
             check_fresh_state("aggregation", agg.name, agg.initial_state)
+        if agg.windowing is None and (ran := runtime.windows.definitions(agg.name)):
+            raise InvalidInputError(
+                f"aggregation {agg.name!r} ran with windows ({sorted(ran)[0]}): without them "
+                f"it is a new version (version={agg.version + 1})"
+            )
         decl = agg.declaration
         self.types = decl.types if decl is not None else None
 

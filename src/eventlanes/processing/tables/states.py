@@ -387,6 +387,11 @@ class StateTable:
     def delete_all(self, conn: Any, name: str) -> None:
         conn.execute(self.db.sql(f"DELETE FROM {self.table} WHERE aggregation = ?"), (name,))
 
+    def any_of(self, name: str) -> bool:
+        """Whether aggregation ``name`` has a stored state."""
+        sql = self.db.sql(f"SELECT 1 FROM {self.table} WHERE aggregation = ? LIMIT 1")
+        return bool(self.db.query(sql, (name,)))
+
     def get(self, name: str, key: str) -> Any:
         with self.db.connection() as conn:
             entry = self.load(conn, name, [key]).get(key)

@@ -49,7 +49,14 @@ class WindowExecutor(AggregationExecutor):
         self.spec = spec
         self.windows = runtime.windows
         self.definition = spec.definition()
-        spec.refuse_other(agg.name, agg.version, self.windows.definitions(agg.name))
+        ran = self.windows.definitions(agg.name)
+        spec.refuse_other(agg.name, agg.version, ran)
+        # states without clock rows: it ran without windows (a windowed write has both)
+        if not ran and runtime.states.any_of(agg.name):
+            raise InvalidInputError(
+                f"aggregation {agg.name!r} ran without windows (its states are keyed): with "
+                f"window= it is a new version (version={agg.version + 1})"
+            )
         if agg.upcasters.into(agg.handled_types()) is not None:
             raise InvalidInputError(
                 f"aggregation {agg.name!r}: windows do not read upcast events yet (an "
