@@ -605,3 +605,23 @@ def test_adding_or_removing_a_window_is_refused_as_a_new_version(tmp_path) -> No
     with pytest.raises(el.InvalidInputError, match=r"'v' ran with windows.*version=2"):
         plain.start(["v"])
     plain.close()
+
+
+def test_status_of_windows_on_each_keys_clock_says_what_closes_them(tmp_path) -> None:
+    """With ``clock="key"``, status said the clock was at "no time yet" after inputs were
+    read, and that the oldest window closes when any input reaches its end: only its own
+    key's can. Now the note says whose input it waits for, and no store clock."""
+    from eventlanes.admin.health import MaxLag, processor_document, store_first_after
+
+    app = el.App(f"sqlite:///{tmp_path}/k.db")
+    app.aggregation("w", key="r", on="A", fields={"n": el.count()}, window=el.tumbling("1m"),
+                    time=el.event_time("at", unit="s"), lateness="10s", clock="key")  # fmt: skip
+    app.store.append("s", [E("A", {"r": r, "at": t})
+                           for r, t in [("x", 0), ("x", 70), ("x", 200), ("y", 5)]])  # fmt: skip
+    run_until_caught_up(app)
+    doc = processor_document(app.status("w"), store_first_after(app.store), MaxLag())
+    assert doc["windows"]["clock"] == "key" and doc["windows"]["clock_us"] is None
+    waiting = [n for n in doc["notes"] if n.startswith("waiting for time")]
+    assert waiting and "an input of its own key" in waiting[0], doc["notes"]
+    assert "no time yet" not in waiting[0]
+    app.close()

@@ -185,10 +185,12 @@ def window_notes(windows: Mapping[str, Any], caught_up: bool) -> list[str]:
             ("an input", "no ticks: idle_close is not set") if idle is None
             else ("an input or a tick", f"a tick is appended after {shown(idle)} with no input")
         )  # fmt: skip
+        if w.get("clock") == "key":  # each key's own clock: only its inputs move it
+            what, ticks = "an input of its own key", "each key has a clock of its own"
+        at = "" if w.get("clock") == "key" else f"the clock is at {clock}; "
         notes.append(
             f"waiting for time: {w['open']:,} window(s) open, the oldest ending {oldest}; it "
-            f"closes when {what} with a time at or after {needed} comes (the clock is at "
-            f"{clock}; {ticks})"
+            f"closes when {what} with a time at or after {needed} comes ({at}{ticks})"
         )
     return notes
 

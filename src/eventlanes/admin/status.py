@@ -51,7 +51,7 @@ def status(rt: Runtime, proc: Processor, defined: Iterable[int] = ()) -> Process
     if spec is not None and started:
         summary = rt.windows.summary(proc.name)
         view = replace(view, windows={**summary, "duplicate": view.dropped or 0,
-                                      "lateness_us": spec.lateness,
+                                      "lateness_us": spec.lateness, "clock": spec.clock,
                                       "idle_close_us": spec.idle_close})  # fmt: skip
     return replace(view, version=versions.view(rt, proc, view, [proc.version, *defined]))
 
