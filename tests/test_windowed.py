@@ -532,7 +532,8 @@ def test_a_reset_rebuilds_a_windowed_aggregation_from_the_start(tmp_path) -> Non
     stages' states, so the replay folds them again (a fold changed in between is seen);
     before, the replayed inputs met the old windows (dropped as duplicates, or with an
     on_reset clearing the entries, folded in a second time) and the counts doubled. A
-    reset to another position is refused: windows are rebuilt from the start only."""
+    reset to another position keeps the windows (its replayed inputs are duplicates, a
+    warning says so), and is refused with on_reset handlers, which may clear the states."""
     url = f"sqlite:///{tmp_path}/w.db"
     step = {"n": 1}
 
@@ -560,6 +561,12 @@ def test_a_reset_rebuilds_a_windowed_aggregation_from_the_start(tmp_path) -> Non
     first = ([(w.start_us, w.value, w.final) for w in agg.windows("r")], agg.window_counts(),
              [x.position for x in agg.late_events()], minutes.get("all"))  # fmt: skip
     assert first[1]["late"] == 1 and first[3] == {"n": 4}
+    [kept] = app.reset_plan("spm", 3).warnings
+    assert "keeps its windows" in kept and "3 replayed event(s) are dropped" in kept
+    app.reset("spm", 3)
+    run_until_caught_up(app)
+    assert [(w.start_us, w.value, w.final) for w in agg.windows("r")] == first[0]
+    agg.on_reset(lambda ctx: None)
     with pytest.raises(el.InvalidInputError, match="rebuilt from the start: reset it to 'tail'"):
         app.reset("spm", 3)
     assert app.reset_plan("spm", "tail").warnings == []

@@ -45,11 +45,13 @@ def _reset_targets(rt: Runtime, proc: Processor, to: str | int | datetime) -> di
         at = rt.store.read(after=max(0, to - 1), limit=1) if to else []
         when = at[0].recorded_at if at else ("tail" if not to else "head")
     targets = {name: resolve_initial(when, rt.source_store(t)) for name, t in proc.sources.items()}
-    if _windowed(proc) and (target or any(targets.values())):
+    if _windowed(proc) and proc.handlers.reset_handlers and (target or any(targets.values())):
+        # its on_reset may clear its states (their offsets): the replayed inputs would then
+        # be folded into the windows kept a second time
         raise InvalidInputError(
-            f"cannot reset {proc.name!r} to position {target:,}: a windowed aggregation is "
-            "rebuilt from the start: reset it to 'tail' (its windows, late inputs, clocks "
-            "and its stages' states are cleared and folded again)"
+            f"cannot reset {proc.name!r} to position {target:,}: a windowed aggregation with "
+            "on_reset handlers is rebuilt from the start: reset it to 'tail' (its windows, "
+            "late inputs, clocks and its stages' states are cleared and folded again)"
         )
     return {"": target, **targets}
 
@@ -142,7 +144,7 @@ def reset_plan(
     ]
     handled = any(tok.high > 0 or tok.replays or tok.sources for _, tok in befores)
     return ResetPlan(proc.name, targets[""], replays, first_time, held,
-                     _reset_warnings(proc, replays, handled))  # fmt: skip
+                     _reset_warnings(proc, replays, handled, any(targets.values())))  # fmt: skip
 
 
 def _replayed(
@@ -175,10 +177,13 @@ def _replayed(
     return count
 
 
-def _reset_warnings(proc: Processor, replays: int, handled: bool) -> list[str]:
+def _reset_warnings(
+    proc: Processor, replays: int, handled: bool, midway: bool = False
+) -> list[str]:
     """Why a reset of ``proc`` may surprise: what its replayed events do without an
     ``on_reset`` handler to clear what they wrote the first time, or what its ``on_reset``
-    handlers clear when nothing is replayed (``handled``: it had passed events before)."""
+    handlers clear when nothing is replayed (``handled``: it had passed events before;
+    ``midway``: not to the start)."""
     if not replays:
         if handled and proc.handlers.reset_handlers:
             return [
@@ -186,8 +191,16 @@ def _reset_warnings(proc: Processor, replays: int, handled: bool) -> list[str]:
                 "clear is not built again from the events before the reset position"
             ]
         return []
-    if _windowed(proc):
-        return []  # rebuilt: everything it keeps is cleared (rewind)
+    if _windowed(proc):  # to the start: rebuilt (rewind clears what it keeps)
+        return (
+            []
+            if not midway
+            else [
+                f"{proc.name!r} keeps its windows on a reset to another position than the start: "
+                f"the {replays:,} replayed event(s) are dropped as duplicates; reset it to 'tail' "
+                "to rebuild its windows"
+            ]
+        )
     if isinstance(proc, Aggregation) and proc.stages and proc.handlers.reset_handlers:
         stages = ", ".join(repr(s.name) for s in proc.stages)
         return [
@@ -262,7 +275,12 @@ def rewind(
     with db.transaction() as conn:
         ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
         Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
-        if isinstance(proc, Aggregation) and proc.windowing is not None:  # rebuilt
+        # a windowed aggregation reset to the start is rebuilt
+        if (
+            isinstance(proc, Aggregation)
+            and proc.windowing is not None
+            and not any(targets.values())
+        ):
             rt.windows.delete_all(conn, proc.name)
             for name in (proc.name, *(stage.name for stage in proc.stages)):
                 rt.states.delete_all(conn, name)

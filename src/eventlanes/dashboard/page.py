@@ -1,9 +1,10 @@
 """What one poll reads: the status document of ``eventlanes status`` (health.py's rules, the
 ``--max-lag`` given to the dashboard) with what the page shows beside it.
 
-Per processor, beside its status entry: its guarantee, mode and error handling, whether it is
-paused, its dead letters grouped by key, and which actions apply to it (split, merge and
-release only where they can be done; promote and retire only for a processor with versions).
+Per processor, beside its status entry (which says whether it is paused): its guarantee,
+mode and error handling, its dead letters grouped by key, and which actions apply to it
+(split, merge and release only where they can be done; promote and retire only for a
+processor with versions).
 Per Kafka ingestor: its entry of the status document, its parked records and whether it is
 paused. These extra keys are removed from ``api/status``, which returns the status document
 exactly as ``status --json`` prints it.
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
     from ..app import App
 
 MAX_LETTERS = 200  # dead letters shown per processor (the count is always exact)
-EXTRA = ("letter_groups", "guarantee", "mode", "on_error", "paused", "started", "actions")
+EXTRA = ("letter_groups", "guarantee", "mode", "on_error", "started", "actions")
+#: an ingestor's: its status entry has no ``paused`` (a processor's has)
+INGESTOR_EXTRA = ("letter_groups", "paused")
 
 
 def letter_groups(letters: list[DeadLetter], records: bool = False) -> list[dict[str, Any]]:
@@ -102,7 +105,6 @@ def snapshot(app: App, max_lag: MaxLag | None = None) -> dict[str, Any]:
             guarantee=view.guarantee,
             mode=proc.mode,
             on_error=proc.on_error,
-            paused=view.paused,
             started=view.started,
             retired=retired,
         )
@@ -124,6 +126,6 @@ def plain(document: dict[str, Any]) -> dict[str, Any]:
     out["processors"] = [{k: v for k, v in p.items() if k not in EXTRA}
                          for p in document["processors"]]  # fmt: skip
     if "ingestors" in document:
-        out["ingestors"] = [{k: v for k, v in i.items() if k not in EXTRA}
+        out["ingestors"] = [{k: v for k, v in i.items() if k not in INGESTOR_EXTRA}
                             for i in document["ingestors"]]  # fmt: skip
     return out
