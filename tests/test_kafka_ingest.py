@@ -107,6 +107,34 @@ def test_restart_resumes_where_the_tokens_are(store_url: str, kafka_broker) -> N
     assert values == list(range(800))
 
 
+def test_json_the_store_cannot_keep_is_a_bad_record(store_url: str, kafka_broker) -> None:
+    """Valid JSON with NaN, an infinity, a NUL character or a lone surrogate: the store
+    refuses it, and before that refusal crashed the ingestor (the whole batch rolled back,
+    no dead letter, status healthy at offset 0). Now each is a bad record, parked with why,
+    and the others are appended."""
+    b = kafka_broker.bootstrap
+    topic = create_topic(b, 1)
+    produce(b, topic, [
+        ("a", {"n": 1}, None), ("b", b'{"n": NaN}', None), ("c", b'{"n": -Infinity}', None),
+        ("d", b'{"s": "a\\u0000b"}', None), ("e", b'{"s": "\\ud800"}', None),
+        ("f", b'{"s": "caf\\u00e9 \\ud83d\\ude00"}', None), ("a", {"n": 2}, None),
+    ])  # fmt: skip
+    app = _app(store_url, b, topic, on_bad="dead_letter")
+    app.start()
+    try:
+        _wait_ingested(app, {0: 7})
+    finally:
+        app.stop()
+    streams = _by_stream(app)
+    assert [e.data for e in streams["a"]] == [{"n": 1}, {"n": 2}]
+    assert [e.data for e in streams["f"]] == [{"s": "caf\u00e9 \U0001f600"}]
+    letters = app.dead_letter_list("readings-in")
+    assert [d.seq_key for d in letters] == ["b", "c", "d", "e"]
+    assert all("cannot be decoded" in d.error for d in letters)
+    assert "NaN" in letters[0].error and "NUL" in letters[2].error
+    assert "surrogate" in letters[3].error
+
+
 def test_bad_records_parked_in_order_and_retried(store_url: str, kafka_broker) -> None:
     """on_bad="dead_letter": a value that is not JSON is parked with its coordinates, and the
     later records of its stream wait behind it, in order; other streams go on. A retry with a

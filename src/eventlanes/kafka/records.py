@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..events import NewEvent
+from ..events import NewEvent, NotExact, exact_json
 from ..lineage import CHAIN_KEY, MAX_HOPS, check_chain
 from ..tracing.propagation import header_fields
 
@@ -78,13 +78,20 @@ class Record:
 
 
 def json_object(value: bytes | None) -> dict[str, Any]:
-    """The default decoder: the value must be a JSON object."""
+    """The default decoder: the value must be a JSON object the store can keep (no NaN or
+    infinity; no NUL character or lone surrogate, which JSON can only write escaped)."""
     if value is None:
         raise ValueError("the value is empty (a tombstone)")
-    data = json.loads(value)
+    data = json.loads(value, parse_constant=_no_constant)
     if not isinstance(data, dict):
         raise ValueError(f"the value is JSON {type(data).__name__}, not an object")
+    if b"\\u" in value:  # an escaped character: checked as the store checks it
+        exact_json(data)
     return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON-serialisable (JSON has no NaN or infinity)")
 
 
 def key_stream(record: Record) -> str:
@@ -168,6 +175,11 @@ class Converter:
             raise BadRecord(f"the value cannot be decoded: {_describe(exc)}", stream) from None
         if not isinstance(data, dict):
             raise BadRecord(f"decode() gave {type(data).__name__}, not a dict", stream)
+        if self.decode is not json_object:  # what the store refuses: a bad record, here
+            try:
+                exact_json(data)
+            except NotExact as exc:
+                raise BadRecord(f"decode() gave what cannot be stored: {exc}", stream) from None
         return NewEvent(type_, data, self.metadata(record, stream, trace))
 
     def own_source(self) -> str | None:
