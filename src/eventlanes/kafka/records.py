@@ -82,7 +82,7 @@ def json_object(value: bytes | None) -> dict[str, Any]:
     infinity; no NUL character or lone surrogate, which JSON can only write escaped)."""
     if value is None:
         raise ValueError("the value is empty (a tombstone)")
-    data = json.loads(value, parse_constant=_no_constant)
+    data = _DECODER.decode(value.decode(json.detect_encoding(value), "surrogatepass"))
     if not isinstance(data, dict):
         raise ValueError(f"the value is JSON {type(data).__name__}, not an object")
     if b"\\u" in value:  # an escaped character: checked as the store checks it
@@ -92,6 +92,10 @@ def json_object(value: bytes | None) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON-serialisable (JSON has no NaN or infinity)")
+
+
+#: json.loads with an option builds a decoder per call: one, built once
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def key_stream(record: Record) -> str:
