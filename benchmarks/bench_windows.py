@@ -11,12 +11,13 @@ its own:
 
 With ``--spark``, each kind is also replayed on Spark (``local[2]``, the session started
 before the clock runs): a windowed replay against the same replay without a window (target
-0.8x).
+0.8x). With ``--continuous``, the keyed and tumbling kinds are also kept up to date by
+micro-batches of a tenth of the events each (``run --engine spark``; no target).
 
 Every windowed run's window counts and late inputs are checked equal to a plain loop's (the
 rules of ``eventlanes.windows.reference``); every keyed run's states too.
 ``python benchmarks/run.py windows [--quick]``, or
-``python -m benchmarks.bench_windows [--quick] [--rounds N] [--spark]``.
+``python -m benchmarks.bench_windows [--quick] [--rounds N] [--spark] [--continuous]``.
 """
 
 from __future__ import annotations
@@ -141,6 +142,40 @@ def _spark_child(conn: Any, url: str, name: str, case: str) -> None:
     conn.send((seconds, memory()["VmHWM"]))
 
 
+#: a continuous run of a case on Spark (micro-batches of a tenth of the events): its name ->
+#: the case it runs
+CONTINUOUS_CASES = {
+    "declarative, Spark micro-batches": "declarative",
+    "declarative tumbling 1m, Spark micro-batches": "declarative tumbling 1m",
+    "python fold, Spark micro-batches": "python fold",
+    "python fold tumbling 1m, Spark micro-batches": "python fold tumbling 1m",
+}
+
+
+def _continuous_child(conn: Any, url: str, name: str, case: str) -> None:
+    from eventlanes.spark import get_session
+    from eventlanes.spark.continuous import ContinuousAggregation
+    from eventlanes.tokens.claims import claim_all
+
+    app = el.App(url)
+    define(app, name, case)
+    spark = get_session("local[2]")
+    spark.range(1).count()  # the JVM and a Python worker up before the clock runs
+    runner = ContinuousAggregation(app, name, spark=spark, max_rows=app.store.head() // 10 + 1)
+    app.initialize(name)
+    runner.records = claim_all(app.tokens, name, runner.owner)
+    start = time.perf_counter()
+    try:
+        while runner.run_batch():
+            pass
+    finally:
+        runner.stop()
+    seconds = time.perf_counter() - start
+    spark.stop()
+    app.close()
+    conn.send((seconds, memory()["VmHWM"]))
+
+
 def plain_windows(
     events: list[el.Event], window: Any, lateness: int
 ) -> tuple[dict[tuple[str, int, int], int], list[int]]:
@@ -225,7 +260,11 @@ def check(url: str, name: str, case: str, keys: set[str]) -> None:
 
 
 def run(
-    backends: list[str], quick: bool = False, rounds: int = ROUNDS, spark: bool = False
+    backends: list[str],
+    quick: bool = False,
+    rounds: int = ROUNDS,
+    spark: bool = False,
+    continuous: bool = False,
 ) -> None:
     if "sqlite" not in backends:
         print("windows: SQLite only (the store the pushdown baseline runs on)")
@@ -236,12 +275,14 @@ def run(
         url = f"sqlite:///{here / uuid.uuid4().hex}.db"
         fill(url, events, keys)
         names = {f"k{i}" for i in range(keys)}
-        cases = {c: c for c in CASES} | (SPARK_CASES if spark else {})
+        cases = ({c: c for c in CASES} | (SPARK_CASES if spark else {})
+                 | (CONTINUOUS_CASES if continuous else {}))  # fmt: skip
         runs: dict[str, list[tuple[float, int]]] = {c: [] for c in cases}
         for r in range(rounds):
             for case, local in cases.items():  # alternating: the machine's load changes
                 name = f"{case.replace(' ', '-').replace('/', '-').replace(',', '')}-{r}"
-                child = _child if case == local else _spark_child
+                child = (_child if case == local else _continuous_child
+                         if case in CONTINUOUS_CASES else _spark_child)  # fmt: skip
                 runs[case].append(in_child(child, url, name, local))
                 check(url, name, local, names)
                 print(f"{case}, run {r + 1}: {events / runs[case][-1][0]:,.0f} ev/s", flush=True)
@@ -265,6 +306,12 @@ def run(
         met = "" if target is None else ("met" if ratio >= target else "NOT MET")
         rows.append([case, rate[case], f"{peak / 2**20:,.0f} MB (driver)", f"{ratio:.2f}x",
                      "" if target is None else f">= {target}x", met])  # fmt: skip
+    for case, local in CONTINUOUS_CASES.items() if continuous else ():
+        declarative, window, _ = CASES[local]
+        base = rate[f"{'declarative' if declarative else 'python fold'}, Spark micro-batches"]
+        peak = statistics.median(p for _, p in runs[case])
+        rows.append([case, rate[case], f"{peak / 2**20:,.0f} MB (driver)",
+                     f"{rate[case] / base:.2f}x", "", ""])  # fmt: skip
     print_table(
         f"catching up on {events:,} events over {keys:,} keys, SQLite (median of {rounds} "
         "run(s), one process each; results checked against plain loops)",
@@ -278,9 +325,11 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--spark", action="store_true", help="also replay on Spark")
+    parser.add_argument("--continuous", action="store_true",
+                        help="also run on Spark in micro-batches (run --engine spark)")  # fmt: skip
     args = parser.parse_args()
     # by its module's name: the processes it spawns (and Spark's executors) import the
     # functions of the aggregations from there, not from __main__
     from benchmarks import bench_windows
 
-    bench_windows.run(["sqlite"], args.quick, args.rounds, args.spark)
+    bench_windows.run(["sqlite"], args.quick, args.rounds, args.spark, args.continuous)
