@@ -36,6 +36,15 @@ def _wait_ingested(app: el.App, hw: dict[int, int], timeout: float = 60.0) -> No
     wait_for(lambda: _tokens(app) == hw, timeout=timeout, what=f"tokens {hw}")
 
 
+def _ingest(app: el.App, hw: dict[int, int]) -> None:
+    """Start ``app``, wait until its tokens are at ``hw``, stop it (also when the wait fails)."""
+    app.start()
+    try:
+        _wait_ingested(app, hw)
+    finally:
+        app.stop()
+
+
 def _by_stream(app: el.App) -> dict[str, list[el.Event]]:
     streams: dict[str, list[el.Event]] = defaultdict(list)
     for e in app.store.iter_events():
@@ -93,9 +102,7 @@ def test_restart_resumes_where_the_tokens_are(store_url: str, kafka_broker) -> N
     topic = create_topic(b, 2)
     produce(b, topic, [(f"k{i % 5}", {"i": i}, None) for i in range(500)])
     app = _app(store_url, b, topic)
-    app.start()
-    _wait_ingested(app, high_watermarks(b, topic, 2))
-    app.stop()
+    _ingest(app, high_watermarks(b, topic, 2))
     produce(b, topic, [(f"k{i % 5}", {"i": i}, None) for i in range(500, 800)])
     again = _app(store_url, b, topic)
     again.start()
@@ -120,11 +127,7 @@ def test_json_the_store_cannot_keep_is_a_bad_record(store_url: str, kafka_broker
         ("f", b'{"s": "caf\\u00e9 \\ud83d\\ude00"}', None), ("a", {"n": 2}, None),
     ])  # fmt: skip
     app = _app(store_url, b, topic, on_bad="dead_letter")
-    app.start()
-    try:
-        _wait_ingested(app, {0: 7})
-    finally:
-        app.stop()
+    _ingest(app, {0: 7})
     streams = _by_stream(app)
     assert [e.data for e in streams["a"]] == [{"n": 1}, {"n": 2}]
     assert [e.data for e in streams["f"]] == [{"s": "caf\u00e9 \U0001f600"}]
@@ -147,11 +150,7 @@ def test_bad_records_parked_in_order_and_retried(store_url: str, kafka_broker) -
         ("a", {"n": 3}, None), (None, {"n": 0}, None), ("b", {"n": 2}, None),
     ])  # fmt: skip
     app = _app(store_url, b, topic, on_bad="dead_letter")
-    app.start()
-    try:
-        _wait_ingested(app, {0: 6})
-    finally:
-        app.stop()
+    _ingest(app, {0: 6})
     streams = _by_stream(app)
     assert [e.data for e in streams["a"]] == [{"n": 1}]
     assert [e.data for e in streams["b"]] == [{"n": 1}, {"n": 2}]
@@ -214,9 +213,7 @@ def test_recreated_topic_is_an_error_naming_both_offsets(store_url: str, kafka_b
     topic = create_topic(b, 1)
     produce(b, topic, [(f"k{i}", {"i": i}, None) for i in range(10)])
     app = _app(store_url, b, topic)
-    app.start()
-    _wait_ingested(app, {0: 10})
-    app.stop()
+    _ingest(app, {0: 10})
     delete_topic(b, topic)
     create_topic(b, 1, name=topic)
     produce(b, topic, [(f"k{i}", {"i": i}, None) for i in range(3)])
@@ -510,11 +507,7 @@ def test_a_commit_whose_answer_was_lost_is_not_appended_again(
                 raise el.DatabaseUnavailableError("commit", "the connection was lost")
 
     monkeypatch.setattr(app.db, "transaction", answer_lost)
-    app.start()
-    try:
-        _wait_ingested(app, hw)
-    finally:
-        app.stop()
+    _ingest(app, hw)
     assert commits["n"] > 2  # it failed once and went on
     offsets = [(e.metadata["kafka"]["partition"], e.metadata["kafka"]["offset"])
                for e in app.store.iter_events()]  # fmt: skip
