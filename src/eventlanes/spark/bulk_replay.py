@@ -207,8 +207,7 @@ def _delta_target(proc: Any, uri: str | None, options: Mapping[str, str] | None)
             f"{proc.name!r}: a Delta table holds an aggregation's states; this is a projection "
             "(its handlers write its own tables)"
         )
-    if proc.windowing is not None:  # its windows are rows of their own, not keyed states
-        refuse_windowed_delta(proc)
+    refuse_windowed_delta(proc)  # its windows are rows of their own, not keyed states
     return DeltaStates(uri, proc.name, proc.declaration, options)
 
 

@@ -100,7 +100,7 @@ class ContinuousAggregation:
         refuse_windows(agg)
         refuse_sources(agg)
         refuse_continuous(agg)
-        if delta and agg.windowing is not None:
+        if delta:
             refuse_windowed_delta(agg)
         #: the Delta table kept current (written by a replay first), or None
         self.delta = DeltaStates(delta, agg.name, agg.declaration, delta_options) if delta else None
@@ -170,7 +170,7 @@ class ContinuousAggregation:
         assert self.ticker is not None
         if busy:
             self.ticker.heard()
-        elif self.app.runtime.windows.summary(self.agg.name)["open"]:
+        elif self.app.runtime.windows.has_open(self.agg.name):
             self.ticker.check()
 
     def run_batch(self) -> bool:

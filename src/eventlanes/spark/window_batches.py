@@ -58,12 +58,8 @@ def refuse_continuous(agg: Aggregation) -> None:
     spec = agg.windowing
     if spec is None:
         return
-    why = None
-    if not isinstance(spec.window, Tumbling | Hopping):
+    if not isinstance(spec.window, Tumbling | Hopping):  # upcasts: refused by refuse_windows
         why = f"its windows are {type(spec.window).__name__.lower()} windows"
-    elif agg.upcasters.into(agg.handled_types()) is not None:
-        why = "it reads upcast events"
-    if why is not None:
         raise InvalidInputError(
             f"aggregation {agg.name!r} is windowed and {why}: a continuous Spark run folds "
             "tumbling and hopping windows (run it with --engine local, or replay it with "
@@ -143,22 +139,6 @@ def _passed(
     return passed
 
 
-def _clocked(
-    timed_df: Any, spec: Windowing, end: int, n: int, start: tuple[int, int | None], after: int
-) -> tuple[Any, Closes, int]:
-    """The rows with the store clock's time before each (none with each key's clock: the
-    fold reads it from the key's entry), where it closes windows, and how many inputs after
-    ``after`` are folded."""
-    from pyspark.sql import functions as F
-
-    if spec.clock == "store":
-        buckets = n * BUCKETS_PER_PARTITION
-        with_clock, closes, inputs, _ = clock_columns(timed_df, spec, end, buckets, start, after)
-        return with_clock, closes, inputs
-    inputs = timed_df.where(F.col("key").isNotNull()).count()
-    return timed_df.withColumn("before", F.lit(None).cast("long")), Closes([], [], None), inputs
-
-
 def _expire_keys(conn: Any, rt: Any, name: str, spec: Windowing, parts: list[Part]) -> None:
     """With each key's clock: the closed windows of each key whose windows the batch wrote
     that its clock passed longer than ``retain`` ago, as the local engine's writes delete."""
@@ -190,7 +170,8 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
         StorageLevel.MEMORY_AND_DISK
     )
     try:
-        with_clock, closes, inputs = _clocked(timed_df, spec, end, runner.n, start, after)
+        buckets = runner.n * BUCKETS_PER_PARTITION
+        with_clock, closes, inputs, _ = clock_columns(timed_df, spec, end, buckets, start, after)
         stored = StoredWindows(runner.url, name)
         folded = (
             with_clock.drop("bucket").where(F.col("key").isNotNull() & (F.col("position") > after))

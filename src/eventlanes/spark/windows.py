@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 from ..errors import InvalidInputError, SparkJobError
 from ..processing.aggregating.aggregation import Aggregation
@@ -91,8 +91,10 @@ def refuse_windows(proc: Any) -> None:
         )
 
 
-def refuse_windowed_delta(proc: Aggregation) -> NoReturn:
+def refuse_windowed_delta(proc: Aggregation) -> None:
     """A Delta table for a windowed aggregation, refused before any work."""
+    if proc.windowing is None:
+        return
     raise InvalidInputError(
         f"aggregation {proc.name!r} is windowed: a Delta table holds keyed states, and its "
         "windows are written to the store only (agg.windows(), the window_states table)"
@@ -117,10 +119,20 @@ def clock_columns(
     (of positions) and ``before`` (the store clock's time before each row's position), where
     the clock closes windows (off a grid: only the clock at the end), how many inputs past
     ``folds_after`` are folded, and the clock at each bucket's end: two small jobs (one off a
-    grid), their answers on the driver."""
+    grid), their answers on the driver. With each key's clock: ``before`` null, no closes,
+    one job counting the inputs."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    if spec.clock != "store":  # each key's clock: its own earlier inputs, read in the fold
+        folded = F.col("key").isNotNull() & (F.col("position") > folds_after)
+        inputs = timed_df.where(folded).count()
+        return (
+            timed_df.withColumn("before", F.lit(None).cast("long")),
+            Closes([], [], None),
+            inputs,
+            [],
+        )
     first, running = start
     bucket = ((F.col("position") - first - 1) * buckets / F.lit(max(end - first, 1))).cast("long")
     df = timed_df.withColumn("bucket", bucket)
@@ -222,14 +234,8 @@ def _fold_and_write(
     from pyspark.sql import functions as F
 
     spec = fold.spec
-    if spec.clock == "store":
-        buckets = n * BUCKETS_PER_PARTITION
-        with_clock, closes, expected, reached = clock_columns(timed_df, spec, source.end,
-                                                               buckets)  # fmt: skip
-    else:  # each key's clock: its own earlier inputs, read in the fold
-        with_clock = timed_df.withColumn("before", F.lit(None).cast("long"))
-        closes, expected = Closes([], [], None), timed_df.where(F.col("key").isNotNull()).count()
-        reached = []
+    buckets = n * BUCKETS_PER_PARTITION
+    with_clock, closes, expected, reached = clock_columns(timed_df, spec, source.end, buckets)
     inputs = with_clock.drop("bucket").where(F.col("key").isNotNull())
     folded = (
         inputs.repartition(n, "key")

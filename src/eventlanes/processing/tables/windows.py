@@ -115,6 +115,13 @@ class WindowTable:
                 found.setdefault(key, {})[start] = Win(end, decode(value), revision)
         return found
 
+    def has_open(self, name: str) -> bool:
+        """Whether aggregation ``name`` has a window open (one row read, not a count)."""
+        sql = self.db.sql(
+            f"SELECT 1 FROM {self.states} WHERE aggregation = ? AND closed_at IS NULL LIMIT 1"
+        )
+        return bool(self.db.query(sql, (name,)))
+
     def open_ending(self, conn: Any, name: str, by: int) -> list[tuple[Any, ...]]:
         """The open windows ending at or before ``by``: (key, start, end, value text,
         revision), in key and start order."""
