@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import InvalidInputError
 from ..processing.aggregating.aggregation import Aggregation
@@ -56,7 +56,7 @@ def _reset_targets(rt: Runtime, proc: Processor, to: str | int | datetime) -> di
     return {"": target, **targets}
 
 
-def _windowed(proc: Processor) -> bool:
+def _windowed(proc: Processor) -> TypeGuard[Aggregation]:
     return isinstance(proc, Aggregation) and proc.windowing is not None
 
 
@@ -276,11 +276,7 @@ def rewind(
         ctx = Context(proc.name, None, None, conn, db.backend, db.param, db.prefix)
         Dispatch(proc.name, proc.handlers, proc.policy).reset(ctx)
         # a windowed aggregation reset to the start is rebuilt
-        if (
-            isinstance(proc, Aggregation)
-            and proc.windowing is not None
-            and not any(targets.values())
-        ):
+        if _windowed(proc) and not any(targets.values()):
             rt.windows.delete_all(conn, proc.name)
             for name in (proc.name, *(stage.name for stage in proc.stages)):
                 rt.states.delete_all(conn, name)
