@@ -54,7 +54,7 @@ from .input import check_read, refuse_sources, upcasters_of
 from .session import get_session, master_of, partitions_of
 from .ship import executor_url, first_line, preflight
 from .source import read_events
-from .window_batches import fold_window_batch, refuse_continuous
+from .window_batches import fold_window_batch
 from .windows import refuse_windowed_delta, refuse_windows
 
 log = logging.getLogger("eventlanes.spark")
@@ -99,7 +99,6 @@ class ContinuousAggregation:
             raise InvalidInputError(f"{name!r} is not an aggregation: --engine spark runs those")
         refuse_windows(agg)
         refuse_sources(agg)
-        refuse_continuous(agg)
         if delta:
             refuse_windowed_delta(agg)
         #: the Delta table kept current (written by a replay first), or None

@@ -12,7 +12,9 @@ A micro-batch folds the events after the segments' common token as a replay fold
   window it amends); only the windows the batch changed, closed or amended come back;
 - the open windows of keys with no input in the batch that the clock passed are closed by the
   driver, each at the position where the clock reached its end plus the lateness (the same
-  :class:`~.window_fold.Closes` the executors read);
+  :class:`~.window_fold.Closes` the executors read; off a grid, sessions and calendar windows,
+  found with the batch's closes by :func:`.windows.closes_by_end`);
+- a stored session an input merged into another (or moved to an earlier start) is deleted;
 - the closed windows are published, folded into the downstream stages and given to
   ``on_close`` before anything commits; then windows, late inputs, entries, stage states,
   every segment's clock row (its counts added to), the windows closed longer than ``retain``
@@ -20,8 +22,7 @@ A micro-batch folds the events after the segments' common token as a replay fold
 
 What the local engine writes at the end of a batch is what a micro-batch writes: the tests
 hold the two to each other. With ``idle_close``, the driver appends the ticks (as a worker
-of the local engine does) when a trigger finds nothing new and windows are open. Taken for
-tumbling and hopping windows; the rest is refused before any work.
+of the local engine does) when a trigger finds nothing new and windows are open.
 """
 
 from __future__ import annotations
@@ -31,40 +32,36 @@ from typing import Any
 
 from ..db import Database, open_database
 from ..errors import InvalidInputError, SparkJobError
-from ..processing.aggregating.aggregation import Aggregation
 from ..processing.tables.states import Entry, StateTable, decode
 from ..processing.tables.windows import Checkpoint, Win, WindowTable
 from ..tokens import Token
-from ..windows.kinds import Hopping, Tumbling
+from ..windows.kinds import Hopping, Session, Tumbling
 from ..windows.spec import Windowing
 from .input import check_read
 from .source import read_events
-from .window_fold import OUT_SCHEMA, TIMED_SCHEMA, Closes, WindowFold, fold_windows, timed
+from .window_fold import (
+    OUT_NAMES,
+    OUT_SCHEMA,
+    TIMED_SCHEMA,
+    Closes,
+    WindowFold,
+    fold_windows,
+    timed,
+)
 from .windows import (
     BUCKETS_PER_PARTITION,
     Downstream,
     Part,
     Tally,
+    check_closed,
     clock_columns,
+    closes_by_end,
     fold_rows,
+    off_grid,
     publish_closed,
 )
 
-__all__ = ["StoredWindows", "fold_window_batch", "refuse_continuous"]
-
-
-def refuse_continuous(agg: Aggregation) -> None:
-    """What a continuous run does not fold of a windowed aggregation, refused before any work."""
-    spec = agg.windowing
-    if spec is None:
-        return
-    if not isinstance(spec.window, Tumbling | Hopping):  # upcasts: refused by refuse_windows
-        why = f"its windows are {type(spec.window).__name__.lower()} windows"
-        raise InvalidInputError(
-            f"aggregation {agg.name!r} is windowed and {why}: a continuous Spark run folds "
-            "tumbling and hopping windows (run it with --engine local, or replay it with "
-            "el.spark.replay)"
-        )
+__all__ = ["StoredWindows", "fold_window_batch"]
 
 
 @dataclass
@@ -96,6 +93,10 @@ class _Reader:
         with self.db.connection() as conn:
             return self.windows.load_closed(conn, self.name, key, start)
 
+    def closed_within(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
+        with self.db.connection() as conn:
+            return self.windows.closed_within(conn, self.name, {key: (low, high)}).get(key, [])
+
     def close(self) -> None:
         self.db.close()
 
@@ -112,24 +113,77 @@ def _level(name: str, current: dict[int, Token]) -> int:
     return positions[0]
 
 
-def _passed(
-    runner: Any, fold: WindowFold, closes: Closes, batch_keys: set[str]
-) -> list[tuple[Any, ...]]:
-    """The open windows of keys with no input in the batch that the clock passed: (key,
-    start, end, value text, closed_at, revision), each closed where the clock reached it."""
-    spec = fold.spec
-    window = spec.window
-    assert isinstance(window, Tumbling | Hopping)  # refuse_continuous
-    if closes.latest is None:
+def _waiting(runner: Any, fold: WindowFold, closes: Closes) -> list[tuple[Any, ...]]:
+    """The stored open windows the store's clock passed by the batch's end (key, start, end,
+    value text, revision): those of keys with no input in the batch close on the driver."""
+    if closes.latest is None:  # no time, or each key's own clock
         return []
     rt = runner.app.runtime
     with rt.db.connection() as conn:
-        stored = rt.windows.open_ending(conn, fold.name, closes.latest - spec.lateness)
+        return rt.windows.open_ending(conn, fold.name, closes.latest - fold.spec.lateness)
+
+
+def _off_grid(
+    runner: Any,
+    fold: WindowFold,
+    folded: Any,
+    clock: tuple[Any, Closes, list[int | None]],
+    waiting: list[tuple[Any, ...]],
+    bound: int,
+) -> tuple[list[Part], dict[tuple[str, int], int]]:
+    """The parts of a batch of windows off a grid (sessions, calendar windows), those the
+    clock passed with where they closed; and where it closed each of the ``waiting`` ones,
+    by (key, start): the thresholds of both found by one job (:func:`.closes_by_end`)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    with_clock, closes, reached = clock
+    spec = fold.spec
+    schema = "kind string, key string, a long, b long, c long"
+    ends = runner.spark.createDataFrame(
+        [("stored", key, start, end, None) for key, start, end, _, _ in waiting], schema
+    )
+    kept = folded.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        candidates = kept.select("kind", "key", "a", "b", "c").unionByName(ends)
+        closed = closes_by_end(with_clock, candidates, spec.lateness, closes.latest, reached,
+                               ("window", "published", "stored")).persist()  # fmt: skip
+        try:
+            mine = closed.where(F.col("kind") != "stored")
+            rows = (kept.join(mine, ["kind", "key", "a"], "left")
+                    .withColumn("c", F.coalesce("c", "closed")).select(*OUT_NAMES))  # fmt: skip
+            parts = list(fold_rows(rows, bound, fold.name))
+            found = closed.where(F.col("kind") == "stored").select("key", "a", "closed").collect()
+        finally:
+            closed.unpersist()
+    finally:
+        kept.unpersist()
+    passed = None if closes.latest is None else closes.latest - spec.lateness
+    for part in parts:
+        check_closed(fold.name, passed, part[0])
+    return parts, {(r[0], r[1]): r[2] for r in found if r[2] is not None}
+
+
+def _passed(
+    fold: WindowFold,
+    closes: Closes,
+    waiting: list[tuple[Any, ...]],
+    batch_keys: set[str],
+    found: dict[tuple[str, int], int] | None,
+) -> list[tuple[Any, ...]]:
+    """The ``waiting`` windows of keys with no input in the batch: (key, start, end, value
+    text, closed_at, revision), each closed where the clock reached it (on the grid, or as
+    ``found`` off it)."""
+    window = fold.spec.window
     passed = []
-    for key, start, end, text, revision in stored:
+    for key, start, end, text, revision in waiting:
         if key in batch_keys:  # folded, and closed, by its executor
             continue
-        at = closes.closed_at((start - window.offset) // window.step)
+        if found is not None:
+            at = found.get((key, start))
+        else:
+            assert isinstance(window, Tumbling | Hopping)  # else off the grid
+            at = closes.closed_at((start - window.offset) // window.step)
         if at is None:  # passed before the batch, yet open: nothing written
             raise SparkJobError(
                 f"{fold.name}: the window of key {key!r} starting at {start} is open but the "
@@ -139,6 +193,13 @@ def _passed(
     return passed
 
 
+def _retain(spec: Windowing) -> int:
+    """How long closed windows are kept past the clock: a closed session at least its gap
+    (an input overlapping it is late until then), as the local engine keeps it."""
+    window = spec.window
+    return max(spec.retain, window.gap) if isinstance(window, Session) else spec.retain
+
+
 def _expire_keys(conn: Any, rt: Any, name: str, spec: Windowing, parts: list[Part]) -> None:
     """With each key's clock: the closed windows of each key whose windows the batch wrote
     that its clock passed longer than ``retain`` ago, as the local engine's writes delete."""
@@ -146,7 +207,7 @@ def _expire_keys(conn: Any, rt: Any, name: str, spec: Windowing, parts: list[Par
     for key, text, *_ in sorted(s for part in parts for s in part[2] if s[0] in written):
         t = decode(text).get("t")
         if t is not None:
-            rt.windows.expire_key(conn, name, key, t - spec.lateness - spec.retain)
+            rt.windows.expire_key(conn, name, key, t - spec.lateness - _retain(spec))
 
 
 # long: the batch's jobs, then what the driver closes, publishes and commits, in order
@@ -157,7 +218,7 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
 
     app, agg = runner.app, runner.agg
     rt, name, spec = app.runtime, agg.name, agg.windowing
-    assert spec is not None and isinstance(spec.window, Tumbling | Hopping)  # refused else
+    assert spec is not None
     after = _level(name, current)
     with rt.db.connection() as conn:
         # each key's own clock is in its entry: the store's is read from its newest row
@@ -171,25 +232,34 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
     )
     try:
         buckets = runner.n * BUCKETS_PER_PARTITION
-        with_clock, closes, inputs, _ = clock_columns(timed_df, spec, end, buckets, start, after)
+        with_clock, closes, inputs, reached = clock_columns(timed_df, spec, end, buckets, start,
+                                                            after)  # fmt: skip
         stored = StoredWindows(runner.url, name)
         folded = (
             with_clock.drop("bucket").where(F.col("key").isNotNull() & (F.col("position") > after))
             .repartition(runner.n, "key").sortWithinPartitions("key", "position")
             .mapInArrow(lambda it: fold_windows(fold, closes, it, stored), OUT_SCHEMA)
         )  # fmt: skip
-        hops = spec.window.size // spec.window.step  # windows per input at most
-        rows = inputs * (2 * hops + 3) + len(current) + 1  # windows twice, a late row, a state
-        parts = list(fold_rows(folded, rows, name))
+        window = spec.window  # the windows an input falls in, at most
+        hops = window.size // window.step if isinstance(window, Tumbling | Hopping) else 1
+        # each window twice, a late row, a state, a stored session deleted
+        rows = inputs * (2 * hops + 4) + len(current) + 1
+        waiting = _waiting(runner, fold, closes)
+        found = None
+        if off_grid(spec):
+            clock = (with_clock, closes, reached)
+            parts, found = _off_grid(runner, fold, folded, clock, waiting, rows)
+        else:
+            parts = list(fold_rows(folded, rows, name))
         check_read(name, f"micro-batch ({start[0]:,}, {end:,}] read", read.total(), expected)
     finally:
         timed_df.unpersist()
     tally = Tally()
-    for _, _, states, counts, _, dropped in parts:
+    for _, _, states, counts, _, dropped, _ in parts:
         tally.add(states, counts, dropped)
     tally.check(name, inputs)
     batch_keys = {s[0] for part in parts for s in part[2]}
-    passed = _passed(runner, fold, closes, batch_keys)
+    passed = _passed(fold, closes, waiting, batch_keys, found)
     closed = [c for part in parts for c in part[4]]
     if fold.publishes:
         closed += [(k, s, Win(e, decode(text), rev, at)) for k, s, e, text, at, rev in passed]
@@ -204,7 +274,8 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
     definition = spec.definition()
     with rt.db.transaction() as conn:
         runner.record_batch(conn, end)
-        for wins, late, states, _, _, _ in parts:
+        for wins, late, states, _, _, _, drops in parts:
+            rt.windows.drop(conn, name, drops)  # before: a session may start there again
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)
@@ -218,7 +289,7 @@ def fold_window_batch(runner: Any, current: dict[int, Token], end: int) -> None:
             f, late_n, c = tally.counts.get(seg.id, [0, 0, 0])
             latest = closes.latest if closes.latest is not None else cp.latest
             if latest is not None and spec.clock == "store":  # as the local engine's writes
-                rt.windows.expire(conn, name, latest - spec.lateness - spec.retain, seg)
+                rt.windows.expire(conn, name, latest - spec.lateness - _retain(spec), seg)
             moved = Checkpoint(end, latest, definition, cp.folded + f, cp.late + late_n,
                                cp.clamped + c)  # fmt: skip
             rt.windows.save_checkpoint(conn, name, seg.id, moved)

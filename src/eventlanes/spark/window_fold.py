@@ -42,8 +42,9 @@ TIMED_SCHEMA = SCHEMA + ", t long, clamped boolean, key string"
 #: ``published`` (a closed window to publish: a = start, b = end, c = its root's position,
 #: d = revision, text = value),
 #: ``late`` (a = position, b = t, c = amended, d = recorded_at, text = its windows), ``state``
-#: (a = dropped, text = value, more = offsets, by = dropped_by) and ``count`` (a = segment,
-#: b = folded, c = late, d = clamped)
+#: (a = dropped, text = value, more = offsets, by = dropped_by), ``count`` (a = segment,
+#: b = folded, c = late, d = clamped) and, folding onto stored windows, ``drop`` (a = the
+#: start of a stored session merged into another or moved earlier: its row is deleted)
 OUT_SCHEMA = (
     "kind string, key string, a long, b long, c long, d long, text string, more string, by string"
 )
@@ -142,6 +143,9 @@ class StoredReader(Protocol):
     def closed(self, key: str, start: int) -> Win | None:
         """A closed window a late input amends (None: not kept)."""
 
+    def closed_within(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
+        """The closed sessions ``(start, end)`` of ``key`` that overlap ``[low, high)``."""
+
     def close(self) -> None: ...
 
 
@@ -212,6 +216,8 @@ class _KeyFold:
         self.entry, self.wins = stored if stored is not None else (Entry({}), {})
         self.dropped_before = self.entry.dropped
         self.touched: set[int] = set()
+        #: stored sessions merged into another or moved to an earlier start: rows to delete
+        self.dropped: set[int] = set()
         self.late: list[tuple[Any, ...]] = []
         self.folded = self.late_count = self.clamped = 0
 
@@ -296,6 +302,7 @@ class _KeyFold:
         gap, lateness, store = session.gap, spec.lateness, spec.clock == "store"
         entry, events, accepted = self._accepted()
         book = entry.value
+        closed: list[tuple[int, int]] | None = None  # the store's closed sessions, if asked
         for i in accepted:
             event, row = events[i], self.rows[i]
             t = self._time(event, row)
@@ -304,9 +311,16 @@ class _KeyFold:
             overlapping = sorted((s, w) for s, w in wins.items() if s < t + gap and t < w.end)
             joined = [(s, w) for s, w in overlapping
                       if w.closed_at is None and (mark is None or w.end > mark)]  # fmt: skip
-            if len(joined) < len(overlapping) or (
+            late = len(joined) < len(overlapping) or (
                 not joined and mark is not None and t + gap <= mark
-            ):
+            )
+            # folding onto stored windows, the closed ones are in the store: one ended at or
+            # before the clock, so only an input before it can overlap one
+            if not late and self.reader is not None and mark is not None and t < mark:
+                if closed is None:
+                    closed = self.reader.closed_within(self.key, *self._span(gap))
+                late = any(s < t + gap and t < e for s, e in closed)
+            if late:
                 self.late_count += 1
                 if spec.late != "count":
                     self.late.append((event.position, t, [(t, t + gap)], False,
@@ -315,12 +329,22 @@ class _KeyFold:
                 self.folded += 1
                 merge = fold.merge
                 assert merge is not None  # the executor refuses sessions without one
-                _, w = join_session(fold.name, self.key, merge, wins, joined, t, gap,
-                                    fold.initial)  # fmt: skip
+                start, w = join_session(fold.name, self.key, merge, wins, joined, t, gap,
+                                        fold.initial)  # fmt: skip
+                for s, _ in joined:
+                    self.dropped.add(s)
+                    self.touched.discard(s)
+                self.dropped.discard(start)
+                self.touched.add(start)
                 self._fold_one(w.value, event)
             if not store:
                 self._key_clock(book, latest, t, event.position)
         return entry
+
+    def _span(self, gap: int) -> tuple[int, int]:
+        """``[low, high)`` over the key's inputs' own sessions ``[t, t + gap)``."""
+        times = [r[_T] for r in self.rows if r[_T] is not None]
+        return min(times), max(times) + gap
 
     def _fold_one(self, value: Any, event: Event) -> None:
         fold_event(self.fold.name, self.fold.keying.folds, self.key, value, event)
@@ -378,7 +402,7 @@ class _KeyFold:
         # (a continuous run writes what it closed: the driver expires it, as the local engine)
         gone = None if latest is None or self.stored else latest - spec.lateness - retain
         for start in sorted(self.wins):
-            if self.stored and start not in self.touched:
+            if self.stored and start not in self.touched and start not in passed:
                 continue  # a stored window this batch neither changed nor closed
             w = self.wins[start]
             closed = w.closed_at is not None or start in passed
@@ -394,6 +418,8 @@ class _KeyFold:
             if written:
                 out.append(("window", key, start, w.end, w.closed_at, w.revision, text, None,
                             None))  # fmt: skip
+        for start in sorted(self.dropped) if self.stored else ():
+            out.append(("drop", key, start, None, None, None, None, None, None))
         for position, t, missed, amended, recorded in self.late:
             out.append(("late", key, position, t, int(amended), recorded, json.dumps(missed),
                         None, None))  # fmt: skip

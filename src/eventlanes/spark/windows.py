@@ -80,7 +80,7 @@ def start_column(t: Any, step: Any, offset: Any = 0) -> Any:
 
 def refuse_windows(proc: Any) -> None:
     """What Spark does not run of a windowed aggregation yet, refused before any work: upcast
-    inputs (a continuous run refuses more: :func:`.window_batches.refuse_continuous`)."""
+    inputs (a continuous run refuses segments at different positions when it folds)."""
     if not isinstance(proc, Aggregation) or proc.windowing is None:
         return
     merge_of(proc)  # sessions without a merge function: as the local engine refuses them
@@ -170,10 +170,16 @@ def clock_columns(
 
 
 def closes_by_end(
-    with_clock: Any, folded: Any, lateness: int, latest: int | None, reached: list[int | None]
+    with_clock: Any,
+    folded: Any,
+    lateness: int,
+    latest: int | None,
+    reached: list[int | None],
+    kinds: tuple[str, ...] = ("window", "published"),
 ) -> Any:
     """``(kind, key, a, closed)`` of each window of ``folded`` off a grid (a session, a
-    calendar window: its row, and the row that publishes it) the store's clock passed: the
+    calendar window: rows of ``kinds``, its own and the one that publishes it) the store's
+    clock passed: the
     first position whose time reaches its end plus the lateness. That position is where the
     clock grew (its time is above the clock before it), in the first bucket whose clock
     (``reached``, at each bucket's end) reaches the threshold: within a bucket, the thresholds
@@ -185,8 +191,9 @@ def closes_by_end(
     floor = -(2**63)  # a bucket before any time: below every threshold
     marks = F.array(*[F.lit(floor if v is None else v).cast("long") for v in reached])
     x = F.col("b") + F.lit(lateness)
-    kinds = F.col("kind").isin("window", "published")
-    passed = folded.where(kinds & F.col("c").isNull() & (x <= F.lit(latest).cast("long")))
+    passed = folded.where(
+        F.col("kind").isin(*kinds) & F.col("c").isNull() & (x <= F.lit(latest).cast("long"))
+    )
     thresholds = passed.select(
         F.size(F.filter(marks, lambda m: m < x)).cast("long").alias("bucket"), x.alias("v"),
         F.lit(1).alias("side"), F.lit(None).cast("long").alias("position"), "kind", "key", "a",
@@ -261,8 +268,11 @@ def _fold_and_write(
 
 
 #: per part: windows, late inputs, states, counts, windows to publish, inputs dropped (as
-#: duplicates) by this fold
-Part = tuple[list[Any], list[Any], list[Any], list[Any], list[tuple[str, int, Win]], int]
+#: duplicates) by this fold, stored windows to delete (key, start)
+Part = tuple[
+    list[Any], list[Any], list[Any], list[Any], list[tuple[str, int, Win]], int,
+    list[tuple[str, int]],
+]  # fmt: skip
 
 
 def fold_rows(folded: Any, bound: int, name: str) -> Iterator[Part]:
@@ -270,7 +280,8 @@ def fold_rows(folded: Any, bound: int, name: str) -> Iterator[Part]:
     start, end, value, closed_at, revision), late inputs (position, key, t, windows, amended,
     recorded_at), states (key, value, offsets, dropped, dropped_by), counts (segment,
     folded, late, clamped), the closed windows to publish (key, start, window whose
-    ``closed_at`` is its root's position) and how many inputs the fold dropped."""
+    ``closed_at`` is its root's position), how many inputs the fold dropped and the stored
+    sessions to delete (key, start)."""
     for table in parts_of(folded, bound, f"replay of {name}"):
         cols = {c: table.column(c).to_pylist() for c in table.column_names}
         rows = list(zip(*(cols[c] for c in OUT_NAMES), strict=True))
@@ -284,6 +295,7 @@ def fold_rows(folded: Any, bound: int, name: str) -> Iterator[Part]:
             [(k, a, Win(b, decode(t), d, c)) for kind, k, a, b, c, d, t, _, _ in rows
              if kind == "published"],
             sum(b for kind, _, _, b, _, _, _, _, _ in rows if kind == "state"),
+            [(k, a) for kind, k, a, *_ in rows if kind == "drop"],
         )  # fmt: skip
 
 
@@ -378,7 +390,7 @@ class Downstream:
             store.append_runs(self.runs, conn=conn)
 
 
-def _check_closed(name: str, passed: int | None, wins: list[Any]) -> None:
+def check_closed(name: str, passed: int | None, wins: list[Any]) -> None:
     """Windows off a grid with the store's clock: each one ending at or before ``passed``
     came back with the position where it closed, or nothing is written."""
     if passed is None:
@@ -431,9 +443,9 @@ def _write(
 
     if rt.db.backend == "sqlite":
         with StagedStates(rt.states, name) as stage, StagedWindows(rt.windows) as windows:
-            for wins, late, states, counts, closed, _ in fold_rows(folded, rows_bound, name):
+            for wins, late, states, counts, closed, _, _ in fold_rows(folded, rows_bound, name):
                 downstream.add(publish_closed(agg, closed))
-                _check_closed(name, passed, wins)
+                check_closed(name, passed, wins)
                 windows.add(name, wins, late)
                 stage.add([(name, k, t, more, a, by) for k, t, more, a, by in states])
                 tally.add(states, counts)
@@ -449,9 +461,9 @@ def _write(
     with rt.db.transaction() as conn:
         rt.states.delete_all(conn, name)
         rt.windows.delete_all(conn, name)
-        for wins, late, states, counts, closed, _ in fold_rows(folded, rows_bound, name):
+        for wins, late, states, counts, closed, _, _ in fold_rows(folded, rows_bound, name):
             downstream.add(publish_closed(agg, closed))
-            _check_closed(name, passed, wins)
+            check_closed(name, passed, wins)
             rt.windows.save_encoded(conn, name, wins)
             rt.windows.add_late(conn, name, late)
             rt.states.save_encoded(conn, name, states)
