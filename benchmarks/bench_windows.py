@@ -11,7 +11,7 @@ its own:
 
 With ``--spark``, each kind is also replayed on Spark (``local[2]``, the session started
 before the clock runs): a windowed replay against the same replay without a window (target
-0.8x). With ``--continuous``, the keyed and tumbling kinds are also kept up to date by
+0.8x). With ``--continuous``, the keyed, tumbling and session kinds are also kept up to date by
 micro-batches of a tenth of the events each (``run --engine spark``; no target).
 
 Every windowed run's window counts and late inputs are checked equal to a plain loop's (the
@@ -134,6 +134,7 @@ CONTINUOUS_CASES = {
     "declarative tumbling 1m, Spark micro-batches": "declarative tumbling 1m",
     "python fold, Spark micro-batches": "python fold",
     "python fold tumbling 1m, Spark micro-batches": "python fold tumbling 1m",
+    "python fold session 5s, Spark micro-batches": "python fold session 5s",
 }
 
 

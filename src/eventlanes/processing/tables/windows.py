@@ -172,9 +172,11 @@ class WindowTable:
         keys, lo = sorted(spans), min(lo for lo, _ in spans.values())
         for i in range(0, len(keys), KEYS_PER_STATEMENT):
             part = keys[i : i + KEYS_PER_STATEMENT]
+            # ``+end_us``: found by key (the primary key), never by the index on ends, which
+            # would walk every window of the aggregation ending after ``lo``, for each call
             sql = self.db.sql(
                 f"SELECT key, start_us, end_us FROM {self.states} WHERE aggregation = ? AND "
-                f"closed_at IS NOT NULL AND end_us > ? AND key IN ({', '.join('?' * len(part))})"
+                f"closed_at IS NOT NULL AND +end_us > ? AND key IN ({', '.join('?' * len(part))})"
             )
             for key, start, end in conn.execute(sql, (name, lo, *part)):
                 low, high = spans[key]
