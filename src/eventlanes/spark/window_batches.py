@@ -95,7 +95,7 @@ class _Reader:
 
     def closed_within(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
         with self.db.connection() as conn:
-            return self.windows.closed_within(conn, self.name, {key: (low, high)}).get(key, [])
+            return self.windows.closed_of_key(conn, self.name, key, low, high)
 
     def close(self) -> None:
         self.db.close()

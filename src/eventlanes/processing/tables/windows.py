@@ -61,6 +61,10 @@ class WindowTable:
                 end_us = excluded.end_us, closed_at = excluded.closed_at,
                 revision = excluded.revision, updated_at = excluded.updated_at"""
         )
+        self._back = q(
+            f"""SELECT start_us, end_us, closed_at FROM {s} WHERE aggregation = ? AND key = ?
+                AND start_us < ? ORDER BY start_us DESC"""
+        )
         self._drop = q(f"DELETE FROM {s} WHERE aggregation = ? AND key = ? AND start_us = ?")
         self._open = q(
             f"""SELECT key, start_us, end_us, value, revision FROM {s} WHERE aggregation = ?
@@ -172,16 +176,30 @@ class WindowTable:
         keys, lo = sorted(spans), min(lo for lo, _ in spans.values())
         for i in range(0, len(keys), KEYS_PER_STATEMENT):
             part = keys[i : i + KEYS_PER_STATEMENT]
-            # ``+end_us``: found by key (the primary key), never by the index on ends, which
-            # would walk every window of the aggregation ending after ``lo``, for each call
             sql = self.db.sql(
                 f"SELECT key, start_us, end_us FROM {self.states} WHERE aggregation = ? AND "
-                f"closed_at IS NOT NULL AND +end_us > ? AND key IN ({', '.join('?' * len(part))})"
+                f"closed_at IS NOT NULL AND end_us > ? AND key IN ({', '.join('?' * len(part))})"
             )
             for key, start, end in conn.execute(sql, (name, lo, *part)):
                 low, high = spans[key]
                 if start < high and end > low:
                     found.setdefault(key, []).append((start, end))
+        return found
+
+    def closed_of_key(
+        self, conn: Any, name: str, key: str, low: int, high: int
+    ) -> list[tuple[int, int]]:
+        """The closed sessions ``(start, end)`` of one key that overlap ``[low, high)``: its
+        rows walked back from ``high`` by the primary key, until one ends at or before
+        ``low``. A key's sessions never overlap, so their ends are in the order of their
+        starts. (:meth:`closed_within` serves many keys at once by the index on ends: for one
+        key, it would walk every window of the aggregation ending after ``low``.)"""
+        found = []
+        for start, end, closed_at in conn.execute(self._back, (name, key, high)):
+            if end <= low:
+                break
+            if closed_at is not None:
+                found.append((start, end))
         return found
 
     def expire(
