@@ -93,7 +93,7 @@ class _Reader:
         with self.db.connection() as conn:
             return self.windows.load_closed(conn, self.name, key, start)
 
-    def closed_within(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
+    def closed_sessions(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
         with self.db.connection() as conn:
             return self.windows.closed_of_key(conn, self.name, key, low, high)
 

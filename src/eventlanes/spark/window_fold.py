@@ -143,7 +143,7 @@ class StoredReader(Protocol):
     def closed(self, key: str, start: int) -> Win | None:
         """A closed window a late input amends (None: not kept)."""
 
-    def closed_within(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
+    def closed_sessions(self, key: str, low: int, high: int) -> list[tuple[int, int]]:
         """The closed sessions ``(start, end)`` of ``key`` that overlap ``[low, high)``."""
 
     def close(self) -> None: ...
@@ -318,7 +318,7 @@ class _KeyFold:
             # before the clock, so only an input before it can overlap one
             if not late and self.reader is not None and mark is not None and t < mark:
                 if closed is None:
-                    closed = self.reader.closed_within(self.key, *self._span(gap))
+                    closed = self.reader.closed_sessions(self.key, *self._span(gap))
                 late = any(s < t + gap and t < e for s, e in closed)
             if late:
                 self.late_count += 1
