@@ -40,7 +40,6 @@ from ..windows.spec import Windowing
 from .input import check_read
 from .source import read_events
 from .window_fold import (
-    OUT_NAMES,
     OUT_SCHEMA,
     TIMED_SCHEMA,
     Closes,
@@ -59,6 +58,7 @@ from .windows import (
     fold_rows,
     off_grid,
     publish_closed,
+    with_closes,
 )
 
 __all__ = ["StoredWindows", "fold_window_batch"]
@@ -149,9 +149,7 @@ def _off_grid(
         closed = closes_by_end(with_clock, candidates, spec.lateness, closes.latest, reached,
                                ("window", "published", "stored")).persist()  # fmt: skip
         try:
-            mine = closed.where(F.col("kind") != "stored")
-            rows = (kept.join(mine, ["kind", "key", "a"], "left")
-                    .withColumn("c", F.coalesce("c", "closed")).select(*OUT_NAMES))  # fmt: skip
+            rows = with_closes(kept, closed.where(F.col("kind") != "stored"))
             parts = list(fold_rows(rows, bound, fold.name))
             found = closed.where(F.col("kind") == "stored").select("key", "a", "closed").collect()
         finally:

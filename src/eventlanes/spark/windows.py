@@ -210,6 +210,15 @@ def closes_by_end(
     return both.where(F.col("side") == 1).select("kind", "key", "a", "closed")
 
 
+def with_closes(folded: Any, closed: Any) -> Any:
+    """``folded``'s rows with where :func:`closes_by_end` says each window it returned open
+    closed (``closed``: its rows for ``folded``'s kinds only)."""
+    from pyspark.sql import functions as F
+
+    joined = folded.join(closed, ["kind", "key", "a"], "left")
+    return joined.withColumn("c", F.coalesce("c", "closed")).select(*OUT_NAMES)
+
+
 def replay_windows(
     app: Any, agg: Aggregation, source: Any, n: int, owner: str, records: list
 ) -> tuple[int, int]:
@@ -259,8 +268,7 @@ def _fold_and_write(
         rows = kept
         if off_grid(spec):
             closed = closes_by_end(with_clock, kept, spec.lateness, closes.latest, reached)
-            rows = (kept.join(closed, ["kind", "key", "a"], "left")
-                    .withColumn("c", F.coalesce("c", "closed")).select(*OUT_NAMES))  # fmt: skip
+            rows = with_closes(kept, closed)
         keys = _write(app, agg, fold, rows, total, expected, source.end, closes, owner, records)
     finally:
         kept.unpersist()
